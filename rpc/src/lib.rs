@@ -1,0 +1,6 @@
+//! Rota's wire protocol: the serde types of the worker and admin HTTP API and the typed
+//! HTTP client used by the CLI, by node-to-node forwarding and by tests.
+//!
+//! Architecture invariant: only this crate defines JSON shapes, and it links neither
+//! RocksDB nor openraft. The types arrive with the cluster (issue 3); until then the
+//! crate is empty on purpose rather than holding guesses.

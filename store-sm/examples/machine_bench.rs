@@ -1,0 +1,135 @@
+//! Measures the task machine on one core: apply rate per command kind, memory per task,
+//! and snapshot build and restore times, at a given number of tasks.
+//!
+//! ```text
+//! cargo run --release -p store-sm --no-default-features --example machine_bench -- 1000000
+//! ```
+
+use std::time::Instant;
+
+use store_sm::machine::AddTask;
+use store_sm::machine::ClaimRequest;
+use store_sm::machine::Command;
+use store_sm::machine::Outcome;
+use store_sm::machine::Request;
+use store_sm::machine::TaskMachine;
+use store_sm::machine::UpdateRequest;
+use store_sm::snapshot::decode_snapshot;
+use store_sm::snapshot::encode_snapshot;
+use store_sm::snapshot::state_hash;
+
+const T0: i64 = 1_700_000_000_000;
+const GROUPS: u64 = 16;
+
+/// Resident memory of this process in bytes (Linux).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn command(i: u64, request: Request) -> Command {
+    Command {
+        stamp_ms: T0 + (i / 1000) as i64,
+        request_id: Some(format!("req-{i}")),
+        request,
+    }
+}
+
+fn report(what: &str, count: u64, started: Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "{what:<28} {count:>9} commands in {seconds:>7.3} s = {:>10.0} commands/s",
+        count as f64 / seconds
+    );
+}
+
+fn main() {
+    let tasks: u64 = std::env::args()
+        .nth(1)
+        .map(|arg| {
+            arg.parse()
+                .expect("the first argument is a number of tasks")
+        })
+        .unwrap_or(1_000_000);
+    println!("task machine benchmark: {tasks} tasks, {GROUPS} groups, 32-byte payloads, one core");
+
+    let rss_before = rss_bytes();
+    let mut machine = TaskMachine::new();
+    let started = Instant::now();
+    for i in 0..tasks {
+        let add = Request::Update(UpdateRequest {
+            client: (i % 64) as i64,
+            adds: vec![AddTask {
+                group: format!("group-{}", i % GROUPS),
+                data: format!("{i:032}"),
+                timespec: Some(0),
+            }],
+            ..Default::default()
+        });
+        machine.apply(&command(i, add));
+    }
+    report("add (one task each)", tasks, started);
+    let rss_after = rss_bytes();
+    println!(
+        "memory: {:.0} bytes per task (resident set grew {} MiB for {tasks} tasks, dedup table included)",
+        rss_after.saturating_sub(rss_before) as f64 / tasks as f64,
+        rss_after.saturating_sub(rss_before) / (1024 * 1024)
+    );
+
+    let cycles = tasks.min(200_000);
+    let mut claimed = Vec::with_capacity(cycles as usize);
+    let started = Instant::now();
+    for i in 0..cycles {
+        let claim = Request::Claim(ClaimRequest {
+            client: (i % 64) as i64,
+            group: format!("group-{}", i % GROUPS),
+            duration_ms: 60_000,
+            depends: vec![],
+        });
+        if let Outcome::Tasks(tasks) = &*machine.apply(&command(tasks + i, claim)) {
+            claimed.extend(tasks.iter().map(|t| (t.id, t.owner)));
+        }
+    }
+    report("claim", cycles, started);
+    let started = Instant::now();
+    for (n, (id, owner)) in claimed.iter().enumerate() {
+        let delete = Request::Update(UpdateRequest {
+            client: *owner,
+            deletes: vec![*id],
+            ..Default::default()
+        });
+        machine.apply(&command(tasks + cycles + n as u64, delete));
+    }
+    report("delete (claimed task)", claimed.len() as u64, started);
+
+    let started = Instant::now();
+    let bytes = encode_snapshot(&machine.clone());
+    let build_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let restored = decode_snapshot(&bytes).expect("the snapshot decodes");
+    let restore_seconds = started.elapsed().as_secs_f64();
+    println!(
+        "snapshot: {} tasks, {:.1} MiB, build {build_seconds:.3} s, restore {restore_seconds:.3} s",
+        machine.task_count(),
+        bytes.len() as f64 / (1024.0 * 1024.0)
+    );
+    let started = Instant::now();
+    let original = state_hash(&machine);
+    let hash_seconds = started.elapsed().as_secs_f64();
+    assert_eq!(
+        state_hash(&restored),
+        original,
+        "restore gives an identical machine"
+    );
+    println!("state hash {original} ({hash_seconds:.3} s), equal after restore");
+}

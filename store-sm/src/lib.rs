@@ -1,0 +1,20 @@
+//! Rota's task state machine and everything that persists it.
+//!
+//! - [`machine`]: the pure, deterministic task machine (the seed's semantics).
+//! - [`snapshot`]: its versioned, checksummed snapshot format and state hash.
+//! - [`raft_types`]: the openraft types the storage is written for.
+//! - [`state_machine`]: openraft's state machine around the task machine.
+//! - [`memory`]: a log and snapshot store in memory with a crash model (tests, simulation).
+//! - [`snapshot_dir`]: snapshot persistence in a directory (production).
+//! - `rocks` (feature `rocksdb`): the RocksDB log store (production).
+
+pub mod codec;
+pub mod machine;
+pub mod memory;
+pub mod raft_types;
+pub mod snapshot;
+pub mod snapshot_dir;
+pub mod state_machine;
+
+#[cfg(feature = "rocksdb")]
+pub mod rocks;

@@ -1,0 +1,163 @@
+//! The bounded table of recent outcomes, keyed by `(client, request id)`, that makes a
+//! retried command return its first outcome instead of applying twice.
+
+use std::sync::Arc;
+
+use imbl::OrdMap;
+
+use super::types::ClientId;
+use super::types::Millis;
+use super::types::Outcome;
+use super::types::Refusal;
+
+/// Entries kept at most; the oldest go first.
+pub const DEDUP_ENTRIES_MAX: usize = 100_000;
+
+/// Approximate bytes of stored outcomes kept at most; the oldest go first.
+pub const DEDUP_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// How long, in log time, an outcome is remembered. A client retrying later than this
+/// after its first attempt may apply twice; clients retry within seconds.
+pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
+
+/// Who asked: the same request id from two clients is two requests.
+pub type DedupKey = (ClientId, Arc<str>);
+
+/// One remembered outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedupEntry {
+    /// Log time of the first application.
+    pub time_ms: Millis,
+    /// What the first application answered.
+    pub outcome: Arc<Outcome>,
+    seq: u64,
+    bytes: usize,
+}
+
+/// The dedup table. Cloning is O(1) (persistent maps), so snapshots share it.
+#[derive(Clone, Debug, Default)]
+pub struct DedupTable {
+    by_key: OrdMap<DedupKey, DedupEntry>,
+    by_seq: OrdMap<u64, DedupKey>,
+    next_seq: u64,
+    bytes: usize,
+}
+
+impl DedupTable {
+    /// The first outcome of `key`, if it is still remembered.
+    pub fn get(&self, key: &DedupKey) -> Option<&Arc<Outcome>> {
+        self.by_key.get(key).map(|entry| &entry.outcome)
+    }
+
+    /// Remembers the first outcome of `key` and evicts what the limits require.
+    pub fn insert(&mut self, key: DedupKey, time_ms: Millis, outcome: Arc<Outcome>) {
+        let bytes = approximate_bytes(&key, &outcome);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let entry = DedupEntry {
+            time_ms,
+            outcome,
+            seq,
+            bytes,
+        };
+        if let Some(previous) = self.by_key.insert(key.clone(), entry) {
+            // Callers check `get` first; replacing keeps the table consistent regardless.
+            self.by_seq.remove(&previous.seq);
+            self.bytes -= previous.bytes;
+        }
+        self.by_seq.insert(seq, key);
+        self.bytes += bytes;
+        self.evict(time_ms);
+    }
+
+    /// Drops entries beyond the count and byte limits, and those older than the window.
+    pub fn evict(&mut self, now_ms: Millis) {
+        while let Some((seq, key)) = self.by_seq.get_min().cloned() {
+            let Some(entry) = self.by_key.get(&key) else {
+                debug_assert!(false, "dedup order names a missing key");
+                self.by_seq.remove(&seq);
+                continue;
+            };
+            let too_old = now_ms.saturating_sub(entry.time_ms) > DEDUP_WINDOW_MS;
+            let too_many = self.by_key.len() > DEDUP_ENTRIES_MAX;
+            let too_big = self.bytes > DEDUP_BYTES_MAX;
+            if !(too_old || too_many || too_big) {
+                break;
+            }
+            self.bytes -= entry.bytes;
+            self.by_key.remove(&key);
+            self.by_seq.remove(&seq);
+        }
+    }
+
+    /// Number of remembered outcomes.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Entries oldest first: the order a snapshot stores and a restore re-inserts.
+    pub fn iter_oldest_first(&self) -> impl Iterator<Item = (&DedupKey, &DedupEntry)> + '_ {
+        self.by_seq.iter().filter_map(|(_, key)| {
+            let entry = self.by_key.get(key)?;
+            Some((key, entry))
+        })
+    }
+}
+
+/// A deterministic estimate of what an entry costs in memory.
+fn approximate_bytes(key: &DedupKey, outcome: &Outcome) -> usize {
+    const ENTRY_OVERHEAD: usize = 128;
+    const PER_ITEM: usize = 64;
+    let items = match outcome {
+        Outcome::Tasks(tasks) => tasks
+            .iter()
+            .map(|task| PER_ITEM + task.data.len())
+            .sum::<usize>(),
+        Outcome::Refused(refusals) => refusals.len() * std::mem::size_of::<Refusal>(),
+    };
+    ENTRY_OVERHEAD + key.1.len() + items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(client: ClientId, id: &str) -> DedupKey {
+        (client, Arc::from(id))
+    }
+
+    #[test]
+    fn remembers_per_client() {
+        let mut table = DedupTable::default();
+        table.insert(key(1, "a"), 0, Arc::new(Outcome::Tasks(vec![])));
+        assert!(table.get(&key(1, "a")).is_some());
+        assert!(table.get(&key(2, "a")).is_none());
+    }
+
+    #[test]
+    fn forgets_after_the_window() {
+        let mut table = DedupTable::default();
+        table.insert(key(1, "a"), 0, Arc::new(Outcome::Tasks(vec![])));
+        table.evict(DEDUP_WINDOW_MS);
+        assert_eq!(table.len(), 1, "kept for the whole window");
+        table.evict(DEDUP_WINDOW_MS + 1);
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn keeps_at_most_the_entry_limit_dropping_the_oldest() {
+        let mut table = DedupTable::default();
+        for i in 0..DEDUP_ENTRIES_MAX + 10 {
+            table.insert(key(1, &i.to_string()), 0, Arc::new(Outcome::Tasks(vec![])));
+        }
+        assert_eq!(table.len(), DEDUP_ENTRIES_MAX);
+        assert!(table.get(&key(1, "0")).is_none());
+        assert!(table.get(&key(1, "9")).is_none());
+        assert!(table.get(&key(1, "10")).is_some());
+    }
+}

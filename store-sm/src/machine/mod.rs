@@ -1,0 +1,436 @@
+//! The task machine: the complete semantics of the seed's task store as a pure,
+//! deterministic function of the command log.
+//!
+//! Architecture invariant: nothing here reads a clock, a random source or the disk, and
+//! nothing here is async. "Now" is the leader's stamp in each command, never lower than
+//! the previous command's. Every collection is a persistent map, so cloning the machine
+//! is O(1) and a snapshot can be encoded from a clone while apply goes on.
+
+mod dedup;
+mod types;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use imbl::OrdMap;
+use imbl::OrdSet;
+
+pub use self::dedup::DEDUP_BYTES_MAX;
+pub use self::dedup::DEDUP_ENTRIES_MAX;
+pub use self::dedup::DEDUP_WINDOW_MS;
+pub use self::dedup::DedupEntry;
+pub use self::dedup::DedupKey;
+pub use self::dedup::DedupTable;
+pub use self::types::*;
+
+/// The claim order of one group: `(available time, id)`, smallest first.
+type GroupIndex = OrdSet<(Millis, TaskId)>;
+
+/// The replicated task store's state. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct TaskMachine {
+    /// The id the next written task version gets.
+    next_id: TaskId,
+    /// Log time of the last applied command.
+    last_time_ms: Millis,
+    tasks: OrdMap<TaskId, Task>,
+    groups: OrdMap<GroupName, GroupIndex>,
+    dedup: DedupTable,
+}
+
+impl Default for TaskMachine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TaskMachine {
+    /// An empty store whose first task gets id 1.
+    pub fn new() -> Self {
+        Self {
+            next_id: 1,
+            last_time_ms: 0,
+            tasks: OrdMap::new(),
+            groups: OrdMap::new(),
+            dedup: DedupTable::default(),
+        }
+    }
+
+    /// Applies one command at its log time and returns its outcome.
+    ///
+    /// Total: a command that cannot be carried out is refused with every reason, and a
+    /// refused command changes nothing but the machine's time and dedup table.
+    pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
+        let now_ms = self.advance_time(command.stamp_ms);
+        self.dedup.evict(now_ms);
+
+        let key = match &command.request_id {
+            Some(id) if id.len() > REQUEST_ID_BYTES_MAX => {
+                return Arc::new(Outcome::Refused(vec![Refusal::RequestIdTooLong {
+                    bytes: id.len(),
+                }]));
+            }
+            Some(id) => Some((command.request.client(), Arc::<str>::from(id.as_str()))),
+            None => None,
+        };
+        if let Some(first) = key.as_ref().and_then(|key| self.dedup.get(key)) {
+            return Arc::clone(first);
+        }
+
+        let outcome = Arc::new(match &command.request {
+            Request::Update(update) => self.apply_update(update, now_ms),
+            Request::Claim(claim) => self.apply_claim(claim, now_ms),
+        });
+        if let Some(key) = key {
+            self.dedup.insert(key, now_ms, Arc::clone(&outcome));
+        }
+        outcome
+    }
+
+    /// Moves log time to `max(stamp, previous time)`, so time never goes back even when
+    /// a new leader's clock is behind the old one's.
+    fn advance_time(&mut self, stamp_ms: Millis) -> Millis {
+        self.last_time_ms = self.last_time_ms.max(stamp_ms);
+        self.last_time_ms
+    }
+
+    fn apply_update(&mut self, update: &UpdateRequest, now_ms: Millis) -> Outcome {
+        let items =
+            update.adds.len() + update.updates.len() + update.deletes.len() + update.depends.len();
+        if items > REQUEST_ITEMS_MAX {
+            return Outcome::Refused(vec![Refusal::TooManyItems { items }]);
+        }
+
+        let mut refusals = Vec::new();
+        if update.adds.is_empty() && update.updates.is_empty() && update.deletes.is_empty() {
+            refusals.push(Refusal::NothingToDo);
+        }
+        let named = update
+            .updates
+            .iter()
+            .map(|change| change.id)
+            .chain(update.deletes.iter().copied())
+            .chain(update.depends.iter().copied());
+        refusals.extend(duplicates(named).map(|id| Refusal::Duplicate { id }));
+
+        let mut add_times = Vec::with_capacity(update.adds.len());
+        for (index, add) in update.adds.iter().enumerate() {
+            if add.group.is_empty() {
+                refusals.push(Refusal::MissingGroup { index });
+            }
+            match resolve_timespec(ListName::Adds, index, add.timespec, now_ms) {
+                Ok(at_ms) => add_times.push(at_ms),
+                Err(refusal) => refusals.push(refusal),
+            }
+        }
+        let mut update_times = Vec::with_capacity(update.updates.len());
+        for (index, change) in update.updates.iter().enumerate() {
+            refusals.extend(
+                self.check_modifiable(ListName::Updates, change.id, update.client, now_ms)
+                    .err(),
+            );
+            match resolve_timespec(ListName::Updates, index, change.timespec, now_ms) {
+                Ok(at_ms) => update_times.push(at_ms),
+                Err(refusal) => refusals.push(refusal),
+            }
+        }
+        for &id in &update.deletes {
+            refusals.extend(
+                self.check_modifiable(ListName::Deletes, id, update.client, now_ms)
+                    .err(),
+            );
+        }
+        refusals.extend(self.missing_depends(&update.depends));
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+
+        // Every check passed: from here on nothing can fail, so the change is all or nothing.
+        let mut written = Vec::with_capacity(update.adds.len() + update.updates.len());
+        for (add, at_ms) in update.adds.iter().zip(add_times) {
+            let group = self.intern_group(&add.group);
+            written.push(self.insert_new(group, add.data.clone(), at_ms, update.client));
+        }
+        for (change, at_ms) in update.updates.iter().zip(update_times) {
+            if let Some(old) = self.remove_task(change.id) {
+                written.push(self.insert_new(old.group, change.data.clone(), at_ms, update.client));
+            }
+        }
+        for id in &update.deletes {
+            self.remove_task(*id);
+        }
+        Outcome::Tasks(written)
+    }
+
+    fn apply_claim(&mut self, claim: &ClaimRequest, now_ms: Millis) -> Outcome {
+        if claim.depends.len() > REQUEST_ITEMS_MAX {
+            return Outcome::Refused(vec![Refusal::TooManyItems {
+                items: claim.depends.len(),
+            }]);
+        }
+        let mut refusals = Vec::new();
+        if claim.group.is_empty() {
+            refusals.push(Refusal::ClaimWithoutGroup);
+        }
+        let until_ms = if claim.duration_ms <= 0 {
+            refusals.push(Refusal::InvalidDuration {
+                duration_ms: claim.duration_ms,
+            });
+            None
+        } else {
+            let until_ms = now_ms.checked_add(claim.duration_ms);
+            if until_ms.is_none() {
+                refusals.push(Refusal::DurationOutOfRange {
+                    duration_ms: claim.duration_ms,
+                });
+            }
+            until_ms
+        };
+        refusals
+            .extend(duplicates(claim.depends.iter().copied()).map(|id| Refusal::Duplicate { id }));
+        refusals.extend(self.missing_depends(&claim.depends));
+        let Some(until_ms) = until_ms.filter(|_| refusals.is_empty()) else {
+            return Outcome::Refused(refusals);
+        };
+
+        let Some(id) = self.first_available(&claim.group, now_ms, &claim.depends) else {
+            return Outcome::Tasks(Vec::new());
+        };
+        let Some(old) = self.remove_task(id) else {
+            debug_assert!(false, "group index names task {id} that does not exist");
+            return Outcome::Tasks(Vec::new());
+        };
+        let claimed = self.insert_new(old.group, old.data, until_ms, claim.client);
+        Outcome::Tasks(vec![claimed])
+    }
+
+    /// The oldest available task of `group` that the claim does not depend on.
+    fn first_available(&self, group: &str, now_ms: Millis, depends: &[TaskId]) -> Option<TaskId> {
+        let index = self.groups.get(group)?;
+        index
+            .range(..=(now_ms, TaskId::MAX))
+            .map(|&(_, id)| id)
+            .find(|id| !depends.contains(id))
+    }
+
+    fn check_modifiable(
+        &self,
+        list: ListName,
+        id: TaskId,
+        client: ClientId,
+        now_ms: Millis,
+    ) -> Result<(), Refusal> {
+        match self.tasks.get(&id) {
+            None => Err(Refusal::Missing { list, id }),
+            Some(task) if !task.modifiable_by(client, now_ms) => Err(Refusal::Owned {
+                list,
+                id,
+                owner: task.owner,
+                until_ms: task.at_ms,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn missing_depends<'a>(&'a self, depends: &'a [TaskId]) -> impl Iterator<Item = Refusal> + 'a {
+        depends
+            .iter()
+            .filter(|&&id| !self.tasks.contains_key(&id))
+            .map(|&id| Refusal::Missing {
+                list: ListName::Depends,
+                id,
+            })
+    }
+
+    /// The shared name of an existing group, so its tasks do not each own a copy.
+    fn intern_group(&self, name: &str) -> GroupName {
+        match self.groups.get_key_value(name) {
+            Some((existing, _)) => Arc::clone(existing),
+            None => Arc::from(name),
+        }
+    }
+
+    fn insert_new(
+        &mut self,
+        group: GroupName,
+        data: String,
+        at_ms: Millis,
+        owner: ClientId,
+    ) -> Task {
+        let id = self.next_id;
+        // A u64 of ids at a million per second lasts half a million years.
+        self.next_id = id.checked_add(1).expect("task ids exhausted");
+        let task = Task {
+            id,
+            group,
+            data,
+            at_ms,
+            owner,
+        };
+        self.index_task(task.clone());
+        task
+    }
+
+    fn index_task(&mut self, task: Task) {
+        match self.groups.get_mut(&*task.group) {
+            Some(index) => {
+                index.insert((task.at_ms, task.id));
+            }
+            None => {
+                self.groups
+                    .insert(Arc::clone(&task.group), OrdSet::unit((task.at_ms, task.id)));
+            }
+        }
+        self.tasks.insert(task.id, task);
+    }
+
+    fn remove_task(&mut self, id: TaskId) -> Option<Task> {
+        let task = self.tasks.remove(&id)?;
+        let now_empty = match self.groups.get_mut(&*task.group) {
+            Some(index) => {
+                index.remove(&(task.at_ms, task.id));
+                index.is_empty()
+            }
+            None => false,
+        };
+        if now_empty {
+            self.groups.remove(&*task.group);
+        }
+        Some(task)
+    }
+
+    /// One task by id.
+    pub fn task(&self, id: TaskId) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    /// Several tasks by id, `None` where one does not exist.
+    pub fn tasks(&self, ids: &[TaskId]) -> Vec<Option<Task>> {
+        ids.iter().map(|id| self.tasks.get(id).cloned()).collect()
+    }
+
+    /// Tasks of `group` in claim order (available time, then id): only those available at
+    /// `now_ms` unless `include_owned`, at most `limit` of them. O(log n + returned).
+    pub fn group_tasks(
+        &self,
+        group: &str,
+        limit: Option<usize>,
+        include_owned: bool,
+        now_ms: Millis,
+    ) -> Vec<Task> {
+        self.iter_group(group, include_owned, now_ms)
+            .take(limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect()
+    }
+
+    /// Like [`Self::group_tasks`], without copying the tasks.
+    pub fn iter_group<'a>(
+        &'a self,
+        group: &str,
+        include_owned: bool,
+        now_ms: Millis,
+    ) -> impl Iterator<Item = &'a Task> + 'a {
+        let upper = if include_owned { Millis::MAX } else { now_ms };
+        self.groups
+            .get(group)
+            .into_iter()
+            .flat_map(move |index| index.range(..=(upper, TaskId::MAX)))
+            .filter_map(|(_, id)| self.tasks.get(id))
+    }
+
+    /// Names of the groups that hold tasks, sorted.
+    pub fn groups(&self) -> Vec<GroupName> {
+        self.groups.keys().cloned().collect()
+    }
+
+    /// Number of tasks in `group`.
+    pub fn group_len(&self, group: &str) -> usize {
+        self.groups.get(group).map_or(0, |index| index.len())
+    }
+
+    /// The id the next written task gets; every existing id is lower.
+    pub fn next_id(&self) -> TaskId {
+        self.next_id
+    }
+
+    /// Log time of the last applied command.
+    pub fn last_time_ms(&self) -> Millis {
+        self.last_time_ms
+    }
+
+    /// Number of live tasks.
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// All tasks in id order.
+    pub fn iter_tasks(&self) -> impl Iterator<Item = &Task> + '_ {
+        self.tasks.values()
+    }
+
+    /// The dedup table, for snapshots and checks.
+    pub fn dedup(&self) -> &DedupTable {
+        &self.dedup
+    }
+
+    /// Rebuilds a machine from a snapshot's parts; refuses parts no machine could produce.
+    pub(crate) fn from_parts(
+        next_id: TaskId,
+        last_time_ms: Millis,
+        tasks: impl IntoIterator<Item = Task>,
+        dedup: impl IntoIterator<Item = (DedupKey, Millis, Arc<Outcome>)>,
+    ) -> Result<Self, String> {
+        let mut machine = Self {
+            next_id,
+            last_time_ms,
+            ..Self::new()
+        };
+        for task in tasks {
+            if task.id >= next_id {
+                return Err(format!("task {} is not below next id {next_id}", task.id));
+            }
+            if task.group.is_empty() {
+                return Err(format!("task {} has an empty group", task.id));
+            }
+            if machine.tasks.contains_key(&task.id) {
+                return Err(format!("task {} appears twice", task.id));
+            }
+            machine.index_task(task);
+        }
+        for (key, time_ms, outcome) in dedup {
+            machine.dedup.insert(key, time_ms, outcome);
+        }
+        Ok(machine)
+    }
+}
+
+/// `None` is now; negative is now + |t|; anything else is absolute. Refused if the result
+/// does not fit, naming item `index` of `list`.
+fn resolve_timespec(
+    list: ListName,
+    index: usize,
+    timespec: Option<Millis>,
+    now_ms: Millis,
+) -> Result<Millis, Refusal> {
+    let resolved = match timespec {
+        None => Some(now_ms),
+        Some(t) if t < 0 => t.checked_neg().and_then(|ahead| now_ms.checked_add(ahead)),
+        Some(t) => Some(t),
+    };
+    resolved.ok_or(Refusal::TimespecOutOfRange {
+        list,
+        index,
+        timespec: timespec.unwrap_or_default(),
+    })
+}
+
+/// Each id that occurs more than once, reported once, in order of its second occurrence.
+fn duplicates(ids: impl Iterator<Item = TaskId>) -> impl Iterator<Item = TaskId> {
+    let mut seen = BTreeSet::new();
+    let mut reported = BTreeSet::new();
+    ids.filter(move |&id| !seen.insert(id) && reported.insert(id))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,391 @@
+//! Example-based tests of the seed's semantics. The property tests in
+//! `tests/machine_model.rs` cover random sequences against a reference model.
+
+use super::*;
+
+const T0: Millis = 1_700_000_000_000;
+
+fn add(group: &str, data: &str, timespec: Option<Millis>) -> AddTask {
+    AddTask {
+        group: group.into(),
+        data: data.into(),
+        timespec,
+    }
+}
+
+fn update_cmd(stamp_ms: Millis, update: UpdateRequest) -> Command {
+    Command {
+        stamp_ms,
+        request_id: None,
+        request: Request::Update(update),
+    }
+}
+
+fn claim_cmd(stamp_ms: Millis, client: ClientId, group: &str, duration_ms: Millis) -> Command {
+    Command {
+        stamp_ms,
+        request_id: None,
+        request: Request::Claim(ClaimRequest {
+            client,
+            group: group.into(),
+            duration_ms,
+            depends: vec![],
+        }),
+    }
+}
+
+fn tasks_of(outcome: &Outcome) -> &[Task] {
+    match outcome {
+        Outcome::Tasks(tasks) => tasks,
+        Outcome::Refused(refusals) => panic!("refused: {refusals:?}"),
+    }
+}
+
+fn refusals_of(outcome: &Outcome) -> Vec<String> {
+    match outcome {
+        Outcome::Refused(refusals) => refusals.iter().map(ToString::to_string).collect(),
+        Outcome::Tasks(tasks) => panic!("expected a refusal, got {tasks:?}"),
+    }
+}
+
+fn adds(machine: &mut TaskMachine, client: ClientId, group: &str, n: usize) -> Vec<Task> {
+    let update = UpdateRequest {
+        client,
+        adds: (0..n).map(|i| add(group, &format!("d{i}"), None)).collect(),
+        ..Default::default()
+    };
+    tasks_of(&machine.apply(&update_cmd(T0, update))).to_vec()
+}
+
+#[test]
+fn adds_get_increasing_ids_and_defaults() {
+    let mut machine = TaskMachine::new();
+    let update = UpdateRequest {
+        client: 7,
+        adds: vec![
+            add("map", "a", None),
+            add("map", "", Some(-60_000)),
+            add("map", "c", Some(0)),
+        ],
+        ..Default::default()
+    };
+    let outcome = machine.apply(&update_cmd(T0, update));
+    let tasks = tasks_of(&outcome);
+    assert_eq!(tasks.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(tasks[0].at_ms, T0, "missing timespec is now");
+    assert_eq!(
+        tasks[1].at_ms,
+        T0 + 60_000,
+        "negative timespec is now + |t|"
+    );
+    assert_eq!(tasks[2].at_ms, 0, "zero is the epoch");
+    assert!(tasks.iter().all(|t| t.owner == 7 && &*t.group == "map"));
+    assert_eq!(machine.next_id(), 4);
+}
+
+#[test]
+fn update_replaces_the_task_with_a_new_id_in_the_same_group() {
+    let mut machine = TaskMachine::new();
+    let [old] = adds(&mut machine, 1, "g", 1).try_into().expect("one task");
+    let update = UpdateRequest {
+        client: 2,
+        adds: vec![add("other", "x", None)],
+        updates: vec![UpdateTask {
+            id: old.id,
+            data: "new".into(),
+            timespec: Some(-1000),
+        }],
+        ..Default::default()
+    };
+    let outcome = machine.apply(&update_cmd(T0 + 5, update));
+    let tasks = tasks_of(&outcome);
+    assert_eq!(tasks.len(), 2, "adds first, then updates");
+    assert_eq!(&*tasks[0].group, "other");
+    assert_eq!(&*tasks[1].group, "g", "an update never changes the group");
+    assert_eq!(tasks[1].data, "new");
+    assert_eq!(tasks[1].at_ms, T0 + 5 + 1000);
+    assert_eq!(tasks[1].owner, 2);
+    assert!(tasks[1].id > tasks[0].id);
+    assert!(machine.task(old.id).is_none(), "the old version is gone");
+}
+
+#[test]
+fn owned_tasks_refuse_other_clients_until_they_expire() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 1);
+    let claimed = tasks_of(&machine.apply(&claim_cmd(T0, 5, "g", 1000)))[0].clone();
+    assert_eq!(claimed.owner, 5);
+    assert_eq!(claimed.at_ms, T0 + 1000);
+
+    let delete = |client| UpdateRequest {
+        client,
+        deletes: vec![claimed.id],
+        ..Default::default()
+    };
+    let outcome = machine.apply(&update_cmd(T0 + 999, delete(6)));
+    assert_eq!(
+        refusals_of(&outcome),
+        [format!(
+            "deletes: task {} is owned by client 5 until {}",
+            claimed.id,
+            T0 + 1000
+        )]
+    );
+    assert!(
+        machine.task(claimed.id).is_some(),
+        "a refusal changes nothing"
+    );
+    let outcome = machine.apply(&update_cmd(T0 + 1000, delete(6)));
+    assert_eq!(
+        tasks_of(&outcome),
+        [],
+        "expired ownership lets anyone delete"
+    );
+}
+
+#[test]
+fn the_owner_may_renew_its_claim() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 1);
+    let claimed = tasks_of(&machine.apply(&claim_cmd(T0, 5, "g", 1000)))[0].clone();
+    let renew = UpdateRequest {
+        client: 5,
+        updates: vec![UpdateTask {
+            id: claimed.id,
+            data: claimed.data.clone(),
+            timespec: Some(-1000),
+        }],
+        ..Default::default()
+    };
+    let renewed = tasks_of(&machine.apply(&update_cmd(T0 + 500, renew.clone())))[0].clone();
+    assert_eq!(renewed.at_ms, T0 + 1500);
+    let stale = machine.apply(&update_cmd(T0 + 600, renew));
+    assert_eq!(
+        refusals_of(&stale),
+        [format!("updates: task {} does not exist", claimed.id)],
+        "the old id is a stale fencing token"
+    );
+}
+
+#[test]
+fn every_reason_is_reported_and_nothing_changes() {
+    let mut machine = TaskMachine::new();
+    let existing = adds(&mut machine, 1, "g", 2);
+    let before = machine.tasks(&[existing[0].id, existing[1].id]);
+    let update = UpdateRequest {
+        client: 1,
+        adds: vec![add("", "x", None), add("g", "y", Some(Millis::MIN))],
+        updates: vec![UpdateTask {
+            id: 99,
+            data: String::new(),
+            timespec: None,
+        }],
+        deletes: vec![existing[0].id, 98, existing[0].id],
+        depends: vec![97],
+    };
+    let outcome = machine.apply(&update_cmd(T0, update));
+    assert_eq!(
+        refusals_of(&outcome),
+        [
+            format!(
+                "task {} is named more than once in updates, deletes and depends; name each id once",
+                existing[0].id
+            ),
+            "adds: item 0 has no group; give every added task a non-empty group".to_string(),
+            format!(
+                "adds: item 1 has timespec {}, which is out of range",
+                Millis::MIN
+            ),
+            "updates: task 99 does not exist".to_string(),
+            "deletes: task 98 does not exist".to_string(),
+            "depends: task 97 does not exist".to_string(),
+        ]
+    );
+    assert_eq!(machine.tasks(&[existing[0].id, existing[1].id]), before);
+    assert_eq!(machine.next_id(), 3, "a refused update consumes no ids");
+}
+
+#[test]
+fn empty_and_depends_only_updates_are_refused() {
+    let mut machine = TaskMachine::new();
+    let [dep] = adds(&mut machine, 1, "g", 1).try_into().expect("one task");
+    for depends in [vec![], vec![dep.id]] {
+        let update = UpdateRequest {
+            client: 1,
+            depends,
+            ..Default::default()
+        };
+        assert_eq!(
+            refusals_of(&machine.apply(&update_cmd(T0, update))),
+            ["the update has no adds, updates or deletes (depends alone changes nothing)"]
+        );
+    }
+}
+
+#[test]
+fn depends_must_exist_and_stay_untouched() {
+    let mut machine = TaskMachine::new();
+    let [dep] = adds(&mut machine, 1, "g", 1).try_into().expect("one task");
+    let update = UpdateRequest {
+        client: 2,
+        adds: vec![add("h", "", None)],
+        depends: vec![dep.id],
+        ..Default::default()
+    };
+    tasks_of(&machine.apply(&update_cmd(T0, update)));
+    assert_eq!(machine.task(dep.id), Some(&dep));
+}
+
+#[test]
+fn claim_takes_the_oldest_available_task_and_skips_its_depends() {
+    let mut machine = TaskMachine::new();
+    let update = UpdateRequest {
+        client: 1,
+        adds: vec![
+            add("g", "late", Some(T0 - 10)),
+            add("g", "early", Some(T0 - 20)),
+            add("g", "owned", Some(T0 + 10_000)),
+            add("g", "tie", Some(T0 - 20)),
+        ],
+        ..Default::default()
+    };
+    tasks_of(&machine.apply(&update_cmd(T0, update)));
+    let claim = |machine: &mut TaskMachine, depends: Vec<TaskId>| {
+        let command = Command {
+            stamp_ms: T0,
+            request_id: None,
+            request: Request::Claim(ClaimRequest {
+                client: 3,
+                group: "g".into(),
+                duration_ms: 100,
+                depends,
+            }),
+        };
+        tasks_of(&machine.apply(&command)).to_vec()
+    };
+    // "early" (id 2) and "tie" (id 4) share a time: the smaller id goes first.
+    // A claim that depends on id 2 must not take it.
+    assert_eq!(claim(&mut machine, vec![2])[0].data, "tie");
+    assert_eq!(claim(&mut machine, vec![])[0].data, "early");
+    assert_eq!(claim(&mut machine, vec![])[0].data, "late");
+    assert_eq!(claim(&mut machine, vec![]), [], "only owned tasks are left");
+    assert_eq!(machine.group_len("g"), 4);
+}
+
+#[test]
+fn claim_refusals() {
+    let mut machine = TaskMachine::new();
+    assert_eq!(
+        refusals_of(&machine.apply(&claim_cmd(T0, 1, "", 0))),
+        [
+            "claim: group is missing or empty",
+            "claim: duration 0 is not a positive number of milliseconds"
+        ]
+    );
+    let command = Command {
+        stamp_ms: T0,
+        request_id: None,
+        request: Request::Claim(ClaimRequest {
+            client: 1,
+            group: "g".into(),
+            duration_ms: 5,
+            depends: vec![42],
+        }),
+    };
+    assert_eq!(
+        refusals_of(&machine.apply(&command)),
+        ["depends: task 42 does not exist"]
+    );
+    assert_eq!(
+        tasks_of(&machine.apply(&claim_cmd(T0, 1, "nothing-here", 5))),
+        []
+    );
+}
+
+#[test]
+fn groups_exist_only_while_they_hold_tasks() {
+    let mut machine = TaskMachine::new();
+    let tasks = adds(&mut machine, 1, "b", 2);
+    adds(&mut machine, 1, "a", 1);
+    assert_eq!(machine.groups(), [Arc::from("a"), Arc::from("b")]);
+    let delete = UpdateRequest {
+        client: 1,
+        deletes: tasks.iter().map(|t| t.id).collect(),
+        ..Default::default()
+    };
+    tasks_of(&machine.apply(&update_cmd(T0, delete)));
+    assert_eq!(machine.groups(), [Arc::from("a")]);
+    assert_eq!(machine.group_tasks("b", None, true, T0), []);
+}
+
+#[test]
+fn group_listing_honours_owned_and_limit() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 3);
+    tasks_of(&machine.apply(&claim_cmd(T0, 2, "g", 1000)));
+    assert_eq!(machine.group_tasks("g", None, false, T0).len(), 2);
+    assert_eq!(machine.group_tasks("g", None, true, T0).len(), 3);
+    assert_eq!(machine.group_tasks("g", Some(1), true, T0).len(), 1);
+    assert_eq!(
+        machine.group_tasks("g", None, false, T0 + 1000).len(),
+        3,
+        "expired"
+    );
+}
+
+#[test]
+fn time_never_goes_back() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 1);
+    let claimed = tasks_of(&machine.apply(&claim_cmd(T0 + 50, 1, "g", 10)))[0].clone();
+    assert_eq!(claimed.at_ms, T0 + 60);
+    // A new leader whose clock is behind stamps an earlier time: log time stays.
+    let again = machine.apply(&claim_cmd(T0, 2, "g", 10));
+    assert_eq!(tasks_of(&again), []);
+    assert_eq!(machine.last_time_ms(), T0 + 50);
+}
+
+#[test]
+fn a_retried_request_returns_its_first_outcome_and_applies_once() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 2);
+    let mut command = claim_cmd(T0, 9, "g", 1000);
+    command.request_id = Some("req-1".into());
+    let first = machine.apply(&command);
+    let second = machine.apply(&command);
+    assert_eq!(first, second);
+    assert_eq!(
+        machine.group_tasks("g", None, false, T0).len(),
+        1,
+        "claimed once"
+    );
+
+    let mut other_client = claim_cmd(T0, 10, "g", 1000);
+    other_client.request_id = Some("req-1".into());
+    assert_ne!(machine.apply(&other_client), first, "ids are per client");
+
+    command.request_id = Some("x".repeat(REQUEST_ID_BYTES_MAX + 1));
+    assert_eq!(
+        refusals_of(&machine.apply(&command)),
+        [format!(
+            "requestid is 65 bytes long; the limit is {REQUEST_ID_BYTES_MAX}"
+        )]
+    );
+}
+
+#[test]
+fn oversized_requests_are_refused_whole() {
+    let mut machine = TaskMachine::new();
+    let update = UpdateRequest {
+        client: 1,
+        deletes: (0..=REQUEST_ITEMS_MAX as u64).collect(),
+        ..Default::default()
+    };
+    assert_eq!(
+        refusals_of(&machine.apply(&update_cmd(T0, update))),
+        [format!(
+            "the request names {} tasks; the limit is {REQUEST_ITEMS_MAX}, split it",
+            REQUEST_ITEMS_MAX + 1
+        )]
+    );
+}

@@ -1,0 +1,301 @@
+//! The machine's domain types: tasks, the commands that change them, and outcomes.
+//!
+//! These are store-sm's own types, deliberately separate from the JSON shapes in `rpc`,
+//! so that a change to either is visible at the boundary where one maps to the other.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+/// A task version's identity and fencing token; strictly increasing, never reused.
+pub type TaskId = u64;
+
+/// The numeric identity a worker chooses for itself (the seed's `clientid`).
+pub type ClientId = i64;
+
+/// Milliseconds since the Unix epoch, in log time.
+pub type Millis = i64;
+
+/// A group name, shared between a group's tasks and its index.
+pub type GroupName = Arc<str>;
+
+/// Longest request id the machine accepts, in bytes (SPEC section 2, "Retries").
+pub const REQUEST_ID_BYTES_MAX: usize = 64;
+
+/// Most task ids (adds + updates + deletes + depends) one update or claim may name.
+///
+/// The HTTP body limit already bounds requests; this bound keeps the machine total on its own.
+pub const REQUEST_ITEMS_MAX: usize = 10_000;
+
+/// One immutable task version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Identity and fencing token of this version.
+    pub id: TaskId,
+    /// The group this task belongs to; never changes across versions.
+    pub group: GroupName,
+    /// Opaque payload.
+    pub data: String,
+    /// Available time: the task is owned by `owner` until then.
+    pub at_ms: Millis,
+    /// The client that wrote this version.
+    pub owner: ClientId,
+}
+
+impl Task {
+    /// Whether `client` may update or delete this task at log time `now_ms`
+    /// (`canModify = at <= now || owner == client`).
+    pub fn modifiable_by(&self, client: ClientId, now_ms: Millis) -> bool {
+        self.at_ms <= now_ms || self.owner == client
+    }
+
+    /// Whether some client owns this task at log time `now_ms`.
+    pub fn is_owned_at(&self, now_ms: Millis) -> bool {
+        self.at_ms > now_ms
+    }
+}
+
+/// A new task in an update's `adds`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddTask {
+    /// Group of the new task; must not be empty.
+    pub group: String,
+    /// Payload; the seed's default is empty.
+    pub data: String,
+    /// `None` is now, negative is now + |t|, otherwise absolute.
+    pub timespec: Option<Millis>,
+}
+
+/// A replacement of an existing task in an update's `updates`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateTask {
+    /// The version being replaced.
+    pub id: TaskId,
+    /// New payload; a missing `data` sets it empty.
+    pub data: String,
+    /// `None` is now, negative is now + |t|, otherwise absolute.
+    pub timespec: Option<Millis>,
+}
+
+/// The seed's `/update` transaction.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateRequest {
+    /// The writing client; becomes the owner of every task written.
+    pub client: ClientId,
+    /// Tasks to create.
+    pub adds: Vec<AddTask>,
+    /// Tasks to replace.
+    pub updates: Vec<UpdateTask>,
+    /// Tasks to remove.
+    pub deletes: Vec<TaskId>,
+    /// Tasks that must exist, left untouched.
+    pub depends: Vec<TaskId>,
+}
+
+/// The seed's `/claim`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    /// The claiming client.
+    pub client: ClientId,
+    /// Group to claim from.
+    pub group: String,
+    /// How long the claim owns the task, in milliseconds; positive.
+    pub duration_ms: Millis,
+    /// Tasks that must exist, left untouched (never the claimed one).
+    pub depends: Vec<TaskId>,
+}
+
+/// What a command asks the machine to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Add, update and delete tasks atomically.
+    Update(UpdateRequest),
+    /// Claim the oldest available task of a group.
+    Claim(ClaimRequest),
+}
+
+impl Request {
+    /// The client that issued the request.
+    pub fn client(&self) -> ClientId {
+        match self {
+            Request::Update(update) => update.client,
+            Request::Claim(claim) => claim.client,
+        }
+    }
+}
+
+/// One log entry's worth of work: a request, the leader's time stamp and an optional
+/// client request id for deduplication.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    /// Wall-clock time the leader stamped on the entry; the machine never lets time go back.
+    pub stamp_ms: Millis,
+    /// A retried command with the same `(client, request_id)` returns its first outcome.
+    pub request_id: Option<String>,
+    /// The work itself.
+    pub request: Request,
+}
+
+/// The list of a request that a refusal is about, named as in the JSON API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ListName {
+    /// `adds`
+    Adds,
+    /// `updates`
+    Updates,
+    /// `deletes`
+    Deletes,
+    /// `depends`
+    Depends,
+}
+
+impl fmt::Display for ListName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ListName::Adds => "adds",
+            ListName::Updates => "updates",
+            ListName::Deletes => "deletes",
+            ListName::Depends => "depends",
+        })
+    }
+}
+
+/// One reason a command was refused. A refused command changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// A named task does not exist (any more).
+    Missing {
+        /// Where the id was named.
+        list: ListName,
+        /// The id.
+        id: TaskId,
+    },
+    /// A named task is owned by another client.
+    Owned {
+        /// Where the id was named.
+        list: ListName,
+        /// The id.
+        id: TaskId,
+        /// Its owner.
+        owner: ClientId,
+        /// Until when, in log time.
+        until_ms: Millis,
+    },
+    /// An id is named more than once across updates, deletes and depends.
+    Duplicate {
+        /// The id.
+        id: TaskId,
+    },
+    /// An update with no adds, updates or deletes.
+    NothingToDo,
+    /// An add without a group, or with an empty one.
+    MissingGroup {
+        /// Position in `adds`.
+        index: usize,
+    },
+    /// A claim without a group, or with an empty one.
+    ClaimWithoutGroup,
+    /// A claim duration that is not positive.
+    InvalidDuration {
+        /// What was asked.
+        duration_ms: Millis,
+    },
+    /// A timespec whose resolved time does not fit in 64 bits.
+    TimespecOutOfRange {
+        /// Where it was given.
+        list: ListName,
+        /// Position in that list.
+        index: usize,
+        /// What was given.
+        timespec: Millis,
+    },
+    /// A claim whose duration runs past the end of representable time.
+    DurationOutOfRange {
+        /// What was asked.
+        duration_ms: Millis,
+    },
+    /// A request id longer than [`REQUEST_ID_BYTES_MAX`].
+    RequestIdTooLong {
+        /// Its length in bytes.
+        bytes: usize,
+    },
+    /// More ids than [`REQUEST_ITEMS_MAX`] in one request.
+    TooManyItems {
+        /// How many were named.
+        items: usize,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Missing { list, id } => write!(f, "{list}: task {id} does not exist"),
+            Refusal::Owned {
+                list,
+                id,
+                owner,
+                until_ms,
+            } => write!(
+                f,
+                "{list}: task {id} is owned by client {owner} until {until_ms}"
+            ),
+            Refusal::Duplicate { id } => write!(
+                f,
+                "task {id} is named more than once in updates, deletes and depends; name each id once"
+            ),
+            Refusal::NothingToDo => f.write_str(
+                "the update has no adds, updates or deletes (depends alone changes nothing)",
+            ),
+            Refusal::MissingGroup { index } => {
+                write!(
+                    f,
+                    "adds: item {index} has no group; give every added task a non-empty group"
+                )
+            }
+            Refusal::ClaimWithoutGroup => f.write_str("claim: group is missing or empty"),
+            Refusal::InvalidDuration { duration_ms } => {
+                write!(
+                    f,
+                    "claim: duration {duration_ms} is not a positive number of milliseconds"
+                )
+            }
+            Refusal::TimespecOutOfRange {
+                list,
+                index,
+                timespec,
+            } => write!(
+                f,
+                "{list}: item {index} has timespec {timespec}, which is out of range"
+            ),
+            Refusal::DurationOutOfRange { duration_ms } => {
+                write!(f, "claim: duration {duration_ms} runs past the end of time")
+            }
+            Refusal::RequestIdTooLong { bytes } => write!(
+                f,
+                "requestid is {bytes} bytes long; the limit is {REQUEST_ID_BYTES_MAX}"
+            ),
+            Refusal::TooManyItems { items } => write!(
+                f,
+                "the request names {items} tasks; the limit is {REQUEST_ITEMS_MAX}, split it"
+            ),
+        }
+    }
+}
+
+/// The result of applying one command: exactly one of the seed's two shapes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Success: adds first, then updates, in request order; a claim's one task, or none.
+    Tasks(Vec<Task>),
+    /// Refusal with every reason; nothing changed.
+    Refused(Vec<Refusal>),
+}
+
+impl Outcome {
+    /// Whether the command changed nothing because it was refused.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, Outcome::Refused(_))
+    }
+}

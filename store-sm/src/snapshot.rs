@@ -1,0 +1,394 @@
+//! The snapshot format: a versioned, compact, checksummed encoding of a [`TaskMachine`].
+//!
+//! ```text
+//! "ROTASNAP" | format version (u32 LE) | body (bincode, varint) | SHA-256 of body (32 bytes)
+//! body = head, then per group (name, count, tasks in claim order), then dedup entries oldest first
+//! ```
+//!
+//! The body is canonical (every collection is walked in key order), so its SHA-256 is
+//! also the machine's state hash: two replicas with equal hashes hold equal state.
+//! Encoding reads from a clone of the machine, which is O(1) to take, so apply goes on
+//! while a snapshot is written.
+
+use std::fmt;
+use std::io;
+use std::io::Write;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde::Serialize;
+use sha2::Digest;
+use sha2::Sha256;
+
+use crate::machine::ClientId;
+use crate::machine::Millis;
+use crate::machine::Outcome;
+use crate::machine::Task;
+use crate::machine::TaskId;
+use crate::machine::TaskMachine;
+
+/// First bytes of every snapshot.
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
+
+/// The format this build writes. Older formats get upgrade code beside the decoder.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+
+/// Longest group name or task data a snapshot may hold, so a corrupt length cannot make
+/// the decoder allocate without bound.
+const STRING_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+const HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + 4;
+const DIGEST_BYTES: usize = 32;
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The bytes do not start with the snapshot magic.
+    #[error("not a Rota snapshot (bad magic); check that the file is a snapshot or backup")]
+    BadMagic,
+    /// The snapshot was written by a newer or unknown format.
+    #[error(
+        "snapshot format {found} is not supported (this build reads {SNAPSHOT_FORMAT_VERSION}); use a Rota release that reads it"
+    )]
+    UnsupportedVersion {
+        /// The version found in the header.
+        found: u32,
+    },
+    /// The bytes end before the snapshot does.
+    #[error("snapshot is truncated ({bytes} bytes); the file was cut short")]
+    Truncated {
+        /// How many bytes there were.
+        bytes: usize,
+    },
+    /// The body does not match its checksum.
+    #[error("snapshot checksum mismatch: the data is corrupt")]
+    ChecksumMismatch,
+    /// The body does not decode or describes an impossible state.
+    #[error("snapshot body is invalid: {0}")]
+    Invalid(String),
+    /// Writing the snapshot failed.
+    #[error("writing snapshot: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// SHA-256 of a machine's canonical encoding.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StateHash(pub [u8; DIGEST_BYTES]);
+
+impl fmt::Display for StateHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl fmt::Debug for StateHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StateHash({self})")
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Head {
+    next_id: TaskId,
+    last_time_ms: Millis,
+    group_count: u64,
+    dedup_count: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GroupHead<S> {
+    name: S,
+    task_count: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TaskBody<S> {
+    id: TaskId,
+    at_ms: Millis,
+    owner: ClientId,
+    data: S,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DedupBody<S, O> {
+    client: ClientId,
+    request_id: S,
+    time_ms: Millis,
+    outcome: O,
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<STRING_BYTES_MAX>()
+}
+
+/// A writer that hashes what passes through it.
+struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.hasher.update(&buf[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn put<T: Serialize, W: Write>(value: &T, out: &mut W) -> io::Result<()> {
+    bincode::serde::encode_into_std_write(value, out, config())
+        .map(|_| ())
+        .map_err(io::Error::other)
+}
+
+/// Writes the canonical body and returns its SHA-256.
+fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHash)> {
+    let mut out = io::BufWriter::with_capacity(
+        64 * 1024,
+        HashingWriter {
+            inner: out,
+            hasher: Sha256::new(),
+        },
+    );
+    let groups = machine.groups();
+    put(
+        &Head {
+            next_id: machine.next_id(),
+            last_time_ms: machine.last_time_ms(),
+            group_count: groups.len() as u64,
+            dedup_count: machine.dedup().len() as u64,
+        },
+        &mut out,
+    )?;
+    for group in &groups {
+        put(
+            &GroupHead {
+                name: &**group,
+                task_count: machine.group_len(group) as u64,
+            },
+            &mut out,
+        )?;
+        for task in machine.iter_group(group, true, Millis::MAX) {
+            put(
+                &TaskBody {
+                    id: task.id,
+                    at_ms: task.at_ms,
+                    owner: task.owner,
+                    data: task.data.as_str(),
+                },
+                &mut out,
+            )?;
+        }
+    }
+    for ((client, request_id), entry) in machine.dedup().iter_oldest_first() {
+        put(
+            &DedupBody {
+                client: *client,
+                request_id: &**request_id,
+                time_ms: entry.time_ms,
+                outcome: &*entry.outcome,
+            },
+            &mut out,
+        )?;
+    }
+    let writer = out.into_inner().map_err(|e| e.into_error())?;
+    let digest = StateHash(writer.hasher.finalize().into());
+    Ok((writer.inner, digest))
+}
+
+/// Encodes `machine` as a snapshot into `out` and returns its state hash.
+pub fn write_snapshot<W: Write>(machine: &TaskMachine, mut out: W) -> io::Result<StateHash> {
+    out.write_all(SNAPSHOT_MAGIC)?;
+    out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+    let (mut out, hash) = write_body(machine, out)?;
+    out.write_all(&hash.0)?;
+    out.flush()?;
+    Ok(hash)
+}
+
+/// Encodes `machine` as a snapshot in memory.
+pub fn encode_snapshot(machine: &TaskMachine) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    // Writing to a Vec cannot fail.
+    write_snapshot(machine, &mut bytes).map_or_else(|e| unreachable!("{e}"), |_| bytes)
+}
+
+/// The machine's state hash, computed without keeping the encoding.
+pub fn state_hash(machine: &TaskMachine) -> StateHash {
+    write_body(machine, io::sink()).map_or_else(|e| unreachable!("{e}"), |(_, hash)| hash)
+}
+
+/// The state hash recorded in a snapshot's trailer, without decoding it.
+pub fn snapshot_hash(bytes: &[u8]) -> Result<StateHash, SnapshotError> {
+    let body = checked_body(bytes)?;
+    let trailer = &bytes[HEADER_BYTES + body.len()..];
+    let mut digest = [0; DIGEST_BYTES];
+    digest.copy_from_slice(trailer);
+    Ok(StateHash(digest))
+}
+
+/// Checks magic, version and checksum and returns the body.
+fn checked_body(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
+    if bytes.len() < SNAPSHOT_MAGIC.len() || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+        return Err(SnapshotError::BadMagic);
+    }
+    if bytes.len() < HEADER_BYTES + DIGEST_BYTES {
+        return Err(SnapshotError::Truncated { bytes: bytes.len() });
+    }
+    let mut version = [0; 4];
+    version.copy_from_slice(&bytes[SNAPSHOT_MAGIC.len()..HEADER_BYTES]);
+    let version = u32::from_le_bytes(version);
+    if version != SNAPSHOT_FORMAT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion { found: version });
+    }
+    let (body, trailer) = bytes[HEADER_BYTES..].split_at(bytes.len() - HEADER_BYTES - DIGEST_BYTES);
+    let digest: [u8; DIGEST_BYTES] = Sha256::digest(body).into();
+    if digest != trailer {
+        return Err(SnapshotError::ChecksumMismatch);
+    }
+    Ok(body)
+}
+
+fn take<T: serde::de::DeserializeOwned>(input: &mut &[u8]) -> Result<T, SnapshotError> {
+    bincode::serde::decode_from_std_read(input, config())
+        .map_err(|e| SnapshotError::Invalid(e.to_string()))
+}
+
+/// Decodes a snapshot into a machine equal to the one encoded (equal state hash).
+pub fn decode_snapshot(bytes: &[u8]) -> Result<TaskMachine, SnapshotError> {
+    let mut input = checked_body(bytes)?;
+    let head: Head = take(&mut input)?;
+    let mut tasks = Vec::new();
+    for _ in 0..head.group_count {
+        let group: GroupHead<String> = take(&mut input)?;
+        let name: Arc<str> = Arc::from(group.name);
+        for _ in 0..group.task_count {
+            let body: TaskBody<String> = take(&mut input)?;
+            tasks.push(Task {
+                id: body.id,
+                group: Arc::clone(&name),
+                data: body.data,
+                at_ms: body.at_ms,
+                owner: body.owner,
+            });
+        }
+    }
+    let mut dedup = Vec::new();
+    for _ in 0..head.dedup_count {
+        let body: DedupBody<String, Outcome> = take(&mut input)?;
+        dedup.push((
+            (body.client, Arc::from(body.request_id)),
+            body.time_ms,
+            Arc::new(body.outcome),
+        ));
+    }
+    if !input.is_empty() {
+        return Err(SnapshotError::Invalid(format!(
+            "{} bytes left over after the last entry",
+            input.len()
+        )));
+    }
+    TaskMachine::from_parts(head.next_id, head.last_time_ms, tasks, dedup)
+        .map_err(SnapshotError::Invalid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::AddTask;
+    use crate::machine::ClaimRequest;
+    use crate::machine::Command;
+    use crate::machine::Request;
+    use crate::machine::UpdateRequest;
+
+    fn sample() -> TaskMachine {
+        let mut machine = TaskMachine::new();
+        let adds = (0..20)
+            .map(|i| AddTask {
+                group: format!("g{}", i % 3),
+                data: format!("payload {i}"),
+                timespec: Some(if i % 2 == 0 { 0 } else { -5000 }),
+            })
+            .collect();
+        machine.apply(&Command {
+            stamp_ms: 1000,
+            request_id: Some("r1".into()),
+            request: Request::Update(UpdateRequest {
+                client: 3,
+                adds,
+                ..Default::default()
+            }),
+        });
+        machine.apply(&Command {
+            stamp_ms: 2000,
+            request_id: Some("r2".into()),
+            request: Request::Claim(ClaimRequest {
+                client: 4,
+                group: "g1".into(),
+                duration_ms: 10_000,
+                depends: vec![],
+            }),
+        });
+        machine
+    }
+
+    #[test]
+    fn round_trip_gives_an_identical_machine() {
+        let machine = sample();
+        let bytes = encode_snapshot(&machine);
+        let restored = decode_snapshot(&bytes).expect("decodes");
+        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(snapshot_hash(&bytes).expect("hash"), state_hash(&machine));
+        assert_eq!(restored.next_id(), machine.next_id());
+        assert_eq!(restored.groups(), machine.groups());
+        assert_eq!(restored.dedup().len(), 2);
+        assert_eq!(encode_snapshot(&restored), bytes, "canonical encoding");
+    }
+
+    #[test]
+    fn the_hash_tells_states_apart() {
+        let a = sample();
+        let mut b = a.clone();
+        b.apply(&Command {
+            stamp_ms: 3000,
+            request_id: None,
+            request: Request::Claim(ClaimRequest {
+                client: 4,
+                group: "g2".into(),
+                duration_ms: 1,
+                depends: vec![],
+            }),
+        });
+        assert_ne!(state_hash(&a), state_hash(&b));
+    }
+
+    #[test]
+    fn damaged_snapshots_are_refused_with_a_reason() {
+        let bytes = encode_snapshot(&sample());
+        assert!(matches!(
+            decode_snapshot(b"nonsense"),
+            Err(SnapshotError::BadMagic)
+        ));
+        assert!(matches!(
+            decode_snapshot(&bytes[..20]),
+            Err(SnapshotError::ChecksumMismatch | SnapshotError::Truncated { .. })
+        ));
+        let mut flipped = bytes.clone();
+        let middle = flipped.len() / 2;
+        flipped[middle] ^= 1;
+        assert!(matches!(
+            decode_snapshot(&flipped),
+            Err(SnapshotError::ChecksumMismatch)
+        ));
+        let mut future = bytes;
+        future[8] = 99;
+        assert!(matches!(
+            decode_snapshot(&future),
+            Err(SnapshotError::UnsupportedVersion { found: 99 })
+        ));
+    }
+}

@@ -1,0 +1,160 @@
+//! Snapshot persistence in a directory: one file, replaced atomically (write a temporary
+//! file, fsync it, rename it over the old one, fsync the directory).
+//!
+//! ```text
+//! "ROTASNPF" | file format version (u32 LE) | meta length (u64 LE) | meta (codec value)
+//!   | SHA-256 of meta (32 bytes) | snapshot bytes (crate::snapshot, checksummed itself)
+//! ```
+
+use std::fs;
+use std::fs::File;
+use std::io;
+use std::io::Write;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::MutexGuard;
+
+use sha2::Digest;
+use sha2::Sha256;
+
+use crate::codec::decode_value;
+use crate::codec::encode_value;
+use crate::raft_types::RotaSnapshotMeta;
+use crate::state_machine::SnapshotPersistence;
+use crate::state_machine::StoredSnapshot;
+use crate::state_machine::supersedes;
+
+const FILE_MAGIC: &[u8; 8] = b"ROTASNPF";
+const FILE_FORMAT_VERSION: u32 = 1;
+const FILE_NAME: &str = "current.snapshot";
+const TEMP_NAME: &str = "current.snapshot.tmp";
+
+/// Snapshot persistence in a directory; see the module documentation.
+#[derive(Clone, Debug)]
+pub struct SnapshotDir {
+    dir: PathBuf,
+    // The current snapshot, loaded once: openraft asks for it every time it sends one.
+    cache: Arc<Mutex<Option<Option<StoredSnapshot>>>>,
+}
+
+impl SnapshotDir {
+    /// Opens (creating if needed) the snapshot directory `dir`.
+    pub fn open(dir: impl Into<PathBuf>) -> io::Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|e| context(e, "creating snapshot directory", &dir))?;
+        // A temporary file is what a crash during save leaves behind; it is never read.
+        match fs::remove_file(dir.join(TEMP_NAME)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        Ok(Self {
+            dir,
+            cache: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    fn cache(&self) -> MutexGuard<'_, Option<Option<StoredSnapshot>>> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn read_file(&self) -> io::Result<Option<StoredSnapshot>> {
+        let path = self.dir.join(FILE_NAME);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(context(e, "reading snapshot", &path)),
+        };
+        decode_file(&bytes)
+            .map(Some)
+            .map_err(|e| context(e, "decoding snapshot", &path))
+    }
+
+    fn write_file(&self, snapshot: &StoredSnapshot) -> io::Result<()> {
+        let temp = self.dir.join(TEMP_NAME);
+        let meta = encode_value(&snapshot.meta)?;
+        let mut file = File::create(&temp).map_err(|e| context(e, "creating", &temp))?;
+        file.write_all(FILE_MAGIC)?;
+        file.write_all(&FILE_FORMAT_VERSION.to_le_bytes())?;
+        file.write_all(&(meta.len() as u64).to_le_bytes())?;
+        file.write_all(&meta)?;
+        file.write_all(&Sha256::digest(&meta))?;
+        file.write_all(&snapshot.data)?;
+        file.sync_all().map_err(|e| context(e, "syncing", &temp))?;
+        drop(file);
+        let path = self.dir.join(FILE_NAME);
+        fs::rename(&temp, &path).map_err(|e| context(e, "renaming snapshot into", &path))?;
+        File::open(&self.dir)?
+            .sync_all()
+            .map_err(|e| context(e, "syncing", &self.dir))
+    }
+}
+
+fn context(error: io::Error, doing: &str, path: &Path) -> io::Error {
+    io::Error::new(error.kind(), format!("{doing} {}: {error}", path.display()))
+}
+
+fn decode_file(bytes: &[u8]) -> io::Result<StoredSnapshot> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let header = FILE_MAGIC.len() + 4 + 8;
+    if bytes.len() < header || &bytes[..FILE_MAGIC.len()] != FILE_MAGIC {
+        return Err(invalid("not a Rota snapshot file"));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| invalid("header"))?);
+    if version != FILE_FORMAT_VERSION {
+        return Err(invalid(&format!(
+            "snapshot file format {version} is not supported (this build reads {FILE_FORMAT_VERSION})"
+        )));
+    }
+    let meta_len = u64::from_le_bytes(bytes[12..20].try_into().map_err(|_| invalid("header"))?);
+    let meta_end = usize::try_from(meta_len)
+        .ok()
+        .and_then(|len| header.checked_add(len))
+        .filter(|&end| end + 32 <= bytes.len())
+        .ok_or_else(|| invalid("snapshot file is truncated"))?;
+    let meta_bytes = &bytes[header..meta_end];
+    if Sha256::digest(meta_bytes).as_slice() != &bytes[meta_end..meta_end + 32] {
+        return Err(invalid(
+            "snapshot metadata checksum mismatch: the file is corrupt",
+        ));
+    }
+    let meta: RotaSnapshotMeta = decode_value(meta_bytes, "snapshot metadata")?;
+    let data: Arc<[u8]> = bytes[meta_end + 32..].into();
+    // Checks the snapshot's own checksum now rather than at first use.
+    crate::snapshot::snapshot_hash(&data)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(StoredSnapshot { meta, data })
+}
+
+impl SnapshotPersistence for SnapshotDir {
+    fn save(&self, snapshot: &StoredSnapshot) -> io::Result<()> {
+        let mut cache = self.cache();
+        let current = match cache.take() {
+            Some(current) => current,
+            None => self.read_file()?,
+        };
+        if supersedes(&snapshot.meta, current.as_ref().map(|s| &s.meta)) {
+            if let Err(e) = self.write_file(snapshot) {
+                *cache = Some(current);
+                return Err(e);
+            }
+            *cache = Some(Some(snapshot.clone()));
+        } else {
+            *cache = Some(current);
+        }
+        Ok(())
+    }
+
+    fn load(&self) -> io::Result<Option<StoredSnapshot>> {
+        let mut cache = self.cache();
+        if let Some(current) = &*cache {
+            return Ok(current.clone());
+        }
+        let current = self.read_file()?;
+        *cache = Some(current.clone());
+        Ok(current)
+    }
+}

@@ -1,0 +1,168 @@
+//! Crash tests for the RocksDB log store: a child process appends entries and reports
+//! each one once the store says it is durable; the parent kills it with SIGKILL at
+//! several points, reopens the store and checks what survived.
+//!
+//! With `SyncMode::Always` every acknowledged entry must be there. With
+//! `SyncMode::Never` the store must still open and be consistent: a contiguous log
+//! after the purge point, every entry decodable, the vote readable.
+
+#![cfg(feature = "rocksdb")]
+
+mod common;
+
+use std::io::BufRead;
+use std::io::BufReader;
+use std::path::Path;
+use std::process::Command as Process;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
+
+use common::TestTypes;
+use common::normal;
+use common::workload_command;
+use openraft::RaftLogReader;
+use openraft::storage::IOFlushed;
+use openraft::storage::RaftLogStorage;
+use openraft::type_config::TypeConfigExt;
+use store_sm::raft_types::RotaVote;
+use store_sm::raft_types::SyncMode;
+use store_sm::rocks::RocksLogStore;
+
+const CHILD_DIR_ENV: &str = "ROTA_CRASH_CHILD_DIR";
+const CHILD_SYNC_ENV: &str = "ROTA_CRASH_CHILD_SYNC";
+/// The child stops by itself after this long even if nobody kills it.
+const CHILD_RUN_MAX: Duration = Duration::from_secs(60);
+
+fn sync_mode(name: &str) -> SyncMode {
+    if name == "never" {
+        SyncMode::Never
+    } else {
+        SyncMode::Always
+    }
+}
+
+/// The child's side: runs only when the parent sets the environment.
+#[test]
+fn crash_child() {
+    let (Ok(dir), Ok(sync)) = (std::env::var(CHILD_DIR_ENV), std::env::var(CHILD_SYNC_ENV)) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let mut store = RocksLogStore::open(Path::new(&dir), sync_mode(&sync)).expect("opens");
+        let state = RaftLogStorage::<TestTypes>::get_log_state(&mut store)
+            .await
+            .expect("state");
+        let mut next = state.last_log_id.map_or(1, |id| id.index() + 1);
+        let vote = RotaVote::new_committed(1, 1);
+        RaftLogStorage::<TestTypes>::save_vote(&mut store, &vote)
+            .await
+            .expect("vote");
+        let started = Instant::now();
+        while started.elapsed() < CHILD_RUN_MAX {
+            let (tx, rx) = TestTypes::oneshot();
+            let entry = normal(1, next, workload_command(next));
+            RaftLogStorage::<TestTypes>::append(&mut store, [entry], IOFlushed::signal(tx))
+                .await
+                .expect("append");
+            rx.await.expect("callback").expect("durable");
+            println!("acked {next}");
+            next += 1;
+        }
+    });
+}
+
+/// Starts the child on `dir`, kills it after it acknowledged `kill_after` entries and
+/// returns the last index it acknowledged.
+fn run_and_kill(dir: &Path, sync: &str, kill_after: u64) -> u64 {
+    let mut child = Process::new(std::env::current_exe().expect("test binary"))
+        .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_DIR_ENV, dir)
+        .env(CHILD_SYNC_ENV, sync)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawns the child");
+    let stdout = child.stdout.take().expect("piped");
+    let mut acked_here = 0;
+    let mut last_acked = 0;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("reads the child");
+        // libtest may print "test crash_child ... " on the same line as the first ack.
+        if let Some((_, index)) = line.rsplit_once("acked ") {
+            last_acked = index.parse().expect("an index");
+            acked_here += 1;
+            if acked_here == kill_after {
+                child.kill().expect("SIGKILL");
+                break;
+            }
+        }
+    }
+    child.wait().expect("reaped");
+    assert_eq!(
+        acked_here, kill_after,
+        "the child stopped before it was killed"
+    );
+    last_acked
+}
+
+/// Reopens the store and checks it is consistent; returns its last log index.
+async fn check_consistent(dir: &Path, sync: SyncMode) -> u64 {
+    let mut store = RocksLogStore::open(dir, sync).expect("reopens after the crash");
+    let state = RaftLogStorage::<TestTypes>::get_log_state(&mut store)
+        .await
+        .expect("state");
+    let last = state.last_log_id.expect("entries survived").index();
+    let entries = RaftLogReader::<TestTypes>::try_get_log_entries(&mut store, 0..=last)
+        .await
+        .expect("every entry decodes");
+    let indexes: Vec<u64> = entries.iter().map(|e| e.log_id.index()).collect();
+    assert_eq!(indexes, (1..=last).collect::<Vec<_>>(), "a contiguous log");
+    for entry in &entries {
+        let openraft::EntryPayload::Normal(command) = &entry.payload else {
+            panic!("entry {} changed kind", entry.log_id.index());
+        };
+        assert_eq!(
+            command,
+            &workload_command(entry.log_id.index()),
+            "entry content intact"
+        );
+    }
+    let vote = RaftLogReader::<TestTypes>::read_vote(&mut store)
+        .await
+        .expect("vote reads");
+    assert!(vote.is_some(), "the vote survived");
+    last
+}
+
+fn crash_rounds(sync: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("raft-log");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    for kill_after in [1, 40, 300, 900] {
+        let acked = run_and_kill(&path, sync, kill_after);
+        let last = runtime.block_on(check_consistent(&path, sync_mode(sync)));
+        eprintln!("sync={sync}: killed after ack {acked}; store holds 1..={last}");
+        if sync_mode(sync) == SyncMode::Always {
+            assert!(
+                last >= acked,
+                "acknowledged entry {acked} lost; store ends at {last}"
+            );
+        }
+    }
+}
+
+#[test]
+fn kill_nine_with_sync_loses_no_acknowledged_append() {
+    crash_rounds("always");
+}
+
+#[test]
+fn kill_nine_without_sync_leaves_a_consistent_store() {
+    crash_rounds("never");
+}
