@@ -1,6 +1,5 @@
-//! The `rota` command-line tool: cluster administration, task commands, `rota dev` for a
-//! local cluster and `rota bench`. It talks to nodes over HTTP only and never links
-//! RocksDB.
-//!
-//! It arrives with the cluster and CLI issues (3 and 4); until then the crate is empty
-//! on purpose.
+//! The `rota` command-line tool: a local cluster for development (`rota dev`), and, as
+//! later issues add them, cluster administration, task commands and `rota bench`. It
+//! talks to nodes over HTTP only and never links RocksDB.
+
+pub mod dev;

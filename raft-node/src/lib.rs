@@ -1,5 +1,214 @@
 //! The `rota-node` daemon: configuration, openraft wiring and its HTTP transport, the
-//! request path (leader forwarding, linearizable reads, log-time stamping, batching),
-//! the axum router, metrics and graceful shutdown.
+//! request path (leader forwarding, linearizable reads, log-time stamping), the axum
+//! routers, and graceful shutdown.
 //!
-//! It arrives with the cluster (issue 3); until then the crate is empty on purpose.
+//! Batching: handlers call `Raft::client_write` concurrently and nothing between them
+//! and openraft serialises them; openraft hands every entry that queued meanwhile to
+//! one log append, which the RocksDB store writes and syncs once.
+
+pub mod admin_api;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod network;
+pub mod node;
+pub mod raft_api;
+pub mod types;
+pub mod worker_api;
+
+use std::io;
+use std::sync::Arc;
+
+use axum::Router;
+use rpc::client::HttpClient;
+use store_sm::rocks::RocksLogStore;
+use store_sm::snapshot_dir::SnapshotDir;
+use store_sm::state_machine::TaskStateMachine;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::clock::LogClock;
+use crate::clock::SystemClock;
+use crate::config::NodeConfig;
+use crate::network::Network;
+use crate::node::Node;
+use crate::node::SharedNode;
+use crate::types::NodeRaft;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data directory or its stores could not be opened.
+    #[error("opening storage in {dir}: {source}")]
+    Storage {
+        /// The data directory.
+        dir: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}; is another process using the port?")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// openraft refused the configuration or failed to start.
+    #[error("starting Raft: {0}")]
+    Raft(String),
+}
+
+/// Entries between snapshots; the log before the last snapshot is purged except for
+/// [`LOGS_KEPT_AFTER_SNAPSHOT`], so slow followers can catch up without one.
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 50_000;
+/// Entries kept behind a snapshot.
+pub const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 10_000;
+
+/// openraft's configuration from ours.
+pub fn raft_config(config: &NodeConfig) -> Result<openraft::Config, StartError> {
+    let timing = &config.timing;
+    openraft::Config {
+        cluster_name: "rota".into(),
+        heartbeat_interval: timing.heartbeat.as_millis() as u64,
+        election_timeout_min: timing.election_min.as_millis() as u64,
+        election_timeout_max: timing.election_max.as_millis() as u64,
+        install_snapshot_timeout: timing.snapshot_timeout.as_millis() as u64,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
+        max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| StartError::Raft(e.to_string()))
+}
+
+/// A started node and what it takes to stop it.
+pub struct RunningNode {
+    /// The node.
+    pub node: SharedNode,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+}
+
+impl RunningNode {
+    /// Stops serving, then stops Raft.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for server in self.servers {
+            let _ = server.await;
+        }
+        if let Err(e) = self.node.raft.shutdown().await {
+            tracing::warn!(error = %e, "Raft did not shut down cleanly");
+        }
+    }
+}
+
+/// The router of the worker and admin API.
+pub fn api_router(node: SharedNode) -> Router {
+    worker_api::routes()
+        .merge(admin_api::routes())
+        .fallback(http::not_found_fallback)
+        .method_not_allowed_fallback(http::method_not_allowed_fallback)
+        .with_state(node)
+}
+
+/// The router of the Raft listener.
+pub fn raft_router(node: SharedNode) -> Router {
+    raft_api::routes()
+        .fallback(http::not_found_fallback)
+        .method_not_allowed_fallback(http::method_not_allowed_fallback)
+        .with_state(node)
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Opens storage, starts Raft and both listeners, and forms the cluster if this node is
+/// the one that initialises the static member list.
+pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
+    let storage_error = |source| StartError::Storage {
+        dir: config.data_dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(&config.data_dir).map_err(storage_error)?;
+    let log_store = RocksLogStore::open(&config.data_dir.join("raft-log"), config.sync)
+        .map_err(storage_error)?;
+    let snapshots = SnapshotDir::open(config.data_dir.join("snapshots")).map_err(storage_error)?;
+    let state_machine = TaskStateMachine::open(snapshots).map_err(storage_error)?;
+    let state = state_machine.reader();
+
+    let api_listener = bind(config.listen_api).await?;
+    let raft_listener = bind(config.listen_raft).await?;
+
+    let client = HttpClient::new();
+    let network = Network::new(client.clone(), config.timing.clone());
+    let raft = NodeRaft::new(
+        config.id,
+        Arc::new(raft_config(&config)?),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .map_err(|e| StartError::Raft(e.to_string()))?;
+
+    let node = Arc::new(Node::new(
+        config,
+        raft,
+        state,
+        LogClock::new(SystemClock),
+        client,
+    ));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let servers = vec![
+        tokio::spawn(http::serve(
+            api_listener,
+            api_router(node.clone()),
+            shutdown_rx.clone(),
+        )),
+        tokio::spawn(http::serve(
+            raft_listener,
+            raft_router(node.clone()),
+            shutdown_rx,
+        )),
+    ];
+    bootstrap(&node).await;
+    tracing::info!(
+        id = node.id(),
+        api = %node.config.advertise.api_addr,
+        raft = %node.config.advertise.raft_addr,
+        sync = ?node.config.sync,
+        "node started"
+    );
+    Ok(RunningNode {
+        node,
+        shutdown,
+        servers,
+    })
+}
+
+/// Static formation: the lowest id in the initial member list initialises, once. The
+/// flags stay harmless afterwards: an initialised node is never initialised again.
+async fn bootstrap(node: &SharedNode) {
+    let members = &node.config.initial_cluster;
+    if members.keys().next() != Some(&node.id()) {
+        return;
+    }
+    match node.raft.is_initialized().await {
+        Ok(true) => {}
+        Ok(false) => match admin_api::initialize(node, members.clone()).await {
+            Ok(()) => {
+                tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "cluster initialised")
+            }
+            Err(e) => tracing::warn!(error = %e.message, "initialising the cluster failed"),
+        },
+        Err(e) => tracing::error!(error = %e, "cannot tell whether the node is initialised"),
+    }
+}

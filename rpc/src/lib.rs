@@ -2,5 +2,8 @@
 //! HTTP client used by the CLI, by node-to-node forwarding and by tests.
 //!
 //! Architecture invariant: only this crate defines JSON shapes, and it links neither
-//! RocksDB nor openraft. The types arrive with the cluster (issue 3); until then the
-//! crate is empty on purpose rather than holding guesses.
+//! RocksDB nor openraft.
+
+pub mod admin;
+pub mod client;
+pub mod worker;

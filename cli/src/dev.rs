@@ -1,0 +1,338 @@
+//! `rota dev up | down`: a local cluster of `rota-node` processes on 127.0.0.1.
+//!
+//! The directory holds `cluster.json` (node ids and ports, chosen once so a restart
+//! reuses them), and per node its data directory `node-ID/`, its log `node-ID.log` and
+//! its process id `node-ID.pid`. Nodes run detached in their own process group, with
+//! their output in the log files, so `urls=$(rota dev up ...)` returns.
+
+use std::fs;
+use std::fs::OpenOptions;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
+
+use rpc::client::HttpClient;
+use serde::Deserialize;
+use serde::Serialize;
+
+/// Most nodes a local cluster may have.
+pub const NODES_MAX: u64 = 9;
+/// How long `up` waits for every node to be ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `down` waits for a node to exit after SIGTERM before SIGKILL.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a `rota dev` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    /// The command line asks for something impossible.
+    #[error("{0}")]
+    Usage(String),
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The node binary is nowhere to be found.
+    #[error(
+        "cannot find the rota-node binary; build it (cargo build -p raft-node) or set ROTA_NODE_BIN"
+    )]
+    NoNodeBinary,
+    /// Nodes did not become ready in time.
+    #[error("{0}")]
+    NotReady(String),
+}
+
+impl DevError {
+    /// The documented exit code: 1 refused or failed, 2 usage, 3 unreachable.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DevError::Usage(_) => 2,
+            DevError::Io { .. } | DevError::NoNodeBinary => 1,
+            DevError::NotReady(_) => 3,
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevError {
+    let what = what.into();
+    move |source| DevError::Io { what, source }
+}
+
+/// One node of a local cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevNode {
+    /// Node id.
+    pub id: u64,
+    /// API port on 127.0.0.1.
+    pub api_port: u16,
+    /// Raft port on 127.0.0.1.
+    pub raft_port: u16,
+}
+
+impl DevNode {
+    fn api_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.api_port)
+    }
+
+    fn raft_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.raft_port)
+    }
+
+    /// The worker URL of this node.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.api_addr())
+    }
+}
+
+/// What `cluster.json` records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevCluster {
+    /// The nodes, by id.
+    pub nodes: Vec<DevNode>,
+}
+
+fn load_or_create(dir: &Path, nodes: u64) -> Result<DevCluster, DevError> {
+    let path = dir.join("cluster.json");
+    if path.exists() {
+        let text = fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))?;
+        let cluster: DevCluster = serde_json::from_str(&text).map_err(|e| {
+            DevError::Usage(format!(
+                "{} is damaged ({e}); remove the directory",
+                path.display()
+            ))
+        })?;
+        if cluster.nodes.len() as u64 != nodes {
+            return Err(DevError::Usage(format!(
+                "{} holds a {}-node cluster; pass --nodes {} or use another --dir",
+                dir.display(),
+                cluster.nodes.len(),
+                cluster.nodes.len()
+            )));
+        }
+        return Ok(cluster);
+    }
+    // Hold every listener until all ports are chosen so no two nodes get the same one.
+    let mut held = Vec::new();
+    let mut cluster = DevCluster { nodes: Vec::new() };
+    for id in 1..=nodes {
+        let api = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+        let raft = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+        cluster.nodes.push(DevNode {
+            id,
+            api_port: api.local_addr().map_err(io("finding a free port"))?.port(),
+            raft_port: raft.local_addr().map_err(io("finding a free port"))?.port(),
+        });
+        held.push((api, raft));
+    }
+    drop(held);
+    let text = serde_json::to_string_pretty(&cluster)
+        .map_err(|e| DevError::Usage(format!("encoding cluster.json: {e}")))?;
+    fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
+    Ok(cluster)
+}
+
+/// The `rota-node` binary: `ROTA_NODE_BIN`, beside this executable, or on `PATH`.
+fn node_binary() -> Result<PathBuf, DevError> {
+    if let Some(path) = std::env::var_os("ROTA_NODE_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("rota-node")));
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("rota-node"));
+    beside
+        .into_iter()
+        .chain(on_path)
+        .find(|candidate| candidate.is_file())
+        .ok_or(DevError::NoNodeBinary)
+}
+
+fn pid_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("node-{id}.pid"))
+}
+
+/// The recorded process of node `id`, if it is still a running `rota-node`.
+fn running_pid(dir: &Path, id: u64) -> Option<u32> {
+    let pid: u32 = fs::read_to_string(pid_path(dir, id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // A zombie has exited; a reused pid runs something else.
+    let zombie = stat
+        .rsplit(')')
+        .next()
+        .is_some_and(|rest| rest.trim_start().starts_with('Z'));
+    (!zombie && String::from_utf8_lossy(&cmdline).contains("rota-node")).then_some(pid)
+}
+
+fn spawn(
+    dir: &Path,
+    binary: &Path,
+    node: &DevNode,
+    cluster: &DevCluster,
+    sync: &str,
+) -> Result<(), DevError> {
+    let initial_cluster = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("{}={}/{}", n.id, n.api_addr(), n.raft_addr()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let log_path = dir.join(format!("node-{}.log", node.id));
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(io(format!("opening {}", log_path.display())))?;
+    let log_err = log.try_clone().map_err(io("duplicating the log file"))?;
+    let child = Command::new(binary)
+        .arg("--id")
+        .arg(node.id.to_string())
+        .arg("--data-dir")
+        .arg(dir.join(format!("node-{}", node.id)))
+        .arg("--listen-api")
+        .arg(node.api_addr())
+        .arg("--listen-raft")
+        .arg(node.raft_addr())
+        .arg("--initial-cluster")
+        .arg(initial_cluster)
+        .arg("--sync")
+        .arg(sync)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        // Its own process group: the caller's Ctrl-C or closed terminal does not reach it.
+        .process_group(0)
+        .spawn()
+        .map_err(io(format!("starting {}", binary.display())))?;
+    fs::write(pid_path(dir, node.id), child.id().to_string())
+        .map_err(io("writing the pid file"))?;
+    Ok(())
+}
+
+async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
+    let client = HttpClient::new();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut waiting: Vec<&DevNode> = cluster.nodes.iter().collect();
+    while !waiting.is_empty() {
+        let mut still = Vec::new();
+        for node in waiting {
+            let ready = client
+                .get(&node.api_addr(), "/ready", Duration::from_secs(1))
+                .await
+                .is_ok_and(|r| r.status.is_success());
+            if !ready {
+                if running_pid(dir, node.id).is_none() {
+                    return Err(DevError::NotReady(format!(
+                        "node {} exited; see {}",
+                        node.id,
+                        dir.join(format!("node-{}.log", node.id)).display()
+                    )));
+                }
+                still.push(node);
+            }
+        }
+        waiting = still;
+        if waiting.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let ids: Vec<String> = waiting.iter().map(|n| n.id.to_string()).collect();
+            return Err(DevError::NotReady(format!(
+                "nodes {} were not ready within {READY_TIMEOUT:?}; see the node-*.log files in {}",
+                ids.join(", "),
+                dir.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Starts (or restarts) the cluster in `dir` and returns its worker URLs once every node
+/// is ready.
+pub async fn up(dir: &Path, nodes: u64, sync: &str) -> Result<Vec<String>, DevError> {
+    if !(1..=NODES_MAX).contains(&nodes) {
+        return Err(DevError::Usage(format!(
+            "--nodes {nodes}: use 1 to {NODES_MAX}"
+        )));
+    }
+    if sync != "always" && sync != "never" {
+        return Err(DevError::Usage(format!(
+            "--sync {sync}: use always or never"
+        )));
+    }
+    fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let cluster = load_or_create(dir, nodes)?;
+    let binary = node_binary()?;
+    let mut started = 0;
+    for node in &cluster.nodes {
+        if running_pid(dir, node.id).is_none() {
+            spawn(dir, &binary, node, &cluster, sync)?;
+            started += 1;
+        }
+    }
+    if started == 0 {
+        eprintln!("rota: the cluster in {} is already running", dir.display());
+    }
+    wait_ready(dir, &cluster).await?;
+    Ok(cluster.nodes.iter().map(DevNode::url).collect())
+}
+
+fn signal(pid: u32, signal: &str) -> Result<(), DevError> {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .map(|_| ())
+        .map_err(io(format!("sending {signal} to {pid}")))
+}
+
+/// Stops every node of the cluster in `dir`: SIGTERM, then SIGKILL after a grace period.
+pub async fn down(dir: &Path) -> Result<(), DevError> {
+    let path = dir.join("cluster.json");
+    let text = fs::read_to_string(&path).map_err(|_| {
+        DevError::Usage(format!(
+            "{} holds no local cluster (no cluster.json)",
+            dir.display()
+        ))
+    })?;
+    let cluster: DevCluster = serde_json::from_str(&text)
+        .map_err(|e| DevError::Usage(format!("{} is damaged: {e}", path.display())))?;
+    let mut stopped = 0;
+    for node in &cluster.nodes {
+        let Some(pid) = running_pid(dir, node.id) else {
+            continue;
+        };
+        signal(pid, "TERM")?;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while running_pid(dir, node.id).is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if running_pid(dir, node.id).is_some() {
+            signal(pid, "KILL")?;
+        }
+        stopped += 1;
+    }
+    for node in &cluster.nodes {
+        let _ = fs::remove_file(pid_path(dir, node.id));
+    }
+    eprintln!("rota: stopped {stopped} node(s) in {}", dir.display());
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Status and admin endpoints (SPEC section 3).
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::get;
+use axum::routing::post;
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::InitializeError;
+use openraft::error::RaftError;
+use rpc::admin::ClusterStatusJson;
+use rpc::admin::InitRequestJson;
+use rpc::admin::NodeStatusJson;
+use rpc::admin::ProbeJson;
+use rpc::admin::StateHashJson;
+use store_sm::raft_types::NodeId;
+use store_sm::raft_types::RotaNode;
+
+use crate::http::ApiError;
+use crate::http::read_body;
+use crate::node::SharedNode;
+
+/// The status and admin routes.
+pub fn routes() -> Router<SharedNode> {
+    Router::new()
+        .route("/cluster", get(get_cluster))
+        .route("/health", get(get_health))
+        .route("/ready", get(get_ready))
+        .route("/admin/init", post(post_init))
+        .route("/admin/state-hash", get(get_state_hash))
+}
+
+fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+/// This node's view of the cluster.
+pub fn cluster_status(node: &SharedNode) -> ClusterStatusJson {
+    let metrics = node.raft.metrics().borrow_watched().clone();
+    let membership = metrics.membership_config.membership();
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    let learners: Vec<NodeId> = membership.learner_ids().collect();
+    let last_log = metrics.last_log_index.unwrap_or(0);
+    let nodes = membership
+        .nodes()
+        .map(|(id, addrs)| {
+            let role = if Some(*id) == metrics.current_leader {
+                "leader"
+            } else if *id == metrics.id {
+                role_name(metrics.state)
+            } else if voters.contains(id) {
+                "follower"
+            } else {
+                "learner"
+            };
+            let lag = metrics.replication.as_ref().and_then(|replication| {
+                let matched = replication.get(id)?;
+                Some(last_log.saturating_sub(matched.as_ref().map_or(0, |m| m.index())))
+            });
+            NodeStatusJson {
+                id: *id,
+                api_addr: addrs.api_addr.clone(),
+                raft_addr: addrs.raft_addr.clone(),
+                role: role.to_string(),
+                lag,
+            }
+        })
+        .collect();
+    ClusterStatusJson {
+        id: metrics.id,
+        leader: metrics.current_leader,
+        term: metrics.current_term,
+        commit_index: metrics.local_committed.map(|id| id.index()),
+        applied_index: metrics.last_applied.map(|id| id.index()),
+        applied_time_ms: node.state.read(|s| s.machine.last_time_ms()),
+        voters,
+        learners,
+        nodes,
+    }
+}
+
+async fn get_cluster(State(node): State<SharedNode>) -> Json<ClusterStatusJson> {
+    Json(cluster_status(&node))
+}
+
+/// O(tasks): for tests and operators comparing replicas, not for monitoring loops.
+async fn get_state_hash(State(node): State<SharedNode>) -> Json<StateHashJson> {
+    let state = node.state.snapshot();
+    Json(StateHashJson {
+        applied_index: state.applied.map(|id| id.index()),
+        state_hash: state.state_hash().to_string(),
+        tasks: state.machine.task_count() as u64,
+    })
+}
+
+async fn get_health() -> Json<ProbeJson> {
+    Json(ProbeJson {
+        status: "ok".into(),
+    })
+}
+
+async fn get_ready(State(node): State<SharedNode>) -> Response {
+    match node.readiness() {
+        Ok(()) => Json(ProbeJson {
+            status: "ok".into(),
+        })
+        .into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(ProbeJson { status: reason }),
+        )
+            .into_response(),
+    }
+}
+
+async fn post_init(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body, node.config.body_bytes_max).await?;
+    let request: InitRequestJson = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid /admin/init body: {e}")))?;
+    let members: BTreeMap<NodeId, RotaNode> = request
+        .members
+        .into_iter()
+        .map(|m| {
+            (
+                m.id,
+                RotaNode {
+                    api_addr: m.api_addr,
+                    raft_addr: m.raft_addr,
+                },
+            )
+        })
+        .collect();
+    initialize(&node, members).await?;
+    Ok(Json(cluster_status(&node)).into_response())
+}
+
+/// Forms a cluster with `members` as its voters; this node must be one of them.
+pub async fn initialize(
+    node: &SharedNode,
+    members: BTreeMap<NodeId, RotaNode>,
+) -> Result<(), ApiError> {
+    if !members.contains_key(&node.id()) {
+        return Err(ApiError::bad_request(format!(
+            "the members do not include this node ({}); send init to a node you list",
+            node.id()
+        )));
+    }
+    match node.raft.initialize(members).await {
+        Ok(()) => Ok(()),
+        Err(RaftError::APIError(InitializeError::NotAllowed(e))) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("this node already belongs to a cluster ({e}); nothing to do"),
+        )),
+        Err(e) => Err(ApiError::internal(format!("initialising failed: {e}"))),
+    }
+}

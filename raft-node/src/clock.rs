@@ -1,0 +1,122 @@
+//! Log time: the clock a leader stamps into each command.
+//!
+//! Every node runs one [`LogClock`] from start. It follows the monotonic clock and
+//! corrects toward the wall clock by at most [`SLEW_RATE`] of elapsed time, so a jump of
+//! the wall clock (forward or back, by any amount) moves log time, and thus any lease's
+//! expiry, by at most 1% of the time that passes while it catches up. A node trusts its
+//! wall clock once, at start. The state machine adds the other half of the guarantee:
+//! applied time is `max(stamp, previous)`, so log time never goes back across leaders.
+
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
+/// Largest correction toward the wall clock, as a fraction of elapsed time.
+pub const SLEW_RATE: f64 = 0.01;
+
+/// A source of wall-clock time in milliseconds since the Unix epoch.
+pub trait WallClock: Send + Sync + 'static {
+    /// Now, by this clock.
+    fn now_ms(&self) -> i64;
+}
+
+/// The operating system's clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+#[derive(Debug)]
+struct ClockState {
+    last_mono_ms: f64,
+    offset_ms: f64,
+}
+
+/// Monotonic time slewed toward the wall clock; see the module documentation.
+pub struct LogClock {
+    wall: Box<dyn WallClock>,
+    start: Instant,
+    state: Mutex<ClockState>,
+}
+
+impl std::fmt::Debug for LogClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogClock")
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl LogClock {
+    /// A clock that starts at `wall`'s time now.
+    pub fn new(wall: impl WallClock) -> Self {
+        let offset_ms = wall.now_ms() as f64;
+        Self {
+            wall: Box::new(wall),
+            start: Instant::now(),
+            state: Mutex::new(ClockState {
+                last_mono_ms: 0.0,
+                offset_ms,
+            }),
+        }
+    }
+
+    /// Log time now, in milliseconds since the Unix epoch; never decreases.
+    pub fn now_ms(&self) -> i64 {
+        let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        let target_offset = self.wall.now_ms() as f64 - mono_ms;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let elapsed = (mono_ms - state.last_mono_ms).max(0.0);
+        let max_step = elapsed * SLEW_RATE;
+        state.offset_ms += (target_offset - state.offset_ms).clamp(-max_step, max_step);
+        state.last_mono_ms = state.last_mono_ms.max(mono_ms);
+        (state.last_mono_ms + state.offset_ms) as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicI64;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A wall clock a test can jump.
+    #[derive(Clone, Default)]
+    struct JumpingClock(Arc<AtomicI64>);
+
+    impl WallClock for JumpingClock {
+        fn now_ms(&self) -> i64 {
+            // Real time passes too, so the test sees monotonic progress.
+            SystemClock.now_ms() + self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wall_clock_jumps_move_log_time_by_at_most_the_slew() {
+        let jump = JumpingClock::default();
+        let clock = LogClock::new(jump.clone());
+        let start = clock.now_ms();
+        for offset_ms in [60_000, -3_600_000] {
+            jump.0.store(offset_ms, Ordering::SeqCst);
+            let before = clock.now_ms();
+            tokio::time::advance(Duration::from_secs(10)).await;
+            let after = clock.now_ms();
+            let moved = after - before;
+            // 10 s of monotonic time; the correction adds or removes at most 1% of it.
+            assert!(
+                (9_899..=10_101).contains(&moved),
+                "log time moved {moved} ms in 10 s"
+            );
+        }
+        assert!(clock.now_ms() > start, "log time never goes back");
+    }
+}

@@ -1,0 +1,458 @@
+//! `rota-node` configuration: flags, `ROTA_*` environment and an optional TOML file
+//! (in that order of precedence), validated once at start into a [`NodeConfig`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+use store_sm::raft_types::NodeId;
+use store_sm::raft_types::RotaNode;
+use store_sm::raft_types::SyncMode;
+
+/// Default longest claim: one day.
+pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
+/// Default request body limit: 1 MiB.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+
+/// What went wrong with the configuration, and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A required setting is missing.
+    #[error("{0} is required: pass --{0} or set ROTA_{1}")]
+    Missing(&'static str, String),
+    /// A setting has a value that cannot work.
+    #[error("--{name}: {problem}")]
+    Invalid {
+        /// The flag.
+        name: &'static str,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// The TOML file could not be read or parsed.
+    #[error("config file {path}: {problem}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Durability mode as a flag value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncFlag {
+    /// fsync the log before acknowledging (default).
+    Always,
+    /// Acknowledge on majority receipt; the OS flushes.
+    Never,
+}
+
+/// Command-line flags; every one can also come from `ROTA_<NAME>` or the TOML file.
+#[derive(Clone, Debug, Default, Parser, Deserialize)]
+#[command(
+    name = "rota-node",
+    version,
+    about = "A Rota node: one member of a replicated task store.",
+    after_help = "Example (three nodes on one machine, same --initial-cluster on each):\n  \
+        rota-node --id 1 --data-dir /var/lib/rota/1 --listen-api 127.0.0.1:7001 --listen-raft 127.0.0.1:7101 \\\n    \
+        --initial-cluster 1=127.0.0.1:7001/127.0.0.1:7101,2=127.0.0.1:7002/127.0.0.1:7102,3=127.0.0.1:7003/127.0.0.1:7103"
+)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Flags {
+    /// TOML file with any of these settings (kebab-case keys); flags and environment win.
+    #[arg(long, env = "ROTA_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// This node's id: a positive integer, unique, never reused.
+    #[arg(long, env = "ROTA_ID")]
+    pub id: Option<NodeId>,
+    /// Directory for the Raft log and snapshots.
+    #[arg(long, env = "ROTA_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address the worker and admin API listens on.
+    #[arg(long, env = "ROTA_LISTEN_API")]
+    pub listen_api: Option<SocketAddr>,
+    /// Address Raft traffic from other nodes arrives on.
+    #[arg(long, env = "ROTA_LISTEN_RAFT")]
+    pub listen_raft: Option<SocketAddr>,
+    /// Address workers and other nodes use to reach the API (default: --listen-api).
+    #[arg(long, env = "ROTA_ADVERTISE_API")]
+    pub advertise_api: Option<String>,
+    /// Address other nodes use for Raft (default: --listen-raft).
+    #[arg(long, env = "ROTA_ADVERTISE_RAFT")]
+    pub advertise_raft: Option<String>,
+    /// Initial voters, the same on every node: ID=API_ADDR/RAFT_ADDR,... The node with
+    /// the lowest id initialises the cluster; ignored once the data directory holds one.
+    #[arg(long, env = "ROTA_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+    /// `always`: fsync before acknowledging; `never`: leave flushing to the OS.
+    #[arg(long, env = "ROTA_SYNC", value_enum)]
+    pub sync: Option<SyncFlag>,
+    /// Log output format.
+    #[arg(long, env = "ROTA_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Largest request body in bytes; larger bodies get 413.
+    #[arg(long, env = "ROTA_BODY_BYTES_MAX")]
+    pub body_bytes_max: Option<usize>,
+    /// Longest claim `duration` accepted, in milliseconds.
+    #[arg(long, env = "ROTA_CLAIM_DURATION_MAX_MS")]
+    pub claim_duration_max_ms: Option<i64>,
+}
+
+impl Flags {
+    /// Fills settings missing here from `other`.
+    fn or(self, other: Flags) -> Flags {
+        Flags {
+            config: self.config.or(other.config),
+            id: self.id.or(other.id),
+            data_dir: self.data_dir.or(other.data_dir),
+            listen_api: self.listen_api.or(other.listen_api),
+            listen_raft: self.listen_raft.or(other.listen_raft),
+            advertise_api: self.advertise_api.or(other.advertise_api),
+            advertise_raft: self.advertise_raft.or(other.advertise_raft),
+            initial_cluster: self.initial_cluster.or(other.initial_cluster),
+            sync: self.sync.or(other.sync),
+            log_format: self.log_format.or(other.log_format),
+            body_bytes_max: self.body_bytes_max.or(other.body_bytes_max),
+            claim_duration_max_ms: self.claim_duration_max_ms.or(other.claim_duration_max_ms),
+        }
+    }
+}
+
+/// Raft timing, chosen for the worst fsync seen on these machines (8 ms) plus loopback
+/// or LAN round trips: every RPC gets several heartbeats of budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaftTiming {
+    /// Leader heartbeat interval.
+    pub heartbeat: Duration,
+    /// Election timeout range.
+    pub election_min: Duration,
+    /// Election timeout range.
+    pub election_max: Duration,
+    /// Deadline of one AppendEntries or vote RPC.
+    pub rpc_timeout: Duration,
+    /// Deadline of one whole snapshot transfer.
+    pub snapshot_timeout: Duration,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(100),
+            election_min: Duration::from_millis(500),
+            election_max: Duration::from_millis(1000),
+            rpc_timeout: Duration::from_millis(1000),
+            snapshot_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The validated configuration of one node.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id.
+    pub id: NodeId,
+    /// Where the Raft log and snapshots live.
+    pub data_dir: PathBuf,
+    /// API bind address.
+    pub listen_api: SocketAddr,
+    /// Raft bind address.
+    pub listen_raft: SocketAddr,
+    /// This node's advertised addresses.
+    pub advertise: RotaNode,
+    /// Initial voters, if the cluster is formed statically.
+    pub initial_cluster: BTreeMap<NodeId, RotaNode>,
+    /// Durability mode.
+    pub sync: SyncMode,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Largest request body.
+    pub body_bytes_max: usize,
+    /// Longest claim.
+    pub claim_duration_max_ms: i64,
+    /// Raft timing.
+    pub timing: RaftTiming,
+}
+
+impl NodeConfig {
+    /// Reads flags and environment (already parsed into `flags`) and the TOML file they
+    /// name, then validates the result.
+    pub fn load(flags: Flags) -> Result<Self, ConfigError> {
+        let merged = match &flags.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                    path: path.clone(),
+                    problem: e.to_string(),
+                })?;
+                let from_file: Flags = toml::from_str(&text).map_err(|e| ConfigError::File {
+                    path: path.clone(),
+                    problem: e.to_string(),
+                })?;
+                flags.or(from_file)
+            }
+            None => flags,
+        };
+        Self::validate(merged)
+    }
+
+    /// Turns merged settings into a configuration, or says what to fix.
+    pub fn validate(flags: Flags) -> Result<Self, ConfigError> {
+        let id = flags.id.ok_or(ConfigError::Missing("id", "ID".into()))?;
+        if id == 0 {
+            return Err(ConfigError::Invalid {
+                name: "id",
+                problem: "node ids start at 1".into(),
+            });
+        }
+        let data_dir = flags
+            .data_dir
+            .ok_or(ConfigError::Missing("data-dir", "DATA_DIR".into()))?;
+        let listen_api = flags
+            .listen_api
+            .ok_or(ConfigError::Missing("listen-api", "LISTEN_API".into()))?;
+        let listen_raft = flags
+            .listen_raft
+            .ok_or(ConfigError::Missing("listen-raft", "LISTEN_RAFT".into()))?;
+        if listen_api == listen_raft {
+            return Err(ConfigError::Invalid {
+                name: "listen-raft",
+                problem: format!("{listen_raft} is also --listen-api; give Raft its own port"),
+            });
+        }
+        let advertise = RotaNode {
+            api_addr: advertised("advertise-api", flags.advertise_api, listen_api)?,
+            raft_addr: advertised("advertise-raft", flags.advertise_raft, listen_raft)?,
+        };
+        let initial_cluster = match flags.initial_cluster.as_deref() {
+            None | Some("") => BTreeMap::new(),
+            Some(list) => parse_initial_cluster(list)?,
+        };
+        if !initial_cluster.is_empty() {
+            match initial_cluster.get(&id) {
+                None => {
+                    return Err(ConfigError::Invalid {
+                        name: "initial-cluster",
+                        problem: format!(
+                            "does not name this node ({id}); list every initial voter, this one included, or leave it empty to join later"
+                        ),
+                    });
+                }
+                Some(listed) if *listed != advertise => {
+                    return Err(ConfigError::Invalid {
+                        name: "initial-cluster",
+                        problem: format!(
+                            "lists node {id} as {}/{}, but it advertises {}/{}; make them agree",
+                            listed.api_addr,
+                            listed.raft_addr,
+                            advertise.api_addr,
+                            advertise.raft_addr
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        let body_bytes_max = flags.body_bytes_max.unwrap_or(BODY_BYTES_MAX_DEFAULT);
+        if body_bytes_max < 1024 {
+            return Err(ConfigError::Invalid {
+                name: "body-bytes-max",
+                problem: format!(
+                    "{body_bytes_max} bytes is too small for any request; use at least 1024"
+                ),
+            });
+        }
+        let claim_duration_max_ms = flags
+            .claim_duration_max_ms
+            .unwrap_or(CLAIM_DURATION_MAX_MS_DEFAULT);
+        if claim_duration_max_ms <= 0 {
+            return Err(ConfigError::Invalid {
+                name: "claim-duration-max-ms",
+                problem: "must be a positive number of milliseconds".into(),
+            });
+        }
+        Ok(Self {
+            id,
+            data_dir,
+            listen_api,
+            listen_raft,
+            advertise,
+            initial_cluster,
+            sync: match flags.sync {
+                Some(SyncFlag::Never) => SyncMode::Never,
+                Some(SyncFlag::Always) | None => SyncMode::Always,
+            },
+            log_format: flags.log_format.unwrap_or_default(),
+            body_bytes_max,
+            claim_duration_max_ms,
+            timing: RaftTiming::default(),
+        })
+    }
+}
+
+fn advertised(
+    name: &'static str,
+    given: Option<String>,
+    listen: SocketAddr,
+) -> Result<String, ConfigError> {
+    match given {
+        Some(addr) if addr.contains(':') => Ok(addr),
+        Some(addr) => Err(ConfigError::Invalid {
+            name,
+            problem: format!("{addr:?} is not host:port"),
+        }),
+        None if listen.ip().is_unspecified() => Err(ConfigError::Invalid {
+            name,
+            problem: format!(
+                "the node listens on {listen}, which other nodes cannot dial; give the address they should use"
+            ),
+        }),
+        None => Ok(listen.to_string()),
+    }
+}
+
+/// Parses `ID=API_ADDR/RAFT_ADDR,...`.
+pub fn parse_initial_cluster(list: &str) -> Result<BTreeMap<NodeId, RotaNode>, ConfigError> {
+    let invalid = |problem: String| ConfigError::Invalid {
+        name: "initial-cluster",
+        problem,
+    };
+    let mut members = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addrs) = item
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("{item:?} is not ID=API_ADDR/RAFT_ADDR")))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&id| id > 0)
+            .ok_or_else(|| invalid(format!("{id:?} is not a positive node id")))?;
+        let (api_addr, raft_addr) = addrs
+            .split_once('/')
+            .filter(|(api, raft)| api.contains(':') && raft.contains(':'))
+            .ok_or_else(|| invalid(format!("{addrs:?} is not API_HOST:PORT/RAFT_HOST:PORT")))?;
+        let node = RotaNode {
+            api_addr: api_addr.to_string(),
+            raft_addr: raft_addr.to_string(),
+        };
+        if members.insert(id, node).is_some() {
+            return Err(invalid(format!("node {id} is listed twice")));
+        }
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags() -> Flags {
+        Flags {
+            id: Some(1),
+            data_dir: Some("/tmp/rota".into()),
+            listen_api: Some("127.0.0.1:7001".parse().expect("addr")),
+            listen_raft: Some("127.0.0.1:7101".parse().expect("addr")),
+            ..Flags::default()
+        }
+    }
+
+    #[test]
+    fn minimal_flags_give_defaults() {
+        let config = NodeConfig::validate(flags()).expect("valid");
+        assert_eq!(config.advertise.api_addr, "127.0.0.1:7001");
+        assert_eq!(config.sync, SyncMode::Always);
+        assert_eq!(config.body_bytes_max, BODY_BYTES_MAX_DEFAULT);
+        assert!(config.initial_cluster.is_empty());
+    }
+
+    #[test]
+    fn errors_say_what_to_fix() {
+        let message = |f: Flags| NodeConfig::validate(f).expect_err("invalid").to_string();
+        assert_eq!(
+            message(Flags {
+                id: None,
+                ..flags()
+            }),
+            "id is required: pass --id or set ROTA_ID"
+        );
+        assert!(
+            message(Flags {
+                id: Some(0),
+                ..flags()
+            })
+            .contains("start at 1")
+        );
+        let same_port = Flags {
+            listen_raft: flags().listen_api,
+            ..flags()
+        };
+        assert!(message(same_port).contains("give Raft its own port"));
+        let unspecified = Flags {
+            listen_api: Some("0.0.0.0:7001".parse().expect("addr")),
+            ..flags()
+        };
+        assert!(message(unspecified).contains("advertise-api"));
+        let not_listed = Flags {
+            initial_cluster: Some("2=127.0.0.1:7002/127.0.0.1:7102".into()),
+            ..flags()
+        };
+        assert!(message(not_listed).contains("does not name this node (1)"));
+    }
+
+    #[test]
+    fn initial_cluster_parses_and_rejects_nonsense() {
+        let members = parse_initial_cluster("1=a:1/a:2, 2=b:1/b:2").expect("parses");
+        assert_eq!(members.len(), 2);
+        assert_eq!(members[&2].raft_addr, "b:2");
+        for bad in [
+            "1=a:1",
+            "x=a:1/a:2",
+            "0=a:1/a:2",
+            "1=a:1/a:2,1=b:1/b:2",
+            "1",
+        ] {
+            assert!(parse_initial_cluster(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_toml_file_fills_what_flags_leave_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("rota.toml");
+        std::fs::write(
+            &path,
+            "sync = \"never\"\nid = 9\nclaim-duration-max-ms = 5000\n",
+        )
+        .expect("writes");
+        let config = NodeConfig::load(Flags {
+            config: Some(path.clone()),
+            ..flags()
+        })
+        .expect("valid");
+        assert_eq!(config.id, 1, "flags win over the file");
+        assert_eq!(config.sync, SyncMode::Never);
+        assert_eq!(config.claim_duration_max_ms, 5000);
+        std::fs::write(&path, "bogus = 1\n").expect("writes");
+        let err = NodeConfig::load(Flags {
+            config: Some(path),
+            ..flags()
+        })
+        .expect_err("unknown key");
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+}

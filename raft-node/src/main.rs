@@ -1,0 +1,74 @@
+//! `rota-node`: one member of a Rota cluster.
+
+use clap::Parser;
+use raft_node::config::Flags;
+use raft_node::config::LogFormat;
+use raft_node::config::NodeConfig;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("ROTA_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colours)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::SignalKind;
+    use tokio::signal::unix::signal;
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let config = match NodeConfig::load(Flags::parse()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("rota-node: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("rota-node: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let running = match raft_node::start(config).await {
+            Ok(running) => running,
+            Err(e) => {
+                tracing::error!("{e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        wait_for_signal().await;
+        tracing::info!("signal received; shutting down");
+        running.shutdown().await;
+        std::process::ExitCode::SUCCESS
+    })
+}

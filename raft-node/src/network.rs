@@ -1,0 +1,239 @@
+//! Raft between nodes over HTTP: versioned bincode bodies (store-sm's codec) posted to
+//! the peer's Raft listener, every call bounded by a deadline.
+//!
+//! Deadlines: AppendEntries and votes get [`RaftTiming::rpc_timeout`] (ten heartbeats,
+//! far above the worst fsync seen here, 8 ms, plus a round trip) rather than openraft's
+//! per-RPC `soft_ttl`, which is one heartbeat and collapses when a follower's fsync is
+//! slow; a whole snapshot gets [`RaftTiming::snapshot_timeout`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Method;
+use hyper::header::CONTENT_TYPE;
+use hyper::header::HeaderValue;
+use openraft::error::NetworkError;
+use openraft::error::RPCError;
+use openraft::error::RaftError;
+use openraft::error::ReplicationClosed;
+use openraft::error::StreamingError;
+use openraft::error::Unreachable;
+use openraft::network::RPCOption;
+use openraft::network::RaftNetworkFactory;
+use openraft::network::v2::RaftNetworkV2;
+use openraft::raft::AppendEntriesRequest;
+use openraft::raft::AppendEntriesResponse;
+use openraft::raft::SnapshotResponse;
+use openraft::raft::TransferLeaderRequest;
+use openraft::raft::TransferLeaderResponse;
+use openraft::raft::VoteRequest;
+use openraft::raft::VoteResponse;
+use rpc::client::ClientError;
+use rpc::client::HttpClient;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use store_sm::codec::decode_value;
+use store_sm::codec::encode_value;
+use store_sm::raft_types::NodeId;
+use store_sm::raft_types::RotaNode;
+use store_sm::raft_types::RotaSnapshot;
+use store_sm::raft_types::RotaVote;
+use store_sm::raft_types::SnapshotBytes;
+
+use crate::config::RaftTiming;
+use crate::types::NodeTypes;
+
+/// Paths of the Raft endpoints on a node's Raft listener.
+pub mod paths {
+    /// AppendEntries.
+    pub const APPEND: &str = "/raft/append";
+    /// RequestVote.
+    pub const VOTE: &str = "/raft/vote";
+    /// Pre-vote.
+    pub const PRE_VOTE: &str = "/raft/pre-vote";
+    /// Whole snapshot.
+    pub const SNAPSHOT: &str = "/raft/snapshot";
+    /// Leadership transfer.
+    pub const TRANSFER_LEADER: &str = "/raft/transfer-leader";
+}
+
+/// The media type of Raft bodies.
+pub const RAFT_CONTENT_TYPE: &str = "application/x-rota-raft";
+
+/// A snapshot as sent over the wire.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct SnapshotTransfer {
+    /// The sender's vote.
+    pub vote: RotaVote,
+    /// Metadata.
+    pub meta: store_sm::raft_types::RotaSnapshotMeta,
+    /// Bytes.
+    pub data: Vec<u8>,
+}
+
+/// Creates a [`PeerClient`] per target; shares one connection pool.
+#[derive(Clone, Debug)]
+pub struct Network {
+    client: HttpClient,
+    timing: RaftTiming,
+}
+
+impl Network {
+    /// A network using `client`'s pool.
+    pub fn new(client: HttpClient, timing: RaftTiming) -> Self {
+        Self { client, timing }
+    }
+}
+
+impl RaftNetworkFactory<NodeTypes> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &RotaNode) -> PeerClient {
+        PeerClient {
+            target,
+            addr: node.raft_addr.clone(),
+            client: self.client.clone(),
+            timing: self.timing.clone(),
+        }
+    }
+}
+
+/// Raft RPCs to one peer.
+#[derive(Debug)]
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    client: HttpClient,
+    timing: RaftTiming,
+}
+
+/// A transport failure: unreachable peers get openraft's backoff, the rest are retried.
+fn transport_error(e: ClientError) -> RPCError<NodeTypes> {
+    match e {
+        ClientError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+        other => RPCError::Network(NetworkError::new(&other)),
+    }
+}
+
+impl PeerClient {
+    async fn call<Req, Resp>(
+        &self,
+        path: &str,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        let body = encode_value(request).map_err(|e| ClientError::Body {
+            addr: self.addr.clone(),
+            message: e.to_string(),
+        })?;
+        let header = (CONTENT_TYPE, HeaderValue::from_static(RAFT_CONTENT_TYPE));
+        let response = self
+            .client
+            .send(
+                &self.addr,
+                Method::POST,
+                path,
+                &[header],
+                Bytes::from(body),
+                timeout,
+            )
+            .await?
+            .success(&self.addr)?;
+        decode_value(&response.body, path).map_err(|e| ClientError::Body {
+            addr: self.addr.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    async fn rpc<Req, Resp>(&self, path: &str, request: &Req) -> Result<Resp, RPCError<NodeTypes>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        let result: Result<Resp, RaftError<NodeTypes>> = self
+            .call(path, request, self.timing.rpc_timeout)
+            .await
+            .map_err(transport_error)?;
+        // A remote RaftError without an API error is Fatal: the peer has stopped.
+        result.map_err(|e| {
+            RPCError::Network(NetworkError::new(&std::io::Error::other(format!(
+                "node {} failed: {e}",
+                self.target
+            ))))
+        })
+    }
+}
+
+impl RaftNetworkV2<NodeTypes> for PeerClient {
+    type SnapshotData = SnapshotBytes;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<NodeTypes>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeTypes>, RPCError<NodeTypes>> {
+        self.rpc(paths::APPEND, &rpc).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeTypes>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeTypes>, RPCError<NodeTypes>> {
+        self.rpc(paths::VOTE, &rpc).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<NodeTypes>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeTypes>, RPCError<NodeTypes>> {
+        self.rpc(paths::PRE_VOTE, &rpc).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: RotaVote,
+        snapshot: RotaSnapshot,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeTypes>, StreamingError<NodeTypes>> {
+        let transfer = SnapshotTransfer {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot.to_vec(),
+        };
+        let send = self.call::<_, Result<SnapshotResponse<NodeTypes>, String>>(
+            paths::SNAPSHOT,
+            &transfer,
+            self.timing.snapshot_timeout,
+        );
+        tokio::select! {
+            biased;
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            result = send => match result {
+                Ok(Ok(response)) => Ok(response),
+                Ok(Err(remote)) => Err(StreamingError::Network(NetworkError::new(&std::io::Error::other(remote)))),
+                Err(e @ ClientError::Connect { .. }) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
+                Err(e) => Err(StreamingError::Network(NetworkError::new(&e))),
+            },
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<NodeTypes>,
+        _option: RPCOption,
+    ) -> Result<TransferLeaderResponse<NodeTypes>, RPCError<NodeTypes>> {
+        let result: Result<TransferLeaderResponse<NodeTypes>, String> = self
+            .call(paths::TRANSFER_LEADER, &req, self.timing.rpc_timeout)
+            .await
+            .map_err(transport_error)?;
+        result.map_err(|e| RPCError::Network(NetworkError::new(&std::io::Error::other(e))))
+    }
+}

@@ -1,0 +1,277 @@
+//! One running node: its Raft instance, state reader, log clock and HTTP client, and the
+//! request path every endpoint uses (writes through the leader, linearizable reads,
+//! forwarding from followers).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
+use axum::http::Method;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use bytes::Bytes;
+use openraft::ReadPolicy;
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::ClientWriteError;
+use openraft::error::ForwardToLeader;
+use openraft::error::LinearizableReadError;
+use openraft::error::RaftError;
+use rpc::client::HttpClient;
+use store_sm::machine::Command;
+use store_sm::machine::Millis;
+use store_sm::machine::Outcome;
+use store_sm::machine::Request;
+use store_sm::raft_types::NodeId;
+use store_sm::state_machine::AppliedState;
+use store_sm::state_machine::StateReader;
+
+use crate::clock::LogClock;
+use crate::config::NodeConfig;
+use crate::http::ApiError;
+use crate::types::NodeRaft;
+use crate::types::NodeTypes;
+
+/// Header a node adds when it forwards a request, so the receiver never forwards again.
+pub const FORWARDED_HEADER: &str = "x-rota-forwarded-by";
+
+/// How long a forwarded request or a linearizable read may take.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything a request handler needs.
+pub struct Node {
+    /// Validated configuration.
+    pub config: NodeConfig,
+    /// The Raft instance.
+    pub raft: NodeRaft,
+    /// The applied state, for queries.
+    pub state: StateReader,
+    /// The clock that stamps commands when this node leads.
+    pub clock: LogClock,
+    /// Pooled HTTP client for forwarding.
+    pub client: HttpClient,
+    request_nonce: u64,
+    request_counter: AtomicU64,
+}
+
+/// A node shared by all handlers.
+pub type SharedNode = Arc<Node>;
+
+/// Where a read may be served.
+pub enum ReadTarget {
+    /// Here, from this applied state, judging ownership at this log time.
+    Local(Box<AppliedState>, Millis),
+    /// At the leader, whose API address this is.
+    Forward(String),
+}
+
+/// Where a write went.
+pub enum WriteTarget {
+    /// Applied here (this node leads) with this outcome.
+    Applied(Arc<Outcome>),
+    /// Must go to the leader, whose API address this is.
+    Forward(String),
+}
+
+impl Node {
+    /// Assembles a node from its parts.
+    pub fn new(
+        config: NodeConfig,
+        raft: NodeRaft,
+        state: StateReader,
+        clock: LogClock,
+        client: HttpClient,
+    ) -> Self {
+        Self {
+            config,
+            raft,
+            state,
+            clock,
+            client,
+            request_nonce: rand::random(),
+            request_counter: AtomicU64::new(0),
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.config.id
+    }
+
+    /// A request id no other write of this node, before or after a restart, will use.
+    pub fn new_request_id(&self) -> String {
+        let n = self.request_counter.fetch_add(1, Ordering::Relaxed);
+        format!("n{}-{:016x}-{n}", self.id(), self.request_nonce)
+    }
+
+    /// The API address of the leader, if one is known and it is not this node.
+    fn leader_api_addr(&self, forward: &ForwardToLeader<NodeTypes>) -> Option<String> {
+        match (&forward.leader_node, forward.leader_id) {
+            (Some(node), _) => Some(node.api_addr.clone()),
+            (None, Some(id)) => self.member_api_addr(id),
+            (None, None) => None,
+        }
+    }
+
+    /// The API address of member `id`, from the current membership.
+    pub fn member_api_addr(&self, id: NodeId) -> Option<String> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|node| node.api_addr.clone())
+    }
+
+    /// Proposes `request` through Raft, stamped with this node's log clock.
+    pub async fn write(
+        &self,
+        request: Request,
+        request_id: String,
+        forwarded: bool,
+    ) -> Result<WriteTarget, ApiError> {
+        let command = Command {
+            stamp_ms: self.clock.now_ms(),
+            request_id: Some(request_id),
+            request,
+        };
+        match self.raft.client_write(command).await {
+            Ok(response) => Ok(WriteTarget::Applied(response.data)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => self
+                .route_to_leader(&forward, forwarded)
+                .map(WriteTarget::Forward),
+            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(_))) => {
+                Err(ApiError::unavailable(
+                    "leadership changed while the write was in flight; its outcome is unknown: retry with the same requestid",
+                ))
+            }
+            Err(RaftError::APIError(other)) => Err(ApiError::internal(format!(
+                "write refused by Raft: {other}"
+            ))),
+            Err(RaftError::Fatal(fatal)) => Err(ApiError::unavailable(format!(
+                "this node has stopped ({fatal}); use another node"
+            ))),
+        }
+    }
+
+    fn route_to_leader(
+        &self,
+        forward: &ForwardToLeader<NodeTypes>,
+        forwarded: bool,
+    ) -> Result<String, ApiError> {
+        match self.leader_api_addr(forward) {
+            Some(addr) if !forwarded && forward.leader_id != Some(self.id()) => Ok(addr),
+            Some(_) => Err(ApiError::unavailable(
+                "leadership is moving; retry shortly (with the same requestid for writes)",
+            )),
+            None => Err(ApiError::unavailable(
+                "no leader is known or its lease has lapsed; retry shortly",
+            )),
+        }
+    }
+
+    /// Decides where a read is served. Stale reads are local; linearizable reads are
+    /// local on a leader that confirmed its leadership with a quorum, else forwarded.
+    pub async fn read_target(&self, stale: bool, forwarded: bool) -> Result<ReadTarget, ApiError> {
+        if stale {
+            let state = self.state.snapshot();
+            let now = state.machine.last_time_ms();
+            return Ok(ReadTarget::Local(Box::new(state), now));
+        }
+        let linearized = tokio::time::timeout(
+            FORWARD_TIMEOUT,
+            self.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        .map_err(|_| {
+            ApiError::unavailable("could not confirm leadership with a quorum in time; retry")
+        })?;
+        match linearized {
+            Ok(_) => {
+                let state = self.state.snapshot();
+                let now = state.machine.last_time_ms().max(self.clock.now_ms());
+                Ok(ReadTarget::Local(Box::new(state), now))
+            }
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => self
+                .route_to_leader(&forward, forwarded)
+                .map(ReadTarget::Forward),
+            Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(e))) => {
+                Err(ApiError::unavailable(format!(
+                    "no quorum to confirm a linearizable read ({e}); retry, or read with ?consistency=stale"
+                )))
+            }
+            Err(RaftError::Fatal(fatal)) => Err(ApiError::unavailable(format!(
+                "this node has stopped ({fatal}); use another node"
+            ))),
+        }
+    }
+
+    /// Relays a request to the leader at `addr` and returns its answer as is.
+    pub async fn forward(
+        &self,
+        addr: &str,
+        method: Method,
+        path_and_query: &str,
+        content_type: Option<HeaderValue>,
+        body: Bytes,
+    ) -> Response {
+        let mut headers = vec![(
+            HeaderName::from_static(FORWARDED_HEADER),
+            HeaderValue::from(self.id()),
+        )];
+        if let Some(content_type) = content_type {
+            headers.push((axum::http::header::CONTENT_TYPE, content_type));
+        }
+        match self
+            .client
+            .send(
+                addr,
+                method,
+                path_and_query,
+                &headers,
+                body,
+                FORWARD_TIMEOUT,
+            )
+            .await
+        {
+            Ok(answer) => {
+                let mut response = (answer.status, answer.body).into_response();
+                for name in [
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::header::RETRY_AFTER,
+                ] {
+                    if let Some(value) = answer.headers.get(&name) {
+                        response.headers_mut().insert(name, value.clone());
+                    }
+                }
+                response
+            }
+            Err(e) => ApiError::unavailable(format!(
+                "forwarding to the leader failed ({e}); retry (with the same requestid for writes)"
+            ))
+            .into_response(),
+        }
+    }
+
+    /// Whether this node has a leader and has applied what it knows is committed.
+    pub fn readiness(&self) -> Result<(), String> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        if metrics.state == ServerState::Shutdown {
+            return Err("the node is shutting down".into());
+        }
+        if metrics.current_leader.is_none() {
+            return Err("no leader is known".into());
+        }
+        let committed = metrics.local_committed.map(|id| id.index());
+        let applied = metrics.last_applied.map(|id| id.index());
+        if applied < committed {
+            return Err(format!(
+                "catching up: applied {applied:?} of committed {committed:?}"
+            ));
+        }
+        Ok(())
+    }
+}

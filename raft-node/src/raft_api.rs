@@ -1,0 +1,110 @@
+//! The Raft listener's endpoints: the receiving side of [`crate::network`].
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::post;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use store_sm::codec::decode_value;
+use store_sm::codec::encode_value;
+use store_sm::raft_types::RotaSnapshot;
+
+use crate::http::ApiError;
+use crate::http::read_body;
+use crate::network::RAFT_CONTENT_TYPE;
+use crate::network::SnapshotTransfer;
+use crate::network::paths;
+use crate::node::SharedNode;
+
+/// Largest Raft request body: a whole snapshot travels in one.
+pub const RAFT_BODY_BYTES_MAX: usize = 1024 * 1024 * 1024;
+
+/// The Raft routes.
+pub fn routes() -> Router<SharedNode> {
+    Router::new()
+        .route(paths::APPEND, post(append))
+        .route(paths::VOTE, post(vote))
+        .route(paths::PRE_VOTE, post(pre_vote))
+        .route(paths::SNAPSHOT, post(snapshot))
+        .route(paths::TRANSFER_LEADER, post(transfer_leader))
+}
+
+async fn decode<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    what: &str,
+) -> Result<T, ApiError> {
+    let bytes = read_body(headers, body, RAFT_BODY_BYTES_MAX).await?;
+    decode_value(&bytes, what).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+fn encode<T: Serialize>(value: &T) -> Response {
+    match encode_value(value) {
+        Ok(bytes) => ([(CONTENT_TYPE, RAFT_CONTENT_TYPE)], bytes).into_response(),
+        Err(e) => ApiError::internal(e.to_string()).into_response(),
+    }
+}
+
+async fn append(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = decode(&headers, body, "append entries").await?;
+    Ok(encode(&node.raft.append_entries(request).await))
+}
+
+async fn vote(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = decode(&headers, body, "vote").await?;
+    Ok(encode(&node.raft.vote(request).await))
+}
+
+async fn pre_vote(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = decode(&headers, body, "pre-vote").await?;
+    Ok(encode(&node.raft.pre_vote(request).await))
+}
+
+async fn snapshot(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let transfer: SnapshotTransfer = decode(&headers, body, "snapshot").await?;
+    let snapshot = RotaSnapshot {
+        meta: transfer.meta,
+        snapshot: transfer.data.into(),
+    };
+    let result = node
+        .raft
+        .install_full_snapshot(transfer.vote, snapshot)
+        .await
+        .map_err(|e| e.to_string());
+    Ok(encode(&result))
+}
+
+async fn transfer_leader(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = decode(&headers, body, "transfer leader").await?;
+    let result = node
+        .raft
+        .handle_transfer_leader(request)
+        .await
+        .map_err(|e| e.to_string());
+    Ok(encode(&result))
+}

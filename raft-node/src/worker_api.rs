@@ -1,0 +1,367 @@
+//! The worker API (SPEC section 2): the seed's endpoints, fields and answers.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Path;
+use axum::extract::RawQuery;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::Method;
+use axum::http::Uri;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::get;
+use axum::routing::post;
+use bytes::Bytes;
+use rpc::worker::ClaimRequestJson;
+use rpc::worker::TaskJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteResultJson;
+use rpc::worker::check_request_id;
+use rpc::worker::parse_id_list;
+use rpc::worker::parse_limit;
+use rpc::worker::parse_owned;
+use serde::de::DeserializeOwned;
+use store_sm::machine::AddTask;
+use store_sm::machine::ClaimRequest;
+use store_sm::machine::Outcome;
+use store_sm::machine::Request;
+use store_sm::machine::Task;
+use store_sm::machine::UpdateRequest;
+use store_sm::machine::UpdateTask;
+
+use crate::http::ApiError;
+use crate::http::read_body;
+use crate::node::FORWARDED_HEADER;
+use crate::node::ReadTarget;
+use crate::node::SharedNode;
+use crate::node::WriteTarget;
+
+/// Most ids one `/tasks/...` request may name.
+pub const TASK_IDS_MAX: usize = 10_000;
+
+/// The worker API routes.
+pub fn routes() -> Router<SharedNode> {
+    Router::new()
+        .route("/groups", get(get_groups))
+        .route("/task/{id}", get(get_task))
+        .route("/tasks/{ids}", get(get_tasks))
+        .route("/group/{name}", get(get_group))
+        .route("/update", post(post_update))
+        .route("/claim", post(post_claim))
+}
+
+fn task_json(task: &Task) -> TaskJson {
+    TaskJson {
+        id: task.id,
+        group: task.group.to_string(),
+        data: task.data.clone(),
+        timespec: task.at_ms,
+        ownerid: task.owner,
+    }
+}
+
+fn outcome_json(outcome: &Outcome) -> WriteResultJson {
+    match outcome {
+        Outcome::Tasks(tasks) => WriteResultJson::Tasks {
+            tasks: tasks.iter().map(task_json).collect(),
+        },
+        Outcome::Refused(refusals) => WriteResultJson::Errors {
+            errors: refusals.iter().map(ToString::to_string).collect(),
+        },
+    }
+}
+
+/// Query parameters, each at most once.
+fn query_params(query: Option<&str>) -> Result<HashMap<String, String>, ApiError> {
+    let mut params = HashMap::new();
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if params.insert(key.to_string(), value.to_string()).is_some() {
+            return Err(ApiError::bad_request(format!(
+                "query parameter {key} is given twice"
+            )));
+        }
+    }
+    Ok(params)
+}
+
+/// Whether the read asked for `?consistency=stale`.
+fn wants_stale(params: &HashMap<String, String>) -> Result<bool, ApiError> {
+    match params.get("consistency").map(String::as_str) {
+        None | Some("linearizable") => Ok(false),
+        Some("stale") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "consistency={other:?} is not one of linearizable, stale"
+        ))),
+    }
+}
+
+fn is_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key(FORWARDED_HEADER)
+}
+
+/// Resolves where a read runs; a forwarded read comes back as a ready response.
+async fn read_or_forward(
+    node: &SharedNode,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Result<Result<(Box<store_sm::state_machine::AppliedState>, i64), Response>, ApiError> {
+    match node
+        .read_target(wants_stale(params)?, is_forwarded(headers))
+        .await?
+    {
+        ReadTarget::Local(state, now) => Ok(Ok((state, now))),
+        ReadTarget::Forward(addr) => {
+            let path = uri.path_and_query().map_or("/", |p| p.as_str());
+            Ok(Err(node
+                .forward(&addr, Method::GET, path, None, Bytes::new())
+                .await))
+        }
+    }
+}
+
+async fn get_groups(
+    State(node): State<SharedNode>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    let params = query_params(query.as_deref())?;
+    let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
+        Ok(local) => local,
+        Err(forwarded) => return Ok(forwarded),
+    };
+    let groups: Vec<String> = state
+        .machine
+        .groups()
+        .iter()
+        .map(|g| g.to_string())
+        .collect();
+    Ok(Json(groups).into_response())
+}
+
+fn parse_task_id(text: &str) -> Result<u64, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad_request(format!("{text:?} is not a numeric task id")))
+}
+
+async fn get_task(
+    State(node): State<SharedNode>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    let id = parse_task_id(&id)?;
+    let params = query_params(query.as_deref())?;
+    let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
+        Ok(local) => local,
+        Err(forwarded) => return Ok(forwarded),
+    };
+    match state.machine.task(id) {
+        Some(task) => Ok(Json(task_json(task)).into_response()),
+        None => Err(ApiError::not_found(format!(
+            "task {id} does not exist (it may have been updated, claimed or deleted)"
+        ))),
+    }
+}
+
+async fn get_tasks(
+    State(node): State<SharedNode>,
+    Path(ids): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    let ids = parse_id_list(&ids).map_err(ApiError::bad_request)?;
+    if ids.len() > TASK_IDS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "{} ids asked for; ask for at most {TASK_IDS_MAX} at a time",
+            ids.len()
+        )));
+    }
+    let params = query_params(query.as_deref())?;
+    let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
+        Ok(local) => local,
+        Err(forwarded) => return Ok(forwarded),
+    };
+    let tasks: Vec<Option<TaskJson>> = ids
+        .iter()
+        .map(|id| state.machine.task(*id).map(task_json))
+        .collect();
+    Ok(Json(tasks).into_response())
+}
+
+async fn get_group(
+    State(node): State<SharedNode>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    let params = query_params(query.as_deref())?;
+    for key in params.keys() {
+        if !["limit", "owned", "consistency"].contains(&key.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter {key}; use limit, owned or consistency"
+            )));
+        }
+    }
+    let limit = params
+        .get("limit")
+        .map(|v| parse_limit(v))
+        .transpose()
+        .map_err(ApiError::bad_request)?;
+    let owned = params
+        .get("owned")
+        .map(|v| parse_owned(v))
+        .transpose()
+        .map_err(ApiError::bad_request)?
+        .unwrap_or(false);
+    let (state, now) = match read_or_forward(&node, &params, &headers, &uri).await? {
+        Ok(local) => local,
+        Err(forwarded) => return Ok(forwarded),
+    };
+    let tasks: Vec<TaskJson> = state
+        .machine
+        .iter_group(&name, owned, now)
+        .take(limit.unwrap_or(usize::MAX))
+        .map(task_json)
+        .collect();
+    Ok(Json(tasks).into_response())
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid {endpoint} body: {e}")))
+}
+
+/// The request id from the `Idempotency-Key` header and the body, which must agree.
+fn request_id(headers: &HeaderMap, in_body: Option<String>) -> Result<Option<String>, ApiError> {
+    let in_header = match headers.get("idempotency-key") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .map_err(|_| ApiError::bad_request("Idempotency-Key is not visible ASCII"))?
+                .to_string(),
+        ),
+    };
+    let id = match (in_header, in_body) {
+        (Some(h), Some(b)) if h != b => {
+            return Err(ApiError::bad_request(format!(
+                "Idempotency-Key {h:?} and requestid {b:?} differ; send one, or the same in both"
+            )));
+        }
+        (h, b) => h.or(b),
+    };
+    if let Some(id) = &id {
+        check_request_id(id).map_err(ApiError::bad_request)?;
+    }
+    Ok(id)
+}
+
+fn update_request(json: UpdateRequestJson) -> Request {
+    Request::Update(UpdateRequest {
+        client: json.clientid,
+        adds: json
+            .adds
+            .into_iter()
+            .map(|add| AddTask {
+                group: add.group.unwrap_or_default(),
+                data: add.data.unwrap_or_default(),
+                timespec: add.timespec,
+            })
+            .collect(),
+        updates: json
+            .updates
+            .into_iter()
+            .map(|change| UpdateTask {
+                id: change.id,
+                data: change.data.unwrap_or_default(),
+                timespec: change.timespec,
+            })
+            .collect(),
+        deletes: json.deletes,
+        depends: json.depends,
+    })
+}
+
+/// Applies a write here or relays it, with its request id, to the leader.
+async fn write(
+    node: &SharedNode,
+    request: Request,
+    request_id: String,
+    headers: &HeaderMap,
+    path: &str,
+    forward_body: impl FnOnce(String) -> Result<Vec<u8>, ApiError>,
+) -> Result<Response, ApiError> {
+    match node
+        .write(request, request_id.clone(), is_forwarded(headers))
+        .await?
+    {
+        WriteTarget::Applied(outcome) => Ok(Json(outcome_json(&outcome)).into_response()),
+        WriteTarget::Forward(addr) => {
+            let body = forward_body(request_id)?;
+            let json = axum::http::HeaderValue::from_static("application/json");
+            Ok(node
+                .forward(&addr, Method::POST, path, Some(json), body.into())
+                .await)
+        }
+    }
+}
+
+async fn post_update(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body, node.config.body_bytes_max).await?;
+    let mut json: UpdateRequestJson = parse_json(&bytes, "/update")?;
+    let request_id =
+        request_id(&headers, json.requestid.take())?.unwrap_or_else(|| node.new_request_id());
+    let request = update_request(json.clone());
+    write(&node, request, request_id, &headers, "/update", move |id| {
+        json.requestid = Some(id);
+        serde_json::to_vec(&json).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await
+}
+
+async fn post_claim(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body, node.config.body_bytes_max).await?;
+    let mut json: ClaimRequestJson = parse_json(&bytes, "/claim")?;
+    let max = node.config.claim_duration_max_ms;
+    if json.duration <= 0 || json.duration > max {
+        return Err(ApiError::bad_request(format!(
+            "duration {} is not between 1 and {max} milliseconds",
+            json.duration
+        )));
+    }
+    let request_id =
+        request_id(&headers, json.requestid.take())?.unwrap_or_else(|| node.new_request_id());
+    let request = Request::Claim(ClaimRequest {
+        client: json.clientid,
+        group: json.group.clone(),
+        duration_ms: json.duration,
+        depends: json.depends.clone(),
+    });
+    write(&node, request, request_id, &headers, "/claim", move |id| {
+        json.requestid = Some(id);
+        serde_json::to_vec(&json).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await
+}

@@ -1,0 +1,349 @@
+//! Integration tests with real `rota-node` processes on 127.0.0.1.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use common::TestCluster;
+use rpc::worker::WriteResultJson;
+use serde_json::json;
+
+fn tasks(result: WriteResultJson) -> Vec<rpc::worker::TaskJson> {
+    match result {
+        WriteResultJson::Tasks { tasks } => tasks,
+        WriteResultJson::Errors { errors } => panic!("refused: {errors:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_form_and_serve_through_every_node() {
+    let cluster = TestCluster::start(3, "always");
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+
+    // A write through every node, followers forwarding to the leader.
+    let mut ids = Vec::new();
+    for id in 1..=3 {
+        let added = cluster
+            .write(id, "/update", &json!({"clientid": 10 + id, "adds": [{"group": "g", "data": format!("via {id}")}]}))
+            .await
+            .expect("write accepted");
+        ids.extend(tasks(added).into_iter().map(|t| t.id));
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids increase: {ids:?}");
+
+    // Linearizable reads from every node see every acknowledged write.
+    for id in 1..=3 {
+        let response = cluster
+            .client
+            .get(cluster.api(id), "/group/g", common::CALL_TIMEOUT)
+            .await
+            .expect("read");
+        let listed: Vec<rpc::worker::TaskJson> = response.json(cluster.api(id)).expect("json");
+        assert_eq!(
+            listed.iter().map(|t| t.id).collect::<Vec<_>>(),
+            ids,
+            "read via node {id}"
+        );
+    }
+
+    // A claim through a follower, then the stale owner is fenced off.
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let claimed = tasks(
+        cluster
+            .write(
+                follower,
+                "/claim",
+                &json!({"clientid": 99, "group": "g", "duration": 60_000}),
+            )
+            .await
+            .expect("claim"),
+    );
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id, ids[2] + 1, "claims make a new version");
+    let stale = cluster
+        .write(
+            leader,
+            "/update",
+            &json!({"clientid": 99, "deletes": [ids[0]]}),
+        )
+        .await
+        .expect("processed");
+    assert_eq!(
+        stale,
+        WriteResultJson::Errors {
+            errors: vec![format!("deletes: task {} does not exist", ids[0])]
+        },
+        "the claimed task's old id is gone"
+    );
+
+    // Status from any node names the same leader and members.
+    for id in 1..=3 {
+        let status = cluster.status(id).await.expect("status");
+        assert_eq!(status.leader, Some(leader));
+        assert_eq!(status.voters, vec![1, 2, 3]);
+    }
+    cluster.wait_converged(&[1, 2, 3]).await;
+}
+
+/// What one worker saw acknowledged.
+#[derive(Default, Debug)]
+struct WorkerLog {
+    added: Vec<u64>,
+    claimed: Vec<(u64, u64)>,
+    deleted: Vec<u64>,
+    ids: Vec<u64>,
+}
+
+/// Sends a write with a fixed request id until some node processes it; a retry of the
+/// same request id returns the first outcome, so an acknowledged write applied once.
+async fn write_until_processed(
+    cluster: &TestCluster,
+    start: u64,
+    path: &str,
+    body: serde_json::Value,
+) -> Option<WriteResultJson> {
+    let deadline = Instant::now() + common::WAIT_MAX;
+    let mut target = start;
+    while Instant::now() < deadline {
+        match cluster.write(target, path, &body).await {
+            Ok(result) => return Some(result),
+            Err(_) => {
+                target = target % cluster.nodes.len() as u64 + 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    None
+}
+
+async fn worker(cluster: Arc<TestCluster>, worker: u64, stop: Arc<AtomicBool>) -> WorkerLog {
+    let mut log = WorkerLog::default();
+    let group = format!("w{worker}");
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let node = (n + worker) % 3 + 1;
+        let rid = |step: &str| format!("worker{worker}-{n}-{step}");
+        let Some(added) = write_until_processed(&cluster, node, "/update", json!({
+            "clientid": worker, "adds": [{"group": group, "data": format!("{n}")}], "requestid": rid("add")
+        }))
+        .await
+        else {
+            break;
+        };
+        let [added] = tasks(added).try_into().expect("one added task");
+        log.added.push(added.id);
+        log.ids.push(added.id);
+        let Some(claimed) = write_until_processed(
+            &cluster,
+            node,
+            "/claim",
+            json!({
+                "clientid": worker, "group": group, "duration": 60_000, "requestid": rid("claim")
+            }),
+        )
+        .await
+        else {
+            break;
+        };
+        let [claimed] = tasks(claimed)
+            .try_into()
+            .expect("the worker's own task is claimable");
+        assert_eq!(
+            claimed.data,
+            format!("{n}"),
+            "a claim returns the task that was added"
+        );
+        log.claimed.push((added.id, claimed.id));
+        log.ids.push(claimed.id);
+        let Some(deleted) = write_until_processed(
+            &cluster,
+            node,
+            "/update",
+            json!({
+                "clientid": worker, "deletes": [claimed.id], "requestid": rid("delete")
+            }),
+        )
+        .await
+        else {
+            break;
+        };
+        assert_eq!(tasks(deleted), vec![], "the owner deletes its claimed task");
+        log.deleted.push(claimed.id);
+    }
+    log
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_of_the_leader_under_load_loses_no_acknowledged_write() {
+    let cluster = Arc::new(TestCluster::start(3, "always"));
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (1..=4)
+        .map(|w| tokio::spawn(worker(cluster.clone(), w, stop.clone())))
+        .collect();
+    // Let the workers get going, judged by progress in the log, not by time.
+    let deadline = Instant::now() + common::WAIT_MAX;
+    while cluster
+        .status(leader)
+        .await
+        .and_then(|s| s.applied_index)
+        .unwrap_or(0)
+        < 40
+    {
+        assert!(Instant::now() < deadline, "workers made no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // kill -9 the leader while the workers run; time the first write a survivor accepts.
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    cluster.kill(leader);
+    let killed_at = Instant::now();
+    let mut probe = 0;
+    loop {
+        probe += 1;
+        let target = survivors[probe % survivors.len()];
+        let body = json!({"clientid": 1000, "adds": [{"group": "probe"}], "requestid": format!("probe-{probe}")});
+        if cluster.write(target, "/update", &body).await.is_ok() {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < common::WAIT_MAX,
+            "no write succeeded after the leader died"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let failover = killed_at.elapsed();
+    eprintln!("failover: first write accepted {failover:?} after kill -9 of leader {leader}");
+
+    // Keep the load on under the new leader for a while, measured in applied entries.
+    let new_leader = cluster.wait_leader(&survivors).await;
+    let resume_from = cluster
+        .status(new_leader)
+        .await
+        .and_then(|s| s.applied_index)
+        .unwrap_or(0);
+    while cluster
+        .status(new_leader)
+        .await
+        .and_then(|s| s.applied_index)
+        .unwrap_or(0)
+        < resume_from + 40
+    {
+        assert!(
+            Instant::now() < deadline + common::WAIT_MAX,
+            "no progress under the new leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut logs = Vec::new();
+    for handle in workers {
+        logs.push(handle.await.expect("worker finished"));
+    }
+
+    // Ids unique across every acknowledged answer.
+    let all_ids: Vec<u64> = logs.iter().flat_map(|l| l.ids.iter().copied()).collect();
+    let unique: BTreeSet<u64> = all_ids.iter().copied().collect();
+    assert_eq!(unique.len(), all_ids.len(), "an id was issued twice");
+
+    // No acknowledged write lost: deleted versions are gone; what each worker added and
+    // did not finish is still there, owned as acknowledged.
+    for (w, log) in logs.iter().enumerate() {
+        for &(added, claimed) in &log.claimed {
+            assert!(
+                claimed > added,
+                "worker {w}: claim {claimed} of {added} is a newer version"
+            );
+        }
+        let group = format!("w{}", w + 1);
+        let response = cluster
+            .client
+            .get(
+                cluster.api(new_leader),
+                &format!("/group/{group}?owned=1"),
+                common::CALL_TIMEOUT,
+            )
+            .await
+            .expect("read");
+        let live: Vec<u64> = response
+            .json::<Vec<rpc::worker::TaskJson>>(cluster.api(new_leader))
+            .expect("json")
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        let expected: Vec<u64> = match (log.added.last(), log.claimed.last(), log.deleted.last()) {
+            (Some(&a), Some(&(ca, c)), Some(&d)) if ca == a && d == c => vec![],
+            (Some(&a), Some(&(ca, c)), _) if ca == a => vec![c],
+            (Some(&a), _, _) => vec![a],
+            (None, _, _) => vec![],
+        };
+        assert_eq!(
+            live,
+            expected,
+            "worker {}: live tasks after {:?}",
+            w + 1,
+            log
+        );
+    }
+    let acked: usize = logs
+        .iter()
+        .map(|l| l.added.len() + l.claimed.len() + l.deleted.len())
+        .sum();
+    eprintln!(
+        "checked {acked} acknowledged writes from {} workers",
+        logs.len()
+    );
+
+    // The killed node restarts with its original command line and catches up.
+    cluster.start_node(leader);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let converged = cluster.wait_converged(&[1, 2, 3]).await;
+    eprintln!(
+        "converged at index {:?}: {}",
+        converged.applied_index, converged.state_hash
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_cluster_restarts_cleanly() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let added = tasks(
+        cluster
+            .write(
+                1,
+                "/update",
+                &json!({"clientid": 1, "adds": [{"group": "solo", "data": "kept"}]}),
+            )
+            .await
+            .expect("write"),
+    );
+    let before = cluster.wait_converged(&[1]).await;
+    cluster.kill(1);
+    cluster.start_node(1);
+    cluster.wait_ready(&[1]).await;
+    let after = cluster.wait_converged(&[1]).await;
+    assert_eq!(
+        after.state_hash, before.state_hash,
+        "same state after restart"
+    );
+    let task = cluster
+        .client
+        .get(
+            cluster.api(1),
+            &format!("/task/{}", added[0].id),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("read");
+    assert!(task.status.is_success(), "the task survived the restart");
+}

@@ -1,0 +1,263 @@
+//! A cluster of real `rota-node` processes on 127.0.0.1 for integration tests. Every
+//! wait is on a condition read from the status endpoints, never a fixed sleep. Processes
+//! are killed when the cluster is dropped, even when a test fails.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+
+use rpc::admin::ClusterStatusJson;
+use rpc::admin::StateHashJson;
+use rpc::client::HttpClient;
+use rpc::worker::WriteResultJson;
+use serde::Serialize;
+
+/// How long any wait in these tests may take before it fails.
+pub const WAIT_MAX: Duration = Duration::from_secs(60);
+/// Deadline of one HTTP call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One node's ports and process.
+pub struct TestNode {
+    /// Node id.
+    pub id: u64,
+    /// `127.0.0.1:port` of the API.
+    pub api_addr: String,
+    /// `127.0.0.1:port` of Raft.
+    pub raft_addr: String,
+    process: Mutex<Option<Child>>,
+}
+
+/// A cluster of node processes in a temporary directory.
+pub struct TestCluster {
+    /// The nodes, by position (id - 1).
+    pub nodes: Vec<TestNode>,
+    /// HTTP client for all calls.
+    pub client: HttpClient,
+    dir: tempfile::TempDir,
+    sync: &'static str,
+}
+
+fn free_addr() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    (listener, addr)
+}
+
+impl TestCluster {
+    /// Starts `n` nodes with a static initial member list.
+    pub fn start(n: u64, sync: &'static str) -> Self {
+        let mut held = Vec::new();
+        let mut nodes = Vec::new();
+        for id in 1..=n {
+            let (api, api_addr) = free_addr();
+            let (raft, raft_addr) = free_addr();
+            held.push((api, raft));
+            nodes.push(TestNode {
+                id,
+                api_addr,
+                raft_addr,
+                process: Mutex::new(None),
+            });
+        }
+        drop(held);
+        let cluster = Self {
+            nodes,
+            client: HttpClient::new(),
+            dir: tempfile::tempdir().expect("temporary directory"),
+            sync,
+        };
+        for id in 1..=n {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("{}={}/{}", n.id, n.api_addr, n.raft_addr))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The log file of node `id`.
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}.log"))
+    }
+
+    /// Starts (or restarts) node `id` with its original command line.
+    pub fn start_node(&self, id: u64) {
+        let initial = self.initial_cluster();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))
+            .expect("log file");
+        let data_dir = self.dir.path().join(format!("node-{id}"));
+        let node = &self.nodes[(id - 1) as usize];
+        let child = Command::new(env!("CARGO_BIN_EXE_rota-node"))
+            .args(["--id", &id.to_string()])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args([
+                "--listen-api",
+                &node.api_addr,
+                "--listen-raft",
+                &node.raft_addr,
+            ])
+            .args(["--initial-cluster", &initial, "--sync", self.sync])
+            .env("ROTA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("rota-node starts");
+        *node.process.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+    }
+
+    /// `kill -9` of node `id`.
+    pub fn kill(&self, id: u64) {
+        let process = self.nodes[(id - 1) as usize]
+            .process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut child) = process {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The API address of node `id`.
+    pub fn api(&self, id: u64) -> &str {
+        &self.nodes[(id - 1) as usize].api_addr
+    }
+
+    /// Node `id`'s `/cluster`, if it answers.
+    pub async fn status(&self, id: u64) -> Option<ClusterStatusJson> {
+        let response = self
+            .client
+            .get(self.api(id), "/cluster", CALL_TIMEOUT)
+            .await
+            .ok()?;
+        response.success(self.api(id)).ok()?.json(self.api(id)).ok()
+    }
+
+    /// Node `id`'s state hash.
+    pub async fn state_hash(&self, id: u64) -> Option<StateHashJson> {
+        let response = self
+            .client
+            .get(self.api(id), "/admin/state-hash", CALL_TIMEOUT)
+            .await
+            .ok()?;
+        response.success(self.api(id)).ok()?.json(self.api(id)).ok()
+    }
+
+    /// Waits until every listed node answers `/ready` with 200.
+    pub async fn wait_ready(&self, ids: &[u64]) {
+        let deadline = Instant::now() + WAIT_MAX;
+        for &id in ids {
+            loop {
+                let ready = self
+                    .client
+                    .get(self.api(id), "/ready", CALL_TIMEOUT)
+                    .await
+                    .is_ok_and(|r| r.status.is_success());
+                if ready {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} not ready; see {:?}",
+                    self.log_path(id)
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// The leader that the listed nodes agree on, once they do.
+    pub async fn wait_leader(&self, ids: &[u64]) -> u64 {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            let mut leaders = Vec::new();
+            for &id in ids {
+                leaders.push(self.status(id).await.and_then(|s| s.leader));
+            }
+            if let Some(Some(leader)) = leaders.first().copied()
+                && leaders.iter().all(|l| *l == Some(leader))
+                && ids.contains(&leader)
+            {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {ids:?}: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the listed nodes have applied the same index and report equal state
+    /// hashes; returns the hash.
+    pub async fn wait_converged(&self, ids: &[u64]) -> StateHashJson {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            let mut hashes = Vec::new();
+            for &id in ids {
+                hashes.push(self.state_hash(id).await);
+            }
+            if let Some(Some(first)) = hashes.first()
+                && hashes.iter().all(|h| h.as_ref() == Some(first))
+            {
+                return first.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nodes {ids:?} did not converge: {hashes:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// POSTs `body` as JSON to node `id` and parses a processed write's answer.
+    pub async fn write<T: Serialize>(
+        &self,
+        id: u64,
+        path: &str,
+        body: &T,
+    ) -> Result<WriteResultJson, String> {
+        let response = self
+            .client
+            .post_json(self.api(id), path, body, CALL_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?
+            .success(self.api(id))
+            .map_err(|e| e.to_string())?;
+        response.json(self.api(id)).map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            let process = node
+                .process
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(mut child) = process {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! A small HTTP/1.1 client over hyper's connection API with a per-address pool.
+//!
+//! It is deliberately built on `http1::handshake` over a plain TCP stream rather than on
+//! a pooled client that owns its executor and timer: the same code then runs under the
+//! simulator, where the stream is simulated. Every call carries a deadline, because
+//! hyper without a timer enforces none.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::Full;
+use http_body_util::Limited;
+use hyper::Method;
+use hyper::Request;
+use hyper::StatusCode;
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::HeaderMap;
+use hyper::header::HeaderName;
+use hyper::header::HeaderValue;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpStream;
+
+use crate::worker::ErrorJson;
+
+/// Idle connections kept per address; more are closed after use.
+pub const IDLE_PER_ADDRESS_MAX: usize = 32;
+
+/// Largest response body read by default.
+pub const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Why a call failed. Only [`ClientError::Status`] proves the server answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No TCP connection could be made.
+    #[error(
+        "cannot connect to {addr}: {source}; check that the node runs and the address is right"
+    )]
+    Connect {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The deadline passed; the request may or may not have taken effect.
+    #[error("{addr} did not answer within {after:?}")]
+    Timeout {
+        /// The address.
+        addr: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The HTTP exchange failed.
+    #[error("HTTP exchange with {addr} failed: {message}")]
+    Http {
+        /// The address.
+        addr: String,
+        /// The cause.
+        message: String,
+    },
+    /// The server answered with a non-success status.
+    #[error("{addr} answered {status}: {message}")]
+    Status {
+        /// The address.
+        addr: String,
+        /// The status.
+        status: StatusCode,
+        /// The server's `error` message, or the body.
+        message: String,
+    },
+    /// The body could not be encoded or decoded.
+    #[error("{addr}: bad body: {message}")]
+    Body {
+        /// The address.
+        addr: String,
+        /// The cause.
+        message: String,
+    },
+}
+
+/// A response read whole.
+#[derive(Clone, Debug)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl HttpResponse {
+    /// The body as JSON of type `T`.
+    pub fn json<T: DeserializeOwned>(&self, addr: &str) -> Result<T, ClientError> {
+        serde_json::from_slice(&self.body).map_err(|e| ClientError::Body {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// `Ok(self)` on 2xx, otherwise [`ClientError::Status`] with the server's message.
+    pub fn success(self, addr: &str) -> Result<Self, ClientError> {
+        if self.status.is_success() {
+            return Ok(self);
+        }
+        let message = serde_json::from_slice::<ErrorJson>(&self.body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&self.body).into_owned());
+        Err(ClientError::Status {
+            addr: addr.to_string(),
+            status: self.status,
+            message,
+        })
+    }
+}
+
+/// A connection ready to send requests.
+type Sender = SendRequest<Full<Bytes>>;
+
+/// The pooled client; cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct HttpClient {
+    idle: Arc<Mutex<HashMap<String, Vec<Sender>>>>,
+}
+
+impl HttpClient {
+    /// A client with an empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn take_idle(&self, addr: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let senders = idle.get_mut(addr)?;
+        while let Some(sender) = senders.pop() {
+            if sender.is_ready() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, addr: &str, sender: Sender) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let senders = idle.entry(addr.to_string()).or_default();
+        if senders.len() < IDLE_PER_ADDRESS_MAX {
+            senders.push(sender);
+        }
+    }
+
+    async fn connect(addr: &str) -> Result<Sender, ClientError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| ClientError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        // Small request/response pairs: waiting to coalesce only adds latency.
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Http {
+                addr: addr.to_string(),
+                message: e.to_string(),
+            })?;
+        tokio::spawn(async move {
+            // Ends when the peer closes or the sender is dropped.
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    async fn exchange(
+        &self,
+        addr: &str,
+        mut sender: Sender,
+        request: Request<Full<Bytes>>,
+        body_max: usize,
+    ) -> Result<HttpResponse, ClientError> {
+        let http_error = |e: &dyn std::fmt::Display| ClientError::Http {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        };
+        sender.ready().await.map_err(|e| http_error(&e))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| http_error(&e))?;
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, body_max)
+            .collect()
+            .await
+            .map_err(|e| http_error(&e))?
+            .to_bytes();
+        self.put_idle(addr, sender);
+        Ok(HttpResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// Sends one request and reads the whole response within `timeout`.
+    ///
+    /// A pooled connection that the peer closed meanwhile is retried once on a fresh
+    /// connection; callers whose requests must not apply twice send a request id.
+    pub async fn send(
+        &self,
+        addr: &str,
+        method: Method,
+        path_and_query: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<HttpResponse, ClientError> {
+        let build = || {
+            let mut builder = Request::builder()
+                .method(method.clone())
+                .uri(path_and_query)
+                .header(hyper::header::HOST, addr);
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+            builder
+                .body(Full::new(body.clone()))
+                .map_err(|e| ClientError::Body {
+                    addr: addr.to_string(),
+                    message: e.to_string(),
+                })
+        };
+        let attempt = async {
+            if let Some(sender) = self.take_idle(addr) {
+                match self
+                    .exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
+                    .await
+                {
+                    Ok(response) => return Ok(response),
+                    Err(ClientError::Http { .. }) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            let sender = Self::connect(addr).await?;
+            self.exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
+                .await
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                addr: addr.to_string(),
+                after: timeout,
+            })?
+    }
+
+    /// `GET path` within `timeout`.
+    pub async fn get(
+        &self,
+        addr: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<HttpResponse, ClientError> {
+        self.send(addr, Method::GET, path, &[], Bytes::new(), timeout)
+            .await
+    }
+
+    /// `POST path` with a JSON body within `timeout`.
+    pub async fn post_json<T: Serialize>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &T,
+        timeout: Duration,
+    ) -> Result<HttpResponse, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Body {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })?;
+        let content_type = (
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        self.send(
+            addr,
+            Method::POST,
+            path,
+            &[content_type],
+            bytes.into(),
+            timeout,
+        )
+        .await
+    }
+}
