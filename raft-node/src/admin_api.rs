@@ -12,20 +12,26 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
 use axum::routing::post;
+use openraft::ChangeMembers;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
+use openraft::error::ClientWriteError;
 use openraft::error::InitializeError;
 use openraft::error::RaftError;
+use rpc::admin::AddLearnerJson;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::InitRequestJson;
+use rpc::admin::NodeIdJson;
 use rpc::admin::NodeStatusJson;
 use rpc::admin::ProbeJson;
 use rpc::admin::StateHashJson;
+use serde::de::DeserializeOwned;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 
 use crate::http::ApiError;
 use crate::http::read_body;
+use crate::node::FORWARDED_HEADER;
 use crate::node::SharedNode;
 
 /// The status and admin routes.
@@ -36,6 +42,11 @@ pub fn routes() -> Router<SharedNode> {
         .route("/ready", get(get_ready))
         .route("/admin/init", post(post_init))
         .route("/admin/state-hash", get(get_state_hash))
+        .route("/admin/add-learner", post(post_add_learner))
+        .route("/admin/promote", post(post_promote))
+        .route("/admin/remove", post(post_remove))
+        .route("/admin/transfer-leader", post(post_transfer_leader))
+        .route("/admin/snapshot", post(post_snapshot))
 }
 
 fn role_name(state: ServerState) -> &'static str {
@@ -86,6 +97,8 @@ pub fn cluster_status(node: &SharedNode) -> ClusterStatusJson {
         term: metrics.current_term,
         commit_index: metrics.local_committed.map(|id| id.index()),
         applied_index: metrics.last_applied.map(|id| id.index()),
+        snapshot_index: metrics.snapshot.map(|id| id.index()),
+        purged_index: metrics.purged.map(|id| id.index()),
         applied_time_ms: node.state.read(|s| s.machine.last_time_ms()),
         voters,
         learners,
@@ -171,4 +184,140 @@ pub async fn initialize(
         )),
         Err(e) => Err(ApiError::internal(format!("initialising failed: {e}"))),
     }
+}
+
+async fn admin_body<T: DeserializeOwned>(
+    node: &SharedNode,
+    headers: &HeaderMap,
+    body: Body,
+    path: &str,
+) -> Result<(T, bytes::Bytes), ApiError> {
+    let bytes = read_body(headers, body, node.config.body_bytes_max).await?;
+    let request = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid {path} body: {e}")))?;
+    Ok((request, bytes))
+}
+
+/// Runs a membership change on the leader: here if this node leads, else relayed once.
+async fn membership_change(
+    node: &SharedNode,
+    headers: &HeaderMap,
+    path: &str,
+    body: bytes::Bytes,
+    change: Result<
+        (),
+        RaftError<crate::types::NodeTypes, ClientWriteError<crate::types::NodeTypes>>,
+    >,
+) -> Result<Response, ApiError> {
+    match change {
+        Ok(()) => Ok(Json(cluster_status(node)).into_response()),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+            let leader = forward
+                .leader_node
+                .map(|n| n.api_addr)
+                .filter(|_| {
+                    !headers.contains_key(FORWARDED_HEADER) && forward.leader_id != Some(node.id())
+                })
+                .ok_or_else(|| ApiError::unavailable("no leader is known; retry shortly"))?;
+            let json = axum::http::HeaderValue::from_static("application/json");
+            Ok(node
+                .forward(&leader, axum::http::Method::POST, path, Some(json), body)
+                .await)
+        }
+        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("membership change refused: {e}"),
+        )),
+        Err(e) => Err(ApiError::unavailable(format!(
+            "membership change failed: {e}; retry"
+        ))),
+    }
+}
+
+async fn post_add_learner(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let path = "/admin/add-learner";
+    let (request, bytes): (AddLearnerJson, _) = admin_body(&node, &headers, body, path).await?;
+    let addrs = RotaNode {
+        api_addr: request.api_addr,
+        raft_addr: request.raft_addr,
+    };
+    // Not blocking: the caller watches the learner's lag in /cluster and promotes it later.
+    let change = node
+        .raft
+        .add_learner(request.id, addrs, false)
+        .await
+        .map(|_| ());
+    membership_change(&node, &headers, path, bytes, change).await
+}
+
+async fn post_promote(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let path = "/admin/promote";
+    let (request, bytes): (NodeIdJson, _) = admin_body(&node, &headers, body, path).await?;
+    let change = node
+        .raft
+        .change_membership(ChangeMembers::AddVoterIds([request.id].into()), true)
+        .await
+        .map(|_| ());
+    membership_change(&node, &headers, path, bytes, change).await
+}
+
+async fn post_remove(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let path = "/admin/remove";
+    let (request, bytes): (NodeIdJson, _) = admin_body(&node, &headers, body, path).await?;
+    let is_voter = cluster_status(&node).voters.contains(&request.id);
+    let change = if is_voter {
+        // retain = false: the removed voter leaves the membership entirely.
+        node.raft
+            .change_membership(ChangeMembers::RemoveVoters([request.id].into()), false)
+            .await
+    } else {
+        node.raft
+            .change_membership(ChangeMembers::RemoveNodes([request.id].into()), false)
+            .await
+    };
+    membership_change(&node, &headers, path, bytes, change.map(|_| ())).await
+}
+
+async fn post_transfer_leader(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (request, _): (NodeIdJson, _) =
+        admin_body(&node, &headers, body, "/admin/transfer-leader").await?;
+    if !cluster_status(&node).voters.contains(&request.id) {
+        return Err(ApiError::bad_request(format!(
+            "node {} is not a voter; leadership can only go to a voter",
+            request.id
+        )));
+    }
+    node.raft
+        .trigger()
+        .transfer_leader(request.id)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("this node has stopped ({e})")))?;
+    Ok(Json(cluster_status(&node)).into_response())
+}
+
+/// Builds a snapshot of this node's state machine now (and lets openraft purge the log
+/// behind it).
+async fn post_snapshot(State(node): State<SharedNode>) -> Result<Response, ApiError> {
+    node.raft
+        .trigger()
+        .snapshot()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("this node has stopped ({e})")))?;
+    Ok(Json(cluster_status(&node)).into_response())
 }

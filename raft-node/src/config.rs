@@ -17,6 +17,11 @@ pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
 /// Default request body limit: 1 MiB.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 
+/// Default entries between snapshots.
+pub const SNAPSHOT_EVERY_ENTRIES_DEFAULT: u64 = 50_000;
+/// Default entries kept behind a snapshot, so slow followers catch up from the log.
+pub const LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT: u64 = 10_000;
+
 /// What went wrong with the configuration, and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -112,6 +117,13 @@ pub struct Flags {
     /// Longest claim `duration` accepted, in milliseconds.
     #[arg(long, env = "ROTA_CLAIM_DURATION_MAX_MS")]
     pub claim_duration_max_ms: Option<i64>,
+    /// Entries applied between snapshots.
+    #[arg(long, env = "ROTA_SNAPSHOT_EVERY_ENTRIES")]
+    pub snapshot_every_entries: Option<u64>,
+    /// Entries kept in the log behind a snapshot; a follower further behind gets the
+    /// snapshot instead.
+    #[arg(long, env = "ROTA_LOGS_KEPT_AFTER_SNAPSHOT")]
+    pub logs_kept_after_snapshot: Option<u64>,
 }
 
 impl Flags {
@@ -130,6 +142,10 @@ impl Flags {
             log_format: self.log_format.or(other.log_format),
             body_bytes_max: self.body_bytes_max.or(other.body_bytes_max),
             claim_duration_max_ms: self.claim_duration_max_ms.or(other.claim_duration_max_ms),
+            snapshot_every_entries: self.snapshot_every_entries.or(other.snapshot_every_entries),
+            logs_kept_after_snapshot: self
+                .logs_kept_after_snapshot
+                .or(other.logs_kept_after_snapshot),
         }
     }
 }
@@ -185,6 +201,10 @@ pub struct NodeConfig {
     pub body_bytes_max: usize,
     /// Longest claim.
     pub claim_duration_max_ms: i64,
+    /// Entries applied between snapshots.
+    pub snapshot_every_entries: u64,
+    /// Entries kept behind a snapshot.
+    pub logs_kept_after_snapshot: u64,
     /// Raft timing.
     pub timing: RaftTiming,
 }
@@ -285,6 +305,15 @@ impl NodeConfig {
                 problem: "must be a positive number of milliseconds".into(),
             });
         }
+        let snapshot_every_entries = flags
+            .snapshot_every_entries
+            .unwrap_or(SNAPSHOT_EVERY_ENTRIES_DEFAULT);
+        if snapshot_every_entries == 0 {
+            return Err(ConfigError::Invalid {
+                name: "snapshot-every-entries",
+                problem: "must be at least 1".into(),
+            });
+        }
         Ok(Self {
             id,
             data_dir,
@@ -299,6 +328,10 @@ impl NodeConfig {
             log_format: flags.log_format.unwrap_or_default(),
             body_bytes_max,
             claim_duration_max_ms,
+            snapshot_every_entries,
+            logs_kept_after_snapshot: flags
+                .logs_kept_after_snapshot
+                .unwrap_or(LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT),
             timing: RaftTiming::default(),
         })
     }

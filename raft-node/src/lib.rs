@@ -60,12 +60,6 @@ pub enum StartError {
     Raft(String),
 }
 
-/// Entries between snapshots; the log before the last snapshot is purged except for
-/// [`LOGS_KEPT_AFTER_SNAPSHOT`], so slow followers can catch up without one.
-pub const SNAPSHOT_EVERY_ENTRIES: u64 = 50_000;
-/// Entries kept behind a snapshot.
-pub const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 10_000;
-
 /// openraft's configuration from ours.
 pub fn raft_config(config: &NodeConfig) -> Result<openraft::Config, StartError> {
     let timing = &config.timing;
@@ -75,8 +69,8 @@ pub fn raft_config(config: &NodeConfig) -> Result<openraft::Config, StartError> 
         election_timeout_min: timing.election_min.as_millis() as u64,
         election_timeout_max: timing.election_max.as_millis() as u64,
         install_snapshot_timeout: timing.snapshot_timeout.as_millis() as u64,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
-        max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
         ..Default::default()
     }
     .validate()

@@ -347,3 +347,58 @@ async fn a_single_node_cluster_restarts_cleanly() {
         .expect("read");
     assert!(task.status.is_success(), "the task survived the restart");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_a_compacted_log_catches_up_by_snapshot() {
+    // Keep no log behind a snapshot, so a follower that missed entries needs one.
+    let cluster = TestCluster::start_with(3, "always", &["--logs-kept-after-snapshot", "0"]);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    cluster.kill(follower);
+
+    for i in 0..50 {
+        let adds: Vec<_> = (0..20)
+            .map(|j| json!({"group": format!("g{}", j % 3), "data": format!("{i}-{j}")}))
+            .collect();
+        tasks(
+            cluster
+                .write(leader, "/update", &json!({"clientid": 5, "adds": adds}))
+                .await
+                .expect("write"),
+        );
+    }
+    let response = cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/admin/snapshot",
+            &json!({}),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("snapshot triggered");
+    assert!(response.status.is_success());
+    let deadline = Instant::now() + common::WAIT_MAX;
+    loop {
+        let status = cluster.status(leader).await.expect("status");
+        if status.purged_index.is_some() && status.purged_index >= status.applied_index {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader never purged its log: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    cluster.start_node(follower);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let converged = cluster.wait_converged(&[1, 2, 3]).await;
+    assert_eq!(converged.tasks, 1000);
+    let log = std::fs::read_to_string(cluster.log_path(follower)).expect("log");
+    assert!(
+        log.contains("snapshot installed"),
+        "the follower caught up by snapshot"
+    );
+}

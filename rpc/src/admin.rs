@@ -16,6 +16,10 @@ pub struct ClusterStatusJson {
     pub commit_index: Option<u64>,
     /// Highest log index applied to this node's state machine.
     pub applied_index: Option<u64>,
+    /// Last log index covered by this node's current snapshot.
+    pub snapshot_index: Option<u64>,
+    /// Last log index purged from this node's log.
+    pub purged_index: Option<u64>,
     /// Log time of the last applied entry, milliseconds since the Unix epoch.
     pub applied_time_ms: i64,
     /// Voting members.
@@ -77,4 +81,24 @@ pub struct StateHashJson {
     pub state_hash: String,
     /// Live tasks.
     pub tasks: u64,
+}
+
+/// `POST /admin/add-learner`: a new node that replicates without voting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddLearnerJson {
+    /// The new node's id; never one that was a member before.
+    pub id: u64,
+    /// Where workers reach it (`host:port`).
+    pub api_addr: String,
+    /// Where Raft traffic goes (`host:port`).
+    pub raft_addr: String,
+}
+
+/// `POST /admin/promote`, `/admin/remove`, `/admin/transfer-leader`: one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeIdJson {
+    /// The node.
+    pub id: u64,
 }

@@ -43,6 +43,7 @@ pub struct TestCluster {
     pub client: HttpClient,
     dir: tempfile::TempDir,
     sync: &'static str,
+    extra_args: Vec<String>,
 }
 
 fn free_addr() -> (TcpListener, String) {
@@ -54,6 +55,11 @@ fn free_addr() -> (TcpListener, String) {
 impl TestCluster {
     /// Starts `n` nodes with a static initial member list.
     pub fn start(n: u64, sync: &'static str) -> Self {
+        Self::start_with(n, sync, &[])
+    }
+
+    /// Starts `n` nodes, each with `extra_args` added to its command line.
+    pub fn start_with(n: u64, sync: &'static str, extra_args: &[&str]) -> Self {
         let mut held = Vec::new();
         let mut nodes = Vec::new();
         for id in 1..=n {
@@ -73,6 +79,7 @@ impl TestCluster {
             client: HttpClient::new(),
             dir: tempfile::tempdir().expect("temporary directory"),
             sync,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         for id in 1..=n {
             cluster.start_node(id);
@@ -114,6 +121,7 @@ impl TestCluster {
                 &node.raft_addr,
             ])
             .args(["--initial-cluster", &initial, "--sync", self.sync])
+            .args(&self.extra_args)
             .env("ROTA_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
