@@ -51,17 +51,6 @@ pub enum DevError {
     NotReady(String),
 }
 
-impl DevError {
-    /// The documented exit code: 1 refused or failed, 2 usage, 3 unreachable.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            DevError::Usage(_) => 2,
-            DevError::Io { .. } | DevError::NoNodeBinary => 1,
-            DevError::NotReady(_) => 3,
-        }
-    }
-}
-
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevError {
     let what = what.into();
     move |source| DevError::Io { what, source }

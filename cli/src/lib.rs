@@ -2,4 +2,52 @@
 //! later issues add them, cluster administration, task commands and `rota bench`. It
 //! talks to nodes over HTTP only and never links RocksDB.
 
+pub mod bench;
 pub mod dev;
+
+/// A failed command, with the documented exit code: 1 refused or failed, 2 usage,
+/// 3 unreachable.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The command line asks for something impossible.
+    #[error("{0}")]
+    Usage(String),
+    /// The cluster refused, or a local step failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The cluster could not be reached or did not become ready.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Failed(_) => 1,
+            CliError::Usage(_) => 2,
+            CliError::Unreachable(_) => 3,
+        }
+    }
+}
+
+impl From<dev::DevError> for CliError {
+    fn from(e: dev::DevError) -> Self {
+        match e {
+            dev::DevError::Usage(_) => CliError::Usage(e.to_string()),
+            dev::DevError::NotReady(_) => CliError::Unreachable(e.to_string()),
+            dev::DevError::Io { .. } | dev::DevError::NoNodeBinary => {
+                CliError::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<bench::BenchError> for CliError {
+    fn from(e: bench::BenchError) -> Self {
+        match e {
+            bench::BenchError::Usage(_) => CliError::Usage(e.to_string()),
+            bench::BenchError::NothingWorked(_) => CliError::Unreachable(e.to_string()),
+        }
+    }
+}

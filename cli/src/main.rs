@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::time::Duration;
+
 use clap::Parser;
 use clap::Subcommand;
 
@@ -21,6 +23,30 @@ enum Command {
     /// A local cluster on 127.0.0.1 for development.
     #[command(subcommand)]
     Dev(DevCommand),
+    /// Drive a cluster with concurrent workers and print throughput and latency.
+    #[command(
+        after_help = "Example:\n  rota bench --url 127.0.0.1:7001,127.0.0.1:7002 --workers 16 --duration 10"
+    )]
+    Bench {
+        /// API addresses (host:port or http://host:port), comma-separated; workers spread over them.
+        #[arg(long, env = "ROTA_URL", value_delimiter = ',')]
+        url: Vec<String>,
+        /// Concurrent workers.
+        #[arg(long, default_value_t = 16)]
+        workers: u64,
+        /// cycle: add, claim, delete; add: add only.
+        #[arg(long, value_enum, default_value = "cycle")]
+        mode: cli::bench::BenchMode,
+        /// Longest run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+        /// Most cycles in all.
+        #[arg(long, default_value_t = 1_000_000)]
+        max_cycles: u64,
+        /// Group the benchmark's tasks go to.
+        #[arg(long, default_value = "rota-bench")]
+        group: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -62,13 +88,41 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dev(DevCommand::Up { nodes, dir, sync }) => {
-                cli::dev::up(&dir, nodes, &sync).await.map(|urls| {
-                    for url in urls {
-                        println!("{url}");
-                    }
-                })
+                let urls = cli::dev::up(&dir, nodes, &sync).await?;
+                for url in urls {
+                    println!("{url}");
+                }
+                Ok::<(), cli::CliError>(())
             }
-            Command::Dev(DevCommand::Down { dir }) => cli::dev::down(&dir).await,
+            Command::Dev(DevCommand::Down { dir }) => Ok(cli::dev::down(&dir).await?),
+            Command::Bench {
+                url,
+                workers,
+                mode,
+                duration,
+                max_cycles,
+                group,
+            } => {
+                let config = cli::bench::BenchConfig {
+                    addrs: url
+                        .iter()
+                        .map(|u| {
+                            u.trim()
+                                .trim_start_matches("http://")
+                                .trim_end_matches('/')
+                                .to_string()
+                        })
+                        .filter(|u| !u.is_empty())
+                        .collect(),
+                    workers,
+                    mode,
+                    duration: Duration::from_secs(duration),
+                    max_cycles,
+                    group,
+                };
+                print!("{}", cli::bench::run(config).await?);
+                Ok(())
+            }
         }
     });
     match result {

@@ -86,6 +86,27 @@ fn main() {
         rss_after.saturating_sub(rss_before) / (1024 * 1024)
     );
 
+    let started = Instant::now();
+    let bytes = encode_snapshot(&machine.clone());
+    let build_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let restored = decode_snapshot(&bytes).expect("the snapshot decodes");
+    let restore_seconds = started.elapsed().as_secs_f64();
+    println!(
+        "snapshot: {} tasks, {:.1} MiB, build {build_seconds:.3} s, restore {restore_seconds:.3} s",
+        machine.task_count(),
+        bytes.len() as f64 / (1024.0 * 1024.0)
+    );
+    let started = Instant::now();
+    let original = state_hash(&machine);
+    let hash_seconds = started.elapsed().as_secs_f64();
+    assert_eq!(
+        state_hash(&restored),
+        original,
+        "restore gives an identical machine"
+    );
+    println!("state hash {original} ({hash_seconds:.3} s), equal after restore");
+
     let cycles = tasks.min(200_000);
     let mut claimed = Vec::with_capacity(cycles as usize);
     let started = Instant::now();
@@ -111,25 +132,4 @@ fn main() {
         machine.apply(&command(tasks + cycles + n as u64, delete));
     }
     report("delete (claimed task)", claimed.len() as u64, started);
-
-    let started = Instant::now();
-    let bytes = encode_snapshot(&machine.clone());
-    let build_seconds = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let restored = decode_snapshot(&bytes).expect("the snapshot decodes");
-    let restore_seconds = started.elapsed().as_secs_f64();
-    println!(
-        "snapshot: {} tasks, {:.1} MiB, build {build_seconds:.3} s, restore {restore_seconds:.3} s",
-        machine.task_count(),
-        bytes.len() as f64 / (1024.0 * 1024.0)
-    );
-    let started = Instant::now();
-    let original = state_hash(&machine);
-    let hash_seconds = started.elapsed().as_secs_f64();
-    assert_eq!(
-        state_hash(&restored),
-        original,
-        "restore gives an identical machine"
-    );
-    println!("state hash {original} ({hash_seconds:.3} s), equal after restore");
 }

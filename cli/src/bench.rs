@@ -1,0 +1,260 @@
+//! `rota bench`: concurrent workers against a cluster, printing throughput and latency
+//! percentiles per operation.
+//!
+//! In `cycle` mode each worker adds a task, claims one, and deletes what it claimed; in
+//! `add` mode it only adds. Workers spread over the given URLs. The run stops after
+//! `--duration` seconds or `--max-cycles` cycles, whichever comes first.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use rpc::client::HttpClient;
+use rpc::worker::WriteResultJson;
+use serde_json::json;
+
+/// Deadline of one request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most workers a run may use.
+pub const WORKERS_MAX: u64 = 4096;
+
+/// What the workers do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchMode {
+    /// add, claim, delete.
+    Cycle,
+    /// add only.
+    Add,
+}
+
+/// A benchmark run's settings.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// API addresses (`host:port`) to spread workers over.
+    pub addrs: Vec<String>,
+    /// Concurrent workers.
+    pub workers: u64,
+    /// What they do.
+    pub mode: BenchMode,
+    /// Longest run.
+    pub duration: Duration,
+    /// Most cycles in all.
+    pub max_cycles: u64,
+    /// Group the tasks go to.
+    pub group: String,
+}
+
+/// Why a run could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Bad settings.
+    #[error("{0}")]
+    Usage(String),
+    /// Every request failed.
+    #[error("no request succeeded: {0}")]
+    NothingWorked(String),
+}
+
+#[derive(Default)]
+struct Samples {
+    latencies_us: BTreeMap<&'static str, Vec<u64>>,
+    errors: BTreeMap<&'static str, u64>,
+    last_error: Option<String>,
+}
+
+impl Samples {
+    fn record(&mut self, op: &'static str, started: Instant) {
+        self.latencies_us
+            .entry(op)
+            .or_default()
+            .push(started.elapsed().as_micros() as u64);
+    }
+
+    fn fail(&mut self, op: &'static str, error: String) {
+        *self.errors.entry(op).or_default() += 1;
+        self.last_error = Some(error);
+    }
+}
+
+async fn call(
+    client: &HttpClient,
+    addr: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<WriteResultJson, String> {
+    let response = client
+        .post_json(addr, path, &body, REQUEST_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?
+        .success(addr)
+        .map_err(|e| e.to_string())?;
+    response.json(addr).map_err(|e| e.to_string())
+}
+
+fn first_task_id(result: &WriteResultJson) -> Option<u64> {
+    match result {
+        WriteResultJson::Tasks { tasks } => tasks.first().map(|t| t.id),
+        WriteResultJson::Errors { .. } => None,
+    }
+}
+
+async fn worker(
+    config: Arc<BenchConfig>,
+    index: u64,
+    client: HttpClient,
+    stop: Arc<AtomicBool>,
+    cycles: Arc<AtomicU64>,
+) -> Samples {
+    let addr = &config.addrs[(index as usize) % config.addrs.len()];
+    let client_id = 1_000_000 + index as i64;
+    let mut samples = Samples::default();
+    while !stop.load(Ordering::Relaxed) {
+        if cycles.fetch_add(1, Ordering::Relaxed) >= config.max_cycles {
+            break;
+        }
+        let started = Instant::now();
+        let add =
+            json!({"clientid": client_id, "adds": [{"group": config.group, "data": "bench"}]});
+        match call(&client, addr, "/update", add).await {
+            Ok(_) => samples.record("add", started),
+            Err(e) => {
+                samples.fail("add", e);
+                continue;
+            }
+        }
+        if config.mode == BenchMode::Add {
+            continue;
+        }
+        let started = Instant::now();
+        let claim = json!({"clientid": client_id, "group": config.group, "duration": 60_000});
+        let claimed = match call(&client, addr, "/claim", claim).await {
+            Ok(result) => {
+                samples.record("claim", started);
+                first_task_id(&result)
+            }
+            Err(e) => {
+                samples.fail("claim", e);
+                None
+            }
+        };
+        let Some(id) = claimed else { continue };
+        let started = Instant::now();
+        let delete = json!({"clientid": client_id, "deletes": [id]});
+        match call(&client, addr, "/update", delete).await {
+            Ok(_) => samples.record("delete", started),
+            Err(e) => samples.fail("delete", e),
+        }
+    }
+    samples
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+/// Runs the benchmark and returns its report, one line per operation.
+pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
+    if config.addrs.is_empty() {
+        return Err(BenchError::Usage("give at least one --url".into()));
+    }
+    if !(1..=WORKERS_MAX).contains(&config.workers) {
+        return Err(BenchError::Usage(format!(
+            "--workers: use 1 to {WORKERS_MAX}"
+        )));
+    }
+    let config = Arc::new(config);
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let client = HttpClient::new();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..config.workers)
+        .map(|i| {
+            tokio::spawn(worker(
+                config.clone(),
+                i,
+                client.clone(),
+                stop.clone(),
+                cycles.clone(),
+            ))
+        })
+        .collect();
+    let timer = {
+        let stop = stop.clone();
+        let duration = config.duration;
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            stop.store(true, Ordering::Relaxed);
+        })
+    };
+    let mut all = Samples::default();
+    for handle in handles {
+        let Ok(samples) = handle.await else { continue };
+        for (op, latencies) in samples.latencies_us {
+            all.latencies_us.entry(op).or_default().extend(latencies);
+        }
+        for (op, errors) in samples.errors {
+            *all.errors.entry(op).or_default() += errors;
+        }
+        all.last_error = samples.last_error.or(all.last_error);
+    }
+    timer.abort();
+    let elapsed = started.elapsed().as_secs_f64();
+    if all.latencies_us.is_empty() {
+        return Err(BenchError::NothingWorked(
+            all.last_error.unwrap_or_default(),
+        ));
+    }
+
+    let mut report = format!(
+        "rota bench: mode={:?} workers={} urls={} elapsed={elapsed:.2}s\n",
+        config.mode,
+        config.workers,
+        config.addrs.len()
+    );
+    let done_ops = match config.mode {
+        BenchMode::Cycle => "delete",
+        BenchMode::Add => "add",
+    };
+    let completed = all.latencies_us.get(done_ops).map_or(0, Vec::len);
+    report.push_str(&format!(
+        "{:<8} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+        "op", "count", "per second", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"
+    ));
+    for op in ["add", "claim", "delete"] {
+        let Some(latencies) = all.latencies_us.get_mut(op) else {
+            continue;
+        };
+        latencies.sort_unstable();
+        report.push_str(&format!(
+            "{op:<8} {:>9} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7}\n",
+            latencies.len(),
+            latencies.len() as f64 / elapsed,
+            percentile(latencies, 50.0),
+            percentile(latencies, 90.0),
+            percentile(latencies, 99.0),
+            percentile(latencies, 100.0),
+            all.errors.get(op).copied().unwrap_or(0),
+        ));
+    }
+    report.push_str(&format!(
+        "{}: {completed} in {elapsed:.2}s = {:.0} per second\n",
+        if config.mode == BenchMode::Cycle {
+            "cycles"
+        } else {
+            "adds"
+        },
+        completed as f64 / elapsed
+    ));
+    if let Some(error) = all.last_error {
+        report.push_str(&format!("last error: {error}\n"));
+    }
+    Ok(report)
+}
