@@ -10,6 +10,7 @@ pub mod admin_api;
 pub mod clock;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod raft_api;
@@ -102,8 +103,13 @@ impl RunningNode {
 pub fn api_router(node: SharedNode) -> Router {
     worker_api::routes()
         .merge(admin_api::routes())
+        .route("/metrics", axum::routing::get(metrics::get_metrics))
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            metrics::track,
+        ))
         .with_state(node)
 }
 
@@ -134,6 +140,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
     std::fs::create_dir_all(&config.data_dir).map_err(storage_error)?;
     let log_store = RocksLogStore::open(&config.data_dir.join("raft-log"), config.sync)
         .map_err(storage_error)?;
+    let log_stats = log_store.stats();
     let snapshots = SnapshotDir::open(config.data_dir.join("snapshots")).map_err(storage_error)?;
     let state_machine = TaskStateMachine::open(snapshots).map_err(storage_error)?;
     let state = state_machine.reader();
@@ -159,6 +166,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
         state,
         LogClock::new(SystemClock),
         client,
+        Some(log_stats),
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![

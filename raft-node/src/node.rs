@@ -53,6 +53,10 @@ pub struct Node {
     pub clock: LogClock,
     /// Pooled HTTP client for forwarding.
     pub client: HttpClient,
+    /// Request counts and latencies per endpoint.
+    pub http_metrics: crate::metrics::HttpMetrics,
+    /// The log store's write counters, when the store keeps them.
+    pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
     request_nonce: u64,
     request_counter: AtomicU64,
 }
@@ -84,6 +88,7 @@ impl Node {
         state: StateReader,
         clock: LogClock,
         client: HttpClient,
+        log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
     ) -> Self {
         Self {
             config,
@@ -91,6 +96,8 @@ impl Node {
             state,
             clock,
             client,
+            http_metrics: crate::metrics::HttpMetrics::default(),
+            log_stats,
             request_nonce: rand::random(),
             request_counter: AtomicU64::new(0),
         }

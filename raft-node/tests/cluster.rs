@@ -89,6 +89,25 @@ async fn three_nodes_form_and_serve_through_every_node() {
         assert_eq!(status.voters, vec![1, 2, 3]);
     }
     cluster.wait_converged(&[1, 2, 3]).await;
+
+    // Prometheus metrics name the role, count the log's appends and the requests served.
+    let metrics = cluster
+        .client
+        .get(cluster.api(leader), "/metrics", common::CALL_TIMEOUT)
+        .await
+        .expect("metrics");
+    let text = String::from_utf8_lossy(&metrics.body);
+    for expected in [
+        "rota_role{role=\"leader\"} 1",
+        "rota_group_tasks{group=\"g\"} 3",
+        "rota_http_requests_total{endpoint=\"POST /update\",status=\"200\"}",
+        "rota_log_sync_seconds_count",
+    ] {
+        assert!(
+            text.contains(expected),
+            "metrics lack {expected:?}:\n{text}"
+        );
+    }
 }
 
 /// What one worker saw acknowledged.

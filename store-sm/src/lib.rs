@@ -9,6 +9,7 @@
 //! - `rocks` (feature `rocksdb`): the RocksDB log store (production).
 
 pub mod codec;
+pub mod log_stats;
 pub mod machine;
 pub mod memory;
 pub mod raft_types;

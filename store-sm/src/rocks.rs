@@ -31,6 +31,7 @@ use rocksdb::WriteOptions;
 
 use crate::codec::decode_value;
 use crate::codec::encode_value;
+use crate::log_stats::LogStats;
 use crate::raft_types::RotaConfig;
 use crate::raft_types::RotaEntry;
 use crate::raft_types::RotaLogId;
@@ -52,6 +53,7 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 pub struct RocksLogStore {
     db: Arc<DB>,
     sync: SyncMode,
+    stats: Arc<LogStats>,
 }
 
 impl Debug for RocksLogStore {
@@ -96,6 +98,7 @@ impl RocksLogStore {
         let store = Self {
             db: Arc::new(db),
             sync,
+            stats: Arc::default(),
         };
         store.check_format(path)?;
         Ok(store)
@@ -153,12 +156,23 @@ impl RocksLogStore {
         self.write(batch, sync)
     }
 
+    /// Write counters, shared with whoever watches them.
+    pub fn stats(&self) -> Arc<LogStats> {
+        Arc::clone(&self.stats)
+    }
+
     fn write(&self, batch: WriteBatch, sync: bool) -> io::Result<()> {
         let mut options = WriteOptions::default();
         options.set_sync(sync);
-        self.db
+        let started = std::time::Instant::now();
+        let result = self
+            .db
             .write_opt(batch, &options)
-            .map_err(rocks_error("writing"))
+            .map_err(rocks_error("writing"));
+        if sync {
+            self.stats.record_sync(started.elapsed());
+        }
+        result
     }
 
     fn sync_appends(&self) -> bool {
@@ -246,9 +260,12 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
     {
         let logs = self.cf(CF_LOGS)?;
         let mut batch = WriteBatch::default();
+        let mut count = 0;
         for entry in entries {
             batch.put_cf(logs, index_key(entry.log_id.index()), encode_value(&entry)?);
+            count += 1;
         }
+        self.stats.record_append(count);
         // One write and, under SyncMode::Always, one fsync for the whole batch: openraft
         // hands over every entry that queued up meanwhile, which is what batches commands.
         let result = self.write(batch, self.sync_appends());
