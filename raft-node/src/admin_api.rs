@@ -295,13 +295,26 @@ async fn post_transfer_leader(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (request, _): (NodeIdJson, _) =
-        admin_body(&node, &headers, body, "/admin/transfer-leader").await?;
-    if !cluster_status(&node).voters.contains(&request.id) {
+    let path = "/admin/transfer-leader";
+    let (request, bytes): (NodeIdJson, _) = admin_body(&node, &headers, body, path).await?;
+    let status = cluster_status(&node);
+    if !status.voters.contains(&request.id) {
         return Err(ApiError::bad_request(format!(
             "node {} is not a voter; leadership can only go to a voter",
             request.id
         )));
+    }
+    // Only the leader can hand leadership over: relay once if this node does not lead.
+    if status.leader != Some(node.id()) {
+        let leader = status
+            .leader
+            .and_then(|id| node.member_api_addr(id))
+            .filter(|_| !headers.contains_key(FORWARDED_HEADER))
+            .ok_or_else(|| ApiError::unavailable("no leader is known; retry shortly"))?;
+        let json = axum::http::HeaderValue::from_static("application/json");
+        return Ok(node
+            .forward(&leader, axum::http::Method::POST, path, Some(json), bytes)
+            .await);
     }
     node.raft
         .trigger()

@@ -421,3 +421,87 @@ async fn a_follower_behind_a_compacted_log_catches_up_by_snapshot() {
         "the follower caught up by snapshot"
     );
 }
+
+async fn admin(
+    cluster: &TestCluster,
+    via: u64,
+    path: &str,
+    body: serde_json::Value,
+) -> rpc::admin::ClusterStatusJson {
+    let response = cluster
+        .client
+        .post_json(cluster.api(via), path, &body, common::CALL_TIMEOUT)
+        .await
+        .expect("admin call answered")
+        .success(cluster.api(via))
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    response.json(cluster.api(via)).expect("status json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_alone_joins_as_learner_is_promoted_and_removed() {
+    let cluster = TestCluster::start(3, "always").with_joiner(4);
+    cluster.start_node(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    tasks(
+        cluster
+            .write(
+                follower,
+                "/update",
+                &json!({"clientid": 1, "adds": [{"group": "j", "data": "before"}]}),
+            )
+            .await
+            .expect("write"),
+    );
+
+    // Added through a follower, which relays to the leader.
+    let node4 = &cluster.nodes[3];
+    let status = admin(
+        &cluster,
+        follower,
+        "/admin/add-learner",
+        json!({
+            "id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr
+        }),
+    )
+    .await;
+    assert_eq!(status.learners, vec![4]);
+    cluster.wait_ready(&[4]).await;
+    cluster.wait_converged(&[1, 2, 3, 4]).await;
+
+    let status = admin(&cluster, leader, "/admin/promote", json!({"id": 4})).await;
+    assert_eq!(status.voters, vec![1, 2, 3, 4]);
+    assert!(status.learners.is_empty());
+
+    let status = admin(&cluster, follower, "/admin/remove", json!({"id": 4})).await;
+    assert_eq!(status.voters, vec![1, 2, 3]);
+    assert!(
+        status.nodes.iter().all(|n| n.id != 4),
+        "node 4 left the membership"
+    );
+
+    // Leadership moves to the voter asked for.
+    let target = (1..=3)
+        .find(|&id| id != leader && id != follower)
+        .expect("a third voter");
+    admin(
+        &cluster,
+        leader,
+        "/admin/transfer-leader",
+        json!({"id": target}),
+    )
+    .await;
+    assert_eq!(cluster.wait_leader_is(target).await, target);
+    tasks(
+        cluster
+            .write(
+                leader,
+                "/update",
+                &json!({"clientid": 1, "adds": [{"group": "j", "data": "after"}]}),
+            )
+            .await
+            .expect("writes go on through the old leader, now a follower"),
+    );
+}

@@ -39,6 +39,8 @@ pub struct TestNode {
 pub struct TestCluster {
     /// The nodes, by position (id - 1).
     pub nodes: Vec<TestNode>,
+    /// Nodes started alone, to be added later: they get no initial member list.
+    pub joiners: Mutex<Vec<u64>>,
     /// HTTP client for all calls.
     pub client: HttpClient,
     dir: tempfile::TempDir,
@@ -76,6 +78,7 @@ impl TestCluster {
         drop(held);
         let cluster = Self {
             nodes,
+            joiners: Mutex::new(Vec::new()),
             client: HttpClient::new(),
             dir: tempfile::tempdir().expect("temporary directory"),
             sync,
@@ -120,7 +123,19 @@ impl TestCluster {
                 "--listen-raft",
                 &node.raft_addr,
             ])
-            .args(["--initial-cluster", &initial, "--sync", self.sync])
+            .args(["--sync", self.sync])
+            .args(
+                if self
+                    .joiners
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&id)
+                {
+                    vec![]
+                } else {
+                    vec!["--initial-cluster".to_string(), initial]
+                },
+            )
             .args(&self.extra_args)
             .env("ROTA_LOG", "info")
             .stdin(Stdio::null())
@@ -129,6 +144,25 @@ impl TestCluster {
             .spawn()
             .expect("rota-node starts");
         *node.process.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+    }
+
+    /// Prepares node `id` (beyond the initial ones) to start alone, without a member
+    /// list; it serves once an admin adds it.
+    pub fn with_joiner(mut self, id: u64) -> Self {
+        let (api, api_addr) = free_addr();
+        let (raft, raft_addr) = free_addr();
+        drop((api, raft));
+        self.nodes.push(TestNode {
+            id,
+            api_addr,
+            raft_addr,
+            process: Mutex::new(None),
+        });
+        self.joiners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id);
+        self
     }
 
     /// `kill -9` of node `id`.
@@ -209,6 +243,22 @@ impl TestCluster {
             assert!(
                 Instant::now() < deadline,
                 "no agreed leader among {ids:?}: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until node `expected` is the leader that every initial node names.
+    pub async fn wait_leader_is(&self, expected: u64) -> u64 {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            let leader = self.wait_leader(&[1, 2, 3]).await;
+            if leader == expected {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "leadership stayed with {leader}, not {expected}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
