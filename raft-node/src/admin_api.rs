@@ -47,6 +47,7 @@ pub fn routes() -> Router<SharedNode> {
         .route("/admin/remove", post(post_remove))
         .route("/admin/transfer-leader", post(post_transfer_leader))
         .route("/admin/snapshot", post(post_snapshot))
+        .route("/admin/backup", get(get_backup))
 }
 
 fn role_name(state: ServerState) -> &'static str {
@@ -333,4 +334,59 @@ async fn post_snapshot(State(node): State<SharedNode>) -> Result<Response, ApiEr
         .await
         .map_err(|e| ApiError::unavailable(format!("this node has stopped ({e})")))?;
     Ok(Json(cluster_status(&node)).into_response())
+}
+
+/// Header naming the log index a backup covers.
+pub const BACKUP_INDEX_HEADER: &str = "x-rota-applied-index";
+/// Header carrying a backup's state hash (hex SHA-256 of its canonical body).
+pub const BACKUP_HASH_HEADER: &str = "x-rota-state-hash";
+
+/// A consistent snapshot of the whole store, as of a linearizable read: it holds every
+/// write acknowledged before the request. The body is the snapshot format of
+/// `store_sm::snapshot` (checksummed); the headers give its index and state hash.
+async fn get_backup(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    let state = match node
+        .read_target(false, headers.contains_key(FORWARDED_HEADER))
+        .await?
+    {
+        crate::node::ReadTarget::Local(state, _) => state,
+        crate::node::ReadTarget::Forward(addr) => {
+            let path = uri.path_and_query().map_or("/admin/backup", |p| p.as_str());
+            return Ok(node
+                .forward(
+                    &addr,
+                    axum::http::Method::GET,
+                    path,
+                    None,
+                    bytes::Bytes::new(),
+                )
+                .await);
+        }
+    };
+    let bytes = store_sm::snapshot::encode_snapshot(&state.machine);
+    let hash =
+        store_sm::snapshot::snapshot_hash(&bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+    let index = state.applied.map_or(0, |id| id.index());
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "application/octet-stream".to_string(),
+            ),
+            (
+                axum::http::HeaderName::from_static(BACKUP_INDEX_HEADER),
+                index.to_string(),
+            ),
+            (
+                axum::http::HeaderName::from_static(BACKUP_HASH_HEADER),
+                hash.to_string(),
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
 }

@@ -246,12 +246,12 @@ impl Node {
         {
             Ok(answer) => {
                 let mut response = (answer.status, answer.body).into_response();
-                for name in [
-                    axum::http::header::CONTENT_TYPE,
-                    axum::http::header::RETRY_AFTER,
-                ] {
-                    if let Some(value) = answer.headers.get(&name) {
-                        response.headers_mut().insert(name, value.clone());
+                for (name, value) in &answer.headers {
+                    let relayed = name == axum::http::header::CONTENT_TYPE
+                        || name == axum::http::header::RETRY_AFTER
+                        || name.as_str().starts_with("x-rota-");
+                    if relayed {
+                        response.headers_mut().insert(name.clone(), value.clone());
                     }
                 }
                 response

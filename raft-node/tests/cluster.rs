@@ -90,6 +90,25 @@ async fn three_nodes_form_and_serve_through_every_node() {
     }
     cluster.wait_converged(&[1, 2, 3]).await;
 
+    // A backup through a follower holds every acknowledged write and says its hash.
+    let backup = cluster
+        .client
+        .get(cluster.api(follower), "/admin/backup", common::CALL_TIMEOUT)
+        .await
+        .expect("backup")
+        .success(cluster.api(follower))
+        .expect("200");
+    let machine = store_sm::snapshot::decode_snapshot(&backup.body).expect("a valid snapshot");
+    assert_eq!(machine.group_len("g"), 3);
+    let hash = backup
+        .headers
+        .get("x-rota-state-hash")
+        .expect("hash header");
+    assert_eq!(
+        hash.to_str().expect("ascii"),
+        store_sm::snapshot::state_hash(&machine).to_string()
+    );
+
     // Prometheus metrics name the role, count the log's appends and the requests served.
     let metrics = cluster
         .client
