@@ -13,6 +13,7 @@ pub mod http;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod openapi;
 pub mod raft_api;
 pub mod types;
 pub mod worker_api;
@@ -104,6 +105,7 @@ pub fn api_router(node: SharedNode) -> Router {
     worker_api::routes()
         .merge(admin_api::routes())
         .route("/metrics", axum::routing::get(metrics::get_metrics))
+        .route("/openapi.json", axum::routing::get(openapi::get_openapi))
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
         .layer(axum::middleware::from_fn_with_state(
