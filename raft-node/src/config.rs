@@ -170,8 +170,10 @@ impl Default for RaftTiming {
     fn default() -> Self {
         Self {
             heartbeat: Duration::from_millis(100),
-            election_min: Duration::from_millis(500),
-            election_max: Duration::from_millis(1000),
+            // Three heartbeats at least: a follower tolerates two lost or slow ones
+            // before it campaigns, and a leader's death is noticed within 0.6 s.
+            election_min: Duration::from_millis(300),
+            election_max: Duration::from_millis(600),
             rpc_timeout: Duration::from_millis(1000),
             snapshot_timeout: Duration::from_secs(300),
         }
