@@ -61,15 +61,51 @@ pub mod paths {
 /// The media type of Raft bodies.
 pub const RAFT_CONTENT_TYPE: &str = "application/x-rota-raft";
 
-/// A snapshot as sent over the wire.
+/// What precedes a snapshot's bytes on the wire.
 #[derive(serde::Serialize, serde::Deserialize)]
-pub struct SnapshotTransfer {
+pub struct SnapshotHead {
     /// The sender's vote.
     pub vote: RotaVote,
-    /// Metadata.
+    /// Metadata of the snapshot.
     pub meta: store_sm::raft_types::RotaSnapshotMeta,
-    /// Bytes.
-    pub data: Vec<u8>,
+}
+
+/// Size of the chunks a snapshot is streamed in.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// A snapshot transfer's body as chunks, without copying the snapshot: the head's
+/// length (u32 LE), the head (a codec value), then the snapshot bytes.
+pub fn snapshot_chunks(head: &SnapshotHead, data: &SnapshotBytes) -> std::io::Result<Vec<Bytes>> {
+    let head = encode_value(head)?;
+    let head_len =
+        u32::try_from(head.len()).map_err(|_| std::io::Error::other("snapshot head too large"))?;
+    let mut first = head_len.to_le_bytes().to_vec();
+    first.extend_from_slice(&head);
+    let data = Bytes::from_owner(data.clone());
+    let mut chunks = vec![Bytes::from(first)];
+    let mut offset = 0;
+    while offset < data.len() {
+        let end = (offset + SNAPSHOT_CHUNK_BYTES).min(data.len());
+        chunks.push(data.slice(offset..end));
+        offset = end;
+    }
+    Ok(chunks)
+}
+
+/// Splits a body made by [`snapshot_chunks`].
+pub fn parse_snapshot_body(body: &[u8]) -> std::io::Result<(SnapshotHead, SnapshotBytes)> {
+    let invalid =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let len_bytes: [u8; 4] = body
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| invalid("snapshot body shorter than its head length"))?;
+    let head_end = 4 + u32::from_le_bytes(len_bytes) as usize;
+    let head_bytes = body
+        .get(4..head_end)
+        .ok_or_else(|| invalid("snapshot body shorter than its head"))?;
+    let head: SnapshotHead = decode_value(head_bytes, "snapshot head")?;
+    Ok((head, SnapshotBytes::from(&body[head_end..])))
 }
 
 /// Creates a [`PeerClient`] per target; shares one connection pool.
@@ -131,17 +167,19 @@ impl PeerClient {
             addr: self.addr.clone(),
             message: e.to_string(),
         })?;
+        self.call_chunks(path, &[Bytes::from(body)], timeout).await
+    }
+
+    async fn call_chunks<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        chunks: &[Bytes],
+        timeout: Duration,
+    ) -> Result<Resp, ClientError> {
         let header = (CONTENT_TYPE, HeaderValue::from_static(RAFT_CONTENT_TYPE));
         let response = self
             .client
-            .send(
-                &self.addr,
-                Method::POST,
-                path,
-                &[header],
-                Bytes::from(body),
-                timeout,
-            )
+            .send_chunks(&self.addr, Method::POST, path, &[header], chunks, timeout)
             .await?
             .success(&self.addr)?;
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
@@ -203,14 +241,15 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
         cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeTypes>, StreamingError<NodeTypes>> {
-        let transfer = SnapshotTransfer {
+        let head = SnapshotHead {
             vote,
             meta: snapshot.meta,
-            data: snapshot.snapshot.to_vec(),
         };
-        let send = self.call::<_, Result<SnapshotResponse<NodeTypes>, String>>(
+        let chunks = snapshot_chunks(&head, &snapshot.snapshot)
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let send = self.call_chunks::<Result<SnapshotResponse<NodeTypes>, String>>(
             paths::SNAPSHOT,
-            &transfer,
+            &chunks,
             self.timing.snapshot_timeout,
         );
         tokio::select! {
@@ -235,5 +274,34 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
             .await
             .map_err(transport_error)?;
         result.map_err(|e| RPCError::Network(NetworkError::new(&std::io::Error::other(e))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use store_sm::raft_types::RotaSnapshotMeta;
+
+    use super::*;
+
+    #[test]
+    fn a_snapshot_streams_in_chunks_and_reassembles() {
+        let data: SnapshotBytes = (0..(2 * SNAPSHOT_CHUNK_BYTES + 17))
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>()
+            .into();
+        let head = SnapshotHead {
+            vote: RotaVote::new_committed(3, 1),
+            meta: RotaSnapshotMeta {
+                last_log_id: None,
+                last_membership: Default::default(),
+            },
+        };
+        let chunks = snapshot_chunks(&head, &data).expect("chunks");
+        assert_eq!(chunks.len(), 1 + 3, "head, then the data in 1 MiB chunks");
+        let body: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        let (back, back_data) = parse_snapshot_body(&body).expect("parses");
+        assert_eq!(back.vote, head.vote);
+        assert_eq!(back_data, data);
+        assert!(parse_snapshot_body(&body[..3]).is_err());
     }
 }

@@ -17,7 +17,7 @@ use store_sm::raft_types::RotaSnapshot;
 use crate::http::ApiError;
 use crate::http::read_body;
 use crate::network::RAFT_CONTENT_TYPE;
-use crate::network::SnapshotTransfer;
+use crate::network::parse_snapshot_body;
 use crate::network::paths;
 use crate::node::SharedNode;
 
@@ -82,14 +82,17 @@ async fn snapshot(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let transfer: SnapshotTransfer = decode(&headers, body, "snapshot").await?;
+    let bytes = read_body(&headers, body, RAFT_BODY_BYTES_MAX).await?;
+    let (head, data) =
+        parse_snapshot_body(&bytes).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    drop(bytes);
     let snapshot = RotaSnapshot {
-        meta: transfer.meta,
-        snapshot: transfer.data.into(),
+        meta: head.meta,
+        snapshot: data,
     };
     let result = node
         .raft
-        .install_full_snapshot(transfer.vote, snapshot)
+        .install_full_snapshot(head.vote, snapshot)
         .await
         .map_err(|e| e.to_string());
     Ok(encode(&result))

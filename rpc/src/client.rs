@@ -14,9 +14,12 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::Full;
 use http_body_util::Limited;
+use http_body_util::StreamBody;
+use http_body_util::combinators::BoxBody;
 use hyper::Method;
 use hyper::Request;
 use hyper::StatusCode;
+use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::HeaderMap;
 use hyper::header::HeaderName;
@@ -120,7 +123,23 @@ impl HttpResponse {
 }
 
 /// A connection ready to send requests.
-type Sender = SendRequest<Full<Bytes>>;
+type Sender = SendRequest<RequestBody>;
+
+/// A request body: one buffer (sent with a length) or a stream of chunks.
+type RequestBody = BoxBody<Bytes, std::convert::Infallible>;
+
+fn request_body(chunks: &[Bytes]) -> RequestBody {
+    match chunks {
+        [one] => Full::new(one.clone()).boxed(),
+        many => {
+            let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = many
+                .iter()
+                .map(|chunk| Ok(Frame::data(chunk.clone())))
+                .collect();
+            StreamBody::new(futures_util::stream::iter(frames)).boxed()
+        }
+    }
+}
 
 /// The pooled client; cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -179,7 +198,7 @@ impl HttpClient {
         &self,
         addr: &str,
         mut sender: Sender,
-        request: Request<Full<Bytes>>,
+        request: Request<RequestBody>,
         body_max: usize,
     ) -> Result<HttpResponse, ClientError> {
         let http_error = |e: &dyn std::fmt::Display| ClientError::Http {
@@ -218,6 +237,21 @@ impl HttpClient {
         body: Bytes,
         timeout: Duration,
     ) -> Result<HttpResponse, ClientError> {
+        self.send_chunks(addr, method, path_and_query, headers, &[body], timeout)
+            .await
+    }
+
+    /// Like [`Self::send`], with the body streamed chunk by chunk (chunked transfer
+    /// encoding), so a large body is never copied into one buffer.
+    pub async fn send_chunks(
+        &self,
+        addr: &str,
+        method: Method,
+        path_and_query: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        chunks: &[Bytes],
+        timeout: Duration,
+    ) -> Result<HttpResponse, ClientError> {
         let build = || {
             let mut builder = Request::builder()
                 .method(method.clone())
@@ -227,7 +261,7 @@ impl HttpClient {
                 builder = builder.header(name, value);
             }
             builder
-                .body(Full::new(body.clone()))
+                .body(request_body(chunks))
                 .map_err(|e| ClientError::Body {
                     addr: addr.to_string(),
                     message: e.to_string(),
