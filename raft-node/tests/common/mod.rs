@@ -24,6 +24,26 @@ pub const WAIT_MAX: Duration = Duration::from_secs(60);
 /// Deadline of one HTTP call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Polls `probe` until it succeeds, failing the test with its last message after
+/// [`WAIT_MAX`].
+pub async fn eventually<T, F, Fut>(mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + WAIT_MAX;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(message) => assert!(
+                Instant::now() < deadline,
+                "gave up after {WAIT_MAX:?}: {message}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One node's ports and process.
 pub struct TestNode {
     /// Node id.
@@ -205,85 +225,67 @@ impl TestCluster {
 
     /// Waits until every listed node answers `/ready` with 200.
     pub async fn wait_ready(&self, ids: &[u64]) {
-        let deadline = Instant::now() + WAIT_MAX;
         for &id in ids {
-            loop {
+            eventually(|| async move {
                 let ready = self
                     .client
                     .get(self.api(id), "/ready", CALL_TIMEOUT)
                     .await
                     .is_ok_and(|r| r.status.is_success());
-                if ready {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "node {id} not ready; see {:?}",
-                    self.log_path(id)
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+                ready
+                    .then_some(())
+                    .ok_or_else(|| format!("node {id} not ready; see {:?}", self.log_path(id)))
+            })
+            .await;
         }
     }
 
     /// The leader that the listed nodes agree on, once they do.
     pub async fn wait_leader(&self, ids: &[u64]) -> u64 {
-        let deadline = Instant::now() + WAIT_MAX;
-        loop {
+        eventually(|| async move {
             let mut leaders = Vec::new();
             for &id in ids {
                 leaders.push(self.status(id).await.and_then(|s| s.leader));
             }
-            if let Some(Some(leader)) = leaders.first().copied()
-                && leaders.iter().all(|l| *l == Some(leader))
-                && ids.contains(&leader)
-            {
-                return leader;
+            match leaders.first().copied() {
+                Some(Some(leader))
+                    if leaders.iter().all(|l| *l == Some(leader)) && ids.contains(&leader) =>
+                {
+                    Ok(leader)
+                }
+                _ => Err(format!("no agreed leader among {ids:?}: {leaders:?}")),
             }
-            assert!(
-                Instant::now() < deadline,
-                "no agreed leader among {ids:?}: {leaders:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until node `expected` is the leader that every initial node names.
     pub async fn wait_leader_is(&self, expected: u64) -> u64 {
-        let deadline = Instant::now() + WAIT_MAX;
-        loop {
+        eventually(|| async move {
             let leader = self.wait_leader(&[1, 2, 3]).await;
-            if leader == expected {
-                return leader;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "leadership stayed with {leader}, not {expected}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            (leader == expected)
+                .then_some(leader)
+                .ok_or_else(|| format!("leadership stayed with {leader}, not {expected}"))
+        })
+        .await
     }
 
     /// Waits until the listed nodes have applied the same index and report equal state
     /// hashes; returns the hash.
     pub async fn wait_converged(&self, ids: &[u64]) -> StateHashJson {
-        let deadline = Instant::now() + WAIT_MAX;
-        loop {
+        eventually(|| async move {
             let mut hashes = Vec::new();
             for &id in ids {
                 hashes.push(self.state_hash(id).await);
             }
-            if let Some(Some(first)) = hashes.first()
-                && hashes.iter().all(|h| h.as_ref() == Some(first))
-            {
-                return first.clone();
+            match hashes.first() {
+                Some(Some(first)) if hashes.iter().all(|h| h.as_ref() == Some(first)) => {
+                    Ok(first.clone())
+                }
+                _ => Err(format!("nodes {ids:?} did not converge: {hashes:?}")),
             }
-            assert!(
-                Instant::now() < deadline,
-                "nodes {ids:?} did not converge: {hashes:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     /// POSTs `body` as JSON to node `id` and parses a processed write's answer.
