@@ -1,0 +1,100 @@
+//! `rota dev up | down` end to end: real node processes, detached, restartable.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use rpc::client::HttpClient;
+
+/// The workspace's `rota-node`, built beside this test by `cargo test --workspace`.
+fn node_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let binary = dir.join("rota-node");
+    assert!(
+        binary.is_file(),
+        "{} is missing: run the workspace tests (cargo test --workspace) or build -p raft-node first",
+        binary.display()
+    );
+    binary
+}
+
+fn rota(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_rota"))
+        .args(args)
+        .env("ROTA_NODE_BIN", node_binary())
+        .output()
+        .expect("rota runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn up_prints_ready_urls_down_stops_gracefully_and_up_restarts_the_same_cluster() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_arg = dir.path().to_str().expect("utf-8 path");
+    let (ok, stdout, stderr) = rota(&["dev", "up", "--nodes", "3", "--dir", dir_arg]);
+    assert!(ok, "dev up failed: {stderr}");
+    let urls: Vec<String> = stdout.lines().map(str::to_string).collect();
+    assert_eq!(urls.len(), 3, "one URL per node: {stdout:?}");
+
+    let client = HttpClient::new();
+    let addr = urls[0].trim_start_matches("http://").to_string();
+    let timeout = Duration::from_secs(5);
+    for url in &urls {
+        let ready = client
+            .get(url.trim_start_matches("http://"), "/ready", timeout)
+            .await
+            .expect("answers");
+        assert!(ready.status.is_success(), "{url} is ready once up returns");
+    }
+    let body = serde_json::json!({"clientid": 1, "adds": [{"group": "dev", "data": "kept"}]});
+    client
+        .post_json(&addr, "/update", &body, timeout)
+        .await
+        .expect("write")
+        .success(&addr)
+        .expect("accepted");
+
+    let (ok, again, stderr) = rota(&["dev", "up", "--nodes", "3", "--dir", dir_arg]);
+    assert!(
+        ok && again == stdout,
+        "a running cluster is reported, not restarted"
+    );
+    assert!(stderr.contains("already running"), "{stderr}");
+
+    let (ok, _, stderr) = rota(&["dev", "down", "--dir", dir_arg]);
+    assert!(ok, "dev down failed: {stderr}");
+    assert!(
+        client.get(&addr, "/health", timeout).await.is_err(),
+        "nodes stopped"
+    );
+    for id in 1..=3 {
+        let log = std::fs::read_to_string(dir.path().join(format!("node-{id}.log"))).expect("log");
+        assert!(
+            log.contains("shutting down"),
+            "node {id} shut down on SIGTERM"
+        );
+    }
+
+    let (ok, restarted, stderr) = rota(&["dev", "up", "--nodes", "3", "--dir", dir_arg]);
+    assert!(ok, "restart failed: {stderr}");
+    assert_eq!(restarted, stdout, "the same cluster, on the same ports");
+    let listed = client
+        .get(&addr, "/group/dev", timeout)
+        .await
+        .expect("read")
+        .json::<Vec<rpc::worker::TaskJson>>(&addr)
+        .expect("json");
+    assert_eq!(listed.len(), 1, "data survived the restart");
+
+    let (ok, _, stderr) = rota(&["dev", "up", "--nodes", "5", "--dir", dir_arg]);
+    assert!(!ok && stderr.contains("holds a 3-node cluster"), "{stderr}");
+    assert!(rota(&["dev", "down", "--dir", dir_arg]).0);
+}
