@@ -137,15 +137,24 @@ impl Node {
     pub async fn write(
         &self,
         request: Request,
-        request_id: String,
+        request_id: Option<String>,
         forwarded: bool,
     ) -> Result<WriteTarget, ApiError> {
         let command = Command {
             stamp_ms: self.clock.now_ms(),
-            request_id: Some(request_id),
+            request_id,
             request,
         };
-        match self.raft.client_write(command).await {
+        // A leader that lost its quorum normally refuses at once (its lease lapsed); the
+        // deadline covers the rest, where the outcome is unknown.
+        let written = tokio::time::timeout(FORWARD_TIMEOUT, self.raft.client_write(command))
+            .await
+            .map_err(|_| {
+                ApiError::unavailable(
+                    "the write was not committed in time; its outcome is unknown: retry with the same requestid",
+                )
+            })?;
+        match written {
             Ok(response) => Ok(WriteTarget::Applied(response.data)),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => self
                 .route_to_leader(&forward, forwarded)

@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::extract::Path;
 use axum::extract::RawQuery;
 use axum::extract::State;
+use axum::extract::rejection::PathRejection;
 use axum::http::HeaderMap;
 use axum::http::Method;
 use axum::http::Uri;
@@ -75,15 +76,10 @@ fn outcome_json(outcome: &Outcome) -> WriteResultJson {
     }
 }
 
-/// Query parameters, each at most once.
+/// Query parameters, percent-decoded, each at most once.
 fn query_params(query: Option<&str>) -> Result<HashMap<String, String>, ApiError> {
     let mut params = HashMap::new();
-    for pair in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if params.insert(key.to_string(), value.to_string()).is_some() {
             return Err(ApiError::bad_request(format!(
                 "query parameter {key} is given twice"
@@ -91,6 +87,12 @@ fn query_params(query: Option<&str>) -> Result<HashMap<String, String>, ApiError
         }
     }
     Ok(params)
+}
+
+/// A path segment, or a JSON 400 when it is not valid percent-encoded UTF-8.
+fn path_segment(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(segment)| segment)
+        .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))
 }
 
 /// Whether the read asked for `?consistency=stale`.
@@ -150,18 +152,17 @@ async fn get_groups(
 }
 
 fn parse_task_id(text: &str) -> Result<u64, ApiError> {
-    text.parse()
-        .map_err(|_| ApiError::bad_request(format!("{text:?} is not a numeric task id")))
+    rpc::worker::parse_id(text).map_err(ApiError::bad_request)
 }
 
 async fn get_task(
     State(node): State<SharedNode>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Response, ApiError> {
-    let id = parse_task_id(&id)?;
+    let id = parse_task_id(&path_segment(id)?)?;
     let params = query_params(query.as_deref())?;
     let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
         Ok(local) => local,
@@ -177,12 +178,12 @@ async fn get_task(
 
 async fn get_tasks(
     State(node): State<SharedNode>,
-    Path(ids): Path<String>,
+    ids: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Response, ApiError> {
-    let ids = parse_id_list(&ids).map_err(ApiError::bad_request)?;
+    let ids = parse_id_list(&path_segment(ids)?).map_err(ApiError::bad_request)?;
     if ids.len() > TASK_IDS_MAX {
         return Err(ApiError::bad_request(format!(
             "{} ids asked for; ask for at most {TASK_IDS_MAX} at a time",
@@ -203,19 +204,13 @@ async fn get_tasks(
 
 async fn get_group(
     State(node): State<SharedNode>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Response, ApiError> {
+    let name = path_segment(name)?;
     let params = query_params(query.as_deref())?;
-    for key in params.keys() {
-        if !["limit", "owned", "consistency"].contains(&key.as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "unknown query parameter {key}; use limit, owned or consistency"
-            )));
-        }
-    }
     let limit = params
         .get("limit")
         .map(|v| parse_limit(v))
@@ -296,11 +291,13 @@ fn update_request(json: UpdateRequestJson) -> Request {
     })
 }
 
-/// Applies a write here or relays it, with its request id, to the leader.
+/// Applies a write here or relays it to the leader. A relayed write always carries a
+/// request id (this node makes one up if the client sent none), so that the relay's own
+/// retries apply once.
 async fn write(
     node: &SharedNode,
     request: Request,
-    request_id: String,
+    request_id: Option<String>,
     headers: &HeaderMap,
     path: &str,
     forward_body: impl FnOnce(String) -> Result<Vec<u8>, ApiError>,
@@ -311,7 +308,7 @@ async fn write(
     {
         WriteTarget::Applied(outcome) => Ok(Json(outcome_json(&outcome)).into_response()),
         WriteTarget::Forward(addr) => {
-            let body = forward_body(request_id)?;
+            let body = forward_body(request_id.unwrap_or_else(|| node.new_request_id()))?;
             let json = axum::http::HeaderValue::from_static("application/json");
             Ok(node
                 .forward(&addr, Method::POST, path, Some(json), body.into())
@@ -327,8 +324,7 @@ async fn post_update(
 ) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body, node.config.body_bytes_max).await?;
     let mut json: UpdateRequestJson = parse_json(&bytes, "/update")?;
-    let request_id =
-        request_id(&headers, json.requestid.take())?.unwrap_or_else(|| node.new_request_id());
+    let request_id = request_id(&headers, json.requestid.take())?;
     let request = update_request(json.clone());
     write(&node, request, request_id, &headers, "/update", move |id| {
         json.requestid = Some(id);
@@ -351,8 +347,7 @@ async fn post_claim(
             json.duration
         )));
     }
-    let request_id =
-        request_id(&headers, json.requestid.take())?.unwrap_or_else(|| node.new_request_id());
+    let request_id = request_id(&headers, json.requestid.take())?;
     let request = Request::Claim(ClaimRequest {
         client: json.clientid,
         group: json.group.clone(),

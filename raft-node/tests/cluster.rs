@@ -524,3 +524,73 @@ async fn a_node_started_alone_joins_as_learner_is_promoted_and_removed() {
             .expect("writes go on through the old leader, now a follower"),
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_json_answer_and_changes_nothing() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let added = tasks(
+        cluster
+            .write(
+                1,
+                "/update",
+                &json!({"clientid": 1, "adds": [{"group": "g"}]}),
+            )
+            .await
+            .expect("write"),
+    );
+    let get = |path: String| {
+        let cluster = &cluster;
+        async move {
+            let response = cluster
+                .client
+                .get(cluster.api(1), &path, common::CALL_TIMEOUT)
+                .await
+                .expect("answered");
+            let body: serde_json::Value =
+                serde_json::from_slice(&response.body).expect("a JSON body");
+            (response.status.as_u16(), body)
+        }
+    };
+    for path in [
+        "/task/+7",
+        "/task/%FF",
+        "/tasks/1,+2",
+        "/tasks/1,",
+        "/group/g?limit=-1",
+        "/group/g?owned=TRUE",
+        "/group/%C3",
+    ] {
+        let (status, body) = get(path.to_string()).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body["error"].is_string(), "{path}: {body}");
+    }
+    let (status, body) = get("/group/g?owned=%74rue&_=cache-buster".to_string()).await;
+    assert_eq!(
+        status, 200,
+        "percent-encoded values decode; unknown parameters are ignored: {body}"
+    );
+    assert_eq!(body.as_array().map(Vec::len), Some(1));
+    let (status, _) = get(format!("/task/{}", added[0].id)).await;
+    assert_eq!(status, 200);
+
+    let refused = cluster
+        .write(
+            1,
+            "/update",
+            &json!({"clientid": 1, "deletes": [added[0].id], "depends": [added[0].id]}),
+        )
+        .await
+        .expect("processed");
+    assert_eq!(
+        refused,
+        WriteResultJson::Errors {
+            errors: vec![format!(
+                "depends: task {} is named more than once in the request; name each id once",
+                added[0].id
+            )]
+        }
+    );
+    let (status, _) = get(format!("/task/{}", added[0].id)).await;
+    assert_eq!(status, 200, "the refused update changed nothing");
+}

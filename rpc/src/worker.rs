@@ -146,7 +146,7 @@ pub fn check_request_id(request_id: &str) -> Result<(), String> {
 
 /// Parses the seed's boolean spellings for `owned`: 0, 1, yes, no, true, false.
 pub fn parse_owned(value: &str) -> Result<bool, String> {
-    match value.to_ascii_lowercase().as_str() {
+    match value {
         "1" | "yes" | "true" => Ok(true),
         "0" | "no" | "false" => Ok(false),
         _ => Err(format!(
@@ -155,20 +155,31 @@ pub fn parse_owned(value: &str) -> Result<bool, String> {
     }
 }
 
+/// Whether `text` is a plain decimal number: digits only, no sign.
+fn all_digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// Parses `limit`: a non-negative integer.
 pub fn parse_limit(value: &str) -> Result<usize, String> {
-    value
-        .parse::<usize>()
-        .map_err(|_| format!("limit={value:?} is not a non-negative integer"))
+    all_digits(value)
+        .then(|| value.parse::<usize>().ok())
+        .flatten()
+        .ok_or_else(|| format!("limit={value:?} is not a non-negative integer"))
+}
+
+/// Parses a task id from a path: digits only.
+pub fn parse_id(text: &str) -> Result<u64, String> {
+    all_digits(text)
+        .then(|| text.parse::<u64>().ok())
+        .flatten()
+        .ok_or_else(|| format!("{text:?} is not a numeric task id"))
 }
 
 /// Parses a comma-separated id list from a `/tasks/<id>,<id>` path.
 pub fn parse_id_list(list: &str) -> Result<Vec<u64>, String> {
     list.split(',')
-        .map(|part| {
-            part.parse::<u64>()
-                .map_err(|_| format!("{part:?} in /tasks/{list} is not a numeric task id"))
-        })
+        .map(|part| parse_id(part).map_err(|e| format!("{e} (in /tasks/{list})")))
         .collect()
 }
 
@@ -259,13 +270,18 @@ mod tests {
         for (value, owned) in [
             ("1", true),
             ("yes", true),
-            ("TRUE", true),
+            ("true", true),
             ("0", false),
             ("no", false),
+            ("false", false),
         ] {
             assert_eq!(parse_owned(value), Ok(owned));
         }
         assert!(parse_owned("maybe").is_err());
+        assert!(parse_owned("TRUE").is_err(), "exactly the seed's spellings");
+        assert!(parse_limit("+5").is_err());
+        assert!(parse_id("+7").is_err());
+        assert_eq!(parse_id("523623"), Ok(523623));
         assert_eq!(parse_limit("10"), Ok(10));
         assert!(parse_limit("-1").is_err());
         assert_eq!(parse_id_list("1,2,3"), Ok(vec![1, 2, 3]));

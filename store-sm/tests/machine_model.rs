@@ -102,9 +102,9 @@ impl Model {
         let named = u
             .updates
             .iter()
-            .map(|c| c.id)
-            .chain(u.deletes.clone())
-            .chain(u.depends.clone());
+            .map(|c| (ListName::Updates, c.id))
+            .chain(u.deletes.iter().map(|&id| (ListName::Deletes, id)))
+            .chain(u.depends.iter().map(|&id| (ListName::Depends, id)));
         refusals.extend(duplicate_refusals(named));
         for (index, add) in u.adds.iter().enumerate() {
             if add.group.is_empty() {
@@ -147,7 +147,9 @@ impl Model {
                 duration_ms: c.duration_ms,
             });
         }
-        refusals.extend(duplicate_refusals(c.depends.iter().copied()));
+        refusals.extend(duplicate_refusals(
+            c.depends.iter().map(|&id| (ListName::Depends, id)),
+        ));
         refusals.extend(self.missing_depends(&c.depends));
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
@@ -170,11 +172,12 @@ impl Model {
 }
 
 /// One refusal per id named more than once, in order of its second mention.
-fn duplicate_refusals(ids: impl Iterator<Item = u64>) -> Vec<Refusal> {
+fn duplicate_refusals(named: impl Iterator<Item = (ListName, u64)>) -> Vec<Refusal> {
     let mut counted = BTreeSet::new();
     let mut reported = BTreeSet::new();
-    ids.filter(|&id| !counted.insert(id) && reported.insert(id))
-        .map(|id| Refusal::Duplicate { id })
+    named
+        .filter(|&(_, id)| !counted.insert(id) && reported.insert(id))
+        .map(|(list, id)| Refusal::Duplicate { list, id })
         .collect()
 }
 

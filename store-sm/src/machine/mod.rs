@@ -108,10 +108,10 @@ impl TaskMachine {
         let named = update
             .updates
             .iter()
-            .map(|change| change.id)
-            .chain(update.deletes.iter().copied())
-            .chain(update.depends.iter().copied());
-        refusals.extend(duplicates(named).map(|id| Refusal::Duplicate { id }));
+            .map(|change| (ListName::Updates, change.id))
+            .chain(update.deletes.iter().map(|&id| (ListName::Deletes, id)))
+            .chain(update.depends.iter().map(|&id| (ListName::Depends, id)));
+        refusals.extend(duplicates(named));
 
         let mut add_times = Vec::with_capacity(update.adds.len());
         for (index, add) in update.adds.iter().enumerate() {
@@ -186,8 +186,9 @@ impl TaskMachine {
             }
             until_ms
         };
-        refusals
-            .extend(duplicates(claim.depends.iter().copied()).map(|id| Refusal::Duplicate { id }));
+        refusals.extend(duplicates(
+            claim.depends.iter().map(|&id| (ListName::Depends, id)),
+        ));
         refusals.extend(self.missing_depends(&claim.depends));
         let Some(until_ms) = until_ms.filter(|_| refusals.is_empty()) else {
             return Outcome::Refused(refusals);
@@ -425,11 +426,13 @@ fn resolve_timespec(
     })
 }
 
-/// Each id that occurs more than once, reported once, in order of its second occurrence.
-fn duplicates(ids: impl Iterator<Item = TaskId>) -> impl Iterator<Item = TaskId> {
+/// A refusal for each id named more than once, naming the list of its second mention.
+fn duplicates(named: impl Iterator<Item = (ListName, TaskId)>) -> impl Iterator<Item = Refusal> {
     let mut seen = BTreeSet::new();
     let mut reported = BTreeSet::new();
-    ids.filter(move |&id| !seen.insert(id) && reported.insert(id))
+    named
+        .filter(move |&(_, id)| !seen.insert(id) && reported.insert(id))
+        .map(|(list, id)| Refusal::Duplicate { list, id })
 }
 
 #[cfg(test)]

@@ -188,7 +188,7 @@ fn every_reason_is_reported_and_nothing_changes() {
         refusals_of(&outcome),
         [
             format!(
-                "task {} is named more than once in updates, deletes and depends; name each id once",
+                "deletes: task {} is named more than once in the request; name each id once",
                 existing[0].id
             ),
             "adds: item 0 has no group; give every added task a non-empty group".to_string(),

@@ -185,6 +185,8 @@ pub enum Refusal {
     },
     /// An id is named more than once across updates, deletes and depends.
     Duplicate {
+        /// Where it was named again.
+        list: ListName,
         /// The id.
         id: TaskId,
     },
@@ -241,9 +243,9 @@ impl fmt::Display for Refusal {
                 f,
                 "{list}: task {id} is owned by client {owner} until {until_ms}"
             ),
-            Refusal::Duplicate { id } => write!(
+            Refusal::Duplicate { list, id } => write!(
                 f,
-                "task {id} is named more than once in updates, deletes and depends; name each id once"
+                "{list}: task {id} is named more than once in the request; name each id once"
             ),
             Refusal::NothingToDo => f.write_str(
                 "the update has no adds, updates or deletes (depends alone changes nothing)",
