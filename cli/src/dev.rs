@@ -214,43 +214,49 @@ fn spawn(
     Ok(())
 }
 
+/// Polls in a row a node must look gone before `up` gives up on it: one odd read of
+/// `/proc` right after a start must not abort a cluster that is coming up.
+const EXITED_POLLS: u32 = 5;
+
 async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
     let client = HttpClient::new();
     let deadline = Instant::now() + READY_TIMEOUT;
-    let mut waiting: Vec<&DevNode> = cluster.nodes.iter().collect();
-    while !waiting.is_empty() {
-        let mut still = Vec::new();
-        for node in waiting {
+    let mut gone_polls: Vec<u32> = vec![0; cluster.nodes.len()];
+    loop {
+        let mut waiting = Vec::new();
+        for (index, node) in cluster.nodes.iter().enumerate() {
             let ready = client
                 .get(&node.api_addr(), "/ready", Duration::from_secs(1))
                 .await
                 .is_ok_and(|r| r.status.is_success());
-            if !ready {
-                if running_pid(dir, node.id).is_none() {
-                    return Err(DevError::NotReady(format!(
-                        "node {} exited; see {}",
-                        node.id,
-                        dir.join(format!("node-{}.log", node.id)).display()
-                    )));
-                }
-                still.push(node);
+            if ready {
+                continue;
             }
+            gone_polls[index] = match running_pid(dir, node.id) {
+                Some(_) => 0,
+                None => gone_polls[index] + 1,
+            };
+            if gone_polls[index] >= EXITED_POLLS {
+                return Err(DevError::NotReady(format!(
+                    "node {} exited; see {}",
+                    node.id,
+                    dir.join(format!("node-{}.log", node.id)).display()
+                )));
+            }
+            waiting.push(node.id.to_string());
         }
-        waiting = still;
         if waiting.is_empty() {
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
-            let ids: Vec<String> = waiting.iter().map(|n| n.id.to_string()).collect();
             return Err(DevError::NotReady(format!(
                 "nodes {} were not ready within {READY_TIMEOUT:?}; see the node-*.log files in {}",
-                ids.join(", "),
+                waiting.join(", "),
                 dir.display()
             )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
 }
 
 /// Starts (or restarts) the cluster in `dir` and returns its worker URLs once every node
