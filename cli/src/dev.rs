@@ -237,10 +237,14 @@ async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
                 None => gone_polls[index] + 1,
             };
             if gone_polls[index] >= EXITED_POLLS {
+                let log = dir.join(format!("node-{}.log", node.id));
+                let text = fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
                 return Err(DevError::NotReady(format!(
-                    "node {} exited; see {}",
+                    "node {} exited; see {}; its last lines:\n{}",
                     node.id,
-                    dir.join(format!("node-{}.log", node.id)).display()
+                    log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )));
             }
             waiting.push(node.id.to_string());
