@@ -152,21 +152,34 @@ fn pid_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("node-{id}.pid"))
 }
 
-/// The recorded process of node `id`, if it is still a running `rota-node`.
-fn running_pid(dir: &Path, id: u64) -> Option<u32> {
-    let pid: u32 = fs::read_to_string(pid_path(dir, id))
+fn recorded_pid(dir: &Path, id: u64) -> Option<u32> {
+    fs::read_to_string(pid_path(dir, id))
         .ok()?
         .trim()
         .parse()
-        .ok()?;
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // A zombie has exited; a reused pid runs something else.
-    let zombie = stat
+        .ok()
+}
+
+/// Whether process `pid` exists and has not exited. A zombie has exited and released
+/// its files and ports; a process that is exiting but not yet a zombie has not.
+fn process_alive(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
         .rsplit(')')
         .next()
-        .is_some_and(|rest| rest.trim_start().starts_with('Z'));
-    (!zombie && String::from_utf8_lossy(&cmdline).contains("rota-node")).then_some(pid)
+        .map(str::trim_start)
+        .and_then(|rest| rest.chars().next());
+    !matches!(state, None | Some('Z') | Some('X'))
+}
+
+/// The recorded process of node `id`, if it is still a running `rota-node` (the command
+/// line check keeps a reused pid from counting).
+fn running_pid(dir: &Path, id: u64) -> Option<u32> {
+    let pid = recorded_pid(dir, id)?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    (process_alive(pid) && String::from_utf8_lossy(&cmdline).contains("rota-node")).then_some(pid)
 }
 
 fn spawn(
@@ -214,8 +227,8 @@ fn spawn(
     Ok(())
 }
 
-/// Polls in a row a node must look gone before `up` gives up on it: one odd read of
-/// `/proc` right after a start must not abort a cluster that is coming up.
+/// Polls in a row a node must look gone before `up` gives up on it, so one odd read of
+/// `/proc` right after a start does not abort a cluster that is coming up.
 const EXITED_POLLS: u32 = 5;
 
 async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
@@ -232,10 +245,8 @@ async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
             if ready {
                 continue;
             }
-            gone_polls[index] = match running_pid(dir, node.id) {
-                Some(_) => 0,
-                None => gone_polls[index] + 1,
-            };
+            let alive = recorded_pid(dir, node.id).is_some_and(process_alive);
+            gone_polls[index] = if alive { 0 } else { gone_polls[index] + 1 };
             if gone_polls[index] >= EXITED_POLLS {
                 let log = dir.join(format!("node-{}.log", node.id));
                 let text = fs::read_to_string(&log).unwrap_or_default();
@@ -320,12 +331,16 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
             continue;
         };
         signal(pid, "TERM")?;
+        // Until it has really exited: its data directory lock and ports are free only then.
         let deadline = Instant::now() + STOP_TIMEOUT;
-        while running_pid(dir, node.id).is_some() && Instant::now() < deadline {
+        while process_alive(pid) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if running_pid(dir, node.id).is_some() {
+        if process_alive(pid) {
             signal(pid, "KILL")?;
+            while process_alive(pid) && Instant::now() < deadline + STOP_TIMEOUT {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
         stopped += 1;
     }
