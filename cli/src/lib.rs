@@ -3,6 +3,7 @@
 //! talks to nodes over HTTP only and never links RocksDB.
 
 pub mod bench;
+pub mod cluster;
 pub mod dev;
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,

@@ -23,6 +23,9 @@ enum Command {
     /// A local cluster on 127.0.0.1 for development.
     #[command(subcommand)]
     Dev(DevCommand),
+    /// Cluster administration.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Drive a cluster with concurrent workers and print throughput and latency.
     #[command(
         after_help = "Example:\n  rota bench --url 127.0.0.1:7001,127.0.0.1:7002 --workers 16 --duration 10"
@@ -46,6 +49,22 @@ enum Command {
         /// Group the benchmark's tasks go to.
         #[arg(long, default_value = "rota-bench")]
         group: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Members, leader, term, indexes, each follower's lag and each member's health.
+    #[command(
+        after_help = "Examples:\n  rota cluster status --url 127.0.0.1:7001\n  rota cluster status --url 127.0.0.1:7001,127.0.0.1:7002 --json"
+    )]
+    Status {
+        /// Nodes to ask (host:port or http://host:port), comma-separated, tried in turn.
+        #[arg(long, env = "ROTA_URL", value_delimiter = ',', required = true)]
+        url: Vec<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -95,6 +114,17 @@ fn main() -> ExitCode {
                 Ok::<(), cli::CliError>(())
             }
             Command::Dev(DevCommand::Down { dir }) => Ok(cli::dev::down(&dir).await?),
+            Command::Cluster(ClusterCommand::Status { url, json }) => {
+                let report = cli::cluster::status(&url).await?;
+                if json {
+                    let text = serde_json::to_string_pretty(&report)
+                        .map_err(|e| cli::CliError::Failed(e.to_string()))?;
+                    println!("{text}");
+                } else {
+                    print!("{}", cli::cluster::render_table(&report));
+                }
+                Ok(())
+            }
             Command::Bench {
                 url,
                 workers,
@@ -104,16 +134,7 @@ fn main() -> ExitCode {
                 group,
             } => {
                 let config = cli::bench::BenchConfig {
-                    addrs: url
-                        .iter()
-                        .map(|u| {
-                            u.trim()
-                                .trim_start_matches("http://")
-                                .trim_end_matches('/')
-                                .to_string()
-                        })
-                        .filter(|u| !u.is_empty())
-                        .collect(),
+                    addrs: cli::cluster::addresses(&url)?,
                     workers,
                     mode,
                     duration: Duration::from_secs(duration),

@@ -94,6 +94,30 @@ async fn up_prints_ready_urls_down_stops_gracefully_and_up_restarts_the_same_clu
         .expect("json");
     assert_eq!(listed.len(), 1, "data survived the restart");
 
+    // Status from any node: every member healthy; then one killed shows as unreachable.
+    let (ok, table, stderr) = rota(&["cluster", "status", "--url", &urls[1]]);
+    assert!(ok, "status failed: {stderr}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.trim_end().ends_with(" ok"))
+            .count(),
+        3,
+        "{table}"
+    );
+    let pid = std::fs::read_to_string(dir.path().join("node-3.pid")).expect("pid file");
+    Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .expect("kill -9");
+    let (ok, json, _) = rota(&["cluster", "status", "--url", &urls[0], "--json"]);
+    assert!(ok);
+    let report: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(report["health"]["3"], "unreachable", "{json}");
+    assert_eq!(report["health"]["1"], "ok", "{json}");
+    let (ok, _, stderr) = rota(&["cluster", "status", "--url", "127.0.0.1:9"]);
+    assert!(!ok && stderr.contains("no node answered"), "{stderr}");
+
     let (ok, _, stderr) = rota(&["dev", "up", "--nodes", "5", "--dir", dir_arg]);
     assert!(!ok && stderr.contains("holds a 3-node cluster"), "{stderr}");
     assert!(rota(&["dev", "down", "--dir", dir_arg]).0);

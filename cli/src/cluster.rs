@@ -1,0 +1,118 @@
+//! `rota cluster status`: the members, the leader, the indexes, each follower's lag, and
+//! whether each member answers, as a table or as JSON.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rpc::admin::ClusterStatusJson;
+use rpc::client::HttpClient;
+use serde::Serialize;
+
+use crate::CliError;
+
+/// Deadline of one status call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// Deadline of one member's health probe.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Turns `--url` values (`host:port` or `http://host:port`, comma-separated) into
+/// addresses, in the order given.
+pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
+    let addrs: Vec<String> = urls
+        .iter()
+        .flat_map(|u| u.split(','))
+        .map(|u| {
+            u.trim()
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string()
+        })
+        .filter(|u| !u.is_empty())
+        .collect();
+    if addrs.is_empty() {
+        return Err(CliError::Usage(
+            "no node to talk to: pass --url HOST:PORT (or set ROTA_URL)".into(),
+        ));
+    }
+    Ok(addrs)
+}
+
+/// `GET path` from the first node in `addrs` that answers.
+async fn first_answer(
+    client: &HttpClient,
+    addrs: &[String],
+    path: &str,
+) -> Result<(String, rpc::client::HttpResponse), CliError> {
+    let mut failures = Vec::new();
+    for addr in addrs {
+        match client.get(addr, path, CALL_TIMEOUT).await {
+            Ok(response) => return Ok((addr.clone(), response)),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    Err(CliError::Unreachable(format!(
+        "no node answered: {}; check --url and that the nodes run",
+        failures.join("; ")
+    )))
+}
+
+/// What `status --json` prints.
+#[derive(Serialize)]
+pub struct StatusReport {
+    /// The cluster as the answering node sees it.
+    pub cluster: ClusterStatusJson,
+    /// Per member: `ok`, `unreachable`, or why it is not ready.
+    pub health: BTreeMap<u64, String>,
+}
+
+/// Asks the cluster for its status and probes every member.
+pub async fn status(urls: &[String]) -> Result<StatusReport, CliError> {
+    let client = HttpClient::new();
+    let (addr, response) = first_answer(&client, &addresses(urls)?, "/cluster").await?;
+    let cluster: ClusterStatusJson = response
+        .success(&addr)
+        .and_then(|r| r.json(&addr))
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let mut health = BTreeMap::new();
+    for node in &cluster.nodes {
+        let verdict = match client.get(&node.api_addr, "/ready", PROBE_TIMEOUT).await {
+            Ok(r) if r.status.is_success() => "ok".to_string(),
+            Ok(r) => serde_json::from_slice::<rpc::admin::ProbeJson>(&r.body)
+                .map(|p| format!("not ready: {}", p.status))
+                .unwrap_or_else(|_| format!("not ready ({})", r.status)),
+            Err(_) => "unreachable".to_string(),
+        };
+        health.insert(node.id, verdict);
+    }
+    Ok(StatusReport { cluster, health })
+}
+
+/// The report as a table for people.
+pub fn render_table(report: &StatusReport) -> String {
+    let cluster = &report.cluster;
+    let mut out = format!(
+        "{:<4} {:<9} {:<22} {:<22} {:>6}  {}\n",
+        "ID", "ROLE", "API", "RAFT", "LAG", "HEALTH"
+    );
+    for node in &cluster.nodes {
+        out.push_str(&format!(
+            "{:<4} {:<9} {:<22} {:<22} {:>6}  {}\n",
+            node.id,
+            node.role,
+            node.api_addr,
+            node.raft_addr,
+            node.lag.map_or("-".to_string(), |lag| lag.to_string()),
+            report.health.get(&node.id).map_or("?", String::as_str),
+        ));
+    }
+    let index = |i: Option<u64>| i.map_or("-".to_string(), |i| i.to_string());
+    out.push_str(&format!(
+        "leader {}, term {}, commit {}, applied {} (as seen by node {})\n",
+        cluster.leader.map_or("none".to_string(), |l| l.to_string()),
+        cluster.term,
+        index(cluster.commit_index),
+        index(cluster.applied_index),
+        cluster.id
+    ));
+    out
+}
