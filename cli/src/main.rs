@@ -26,6 +26,15 @@ enum Command {
     /// Cluster administration.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Tasks: add, claim, get, list, update, delete.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Names of the groups that hold tasks.
+    #[command(after_help = "Example:\n  rota groups --url 127.0.0.1:7001")]
+    Groups {
+        #[command(flatten)]
+        target: Target,
+    },
     /// Drive a cluster with concurrent workers and print throughput and latency.
     #[command(
         after_help = "Example:\n  rota bench --url 127.0.0.1:7001,127.0.0.1:7002 --workers 16 --duration 10"
@@ -50,6 +59,240 @@ enum Command {
         #[arg(long, default_value = "rota-bench")]
         group: String,
     },
+}
+
+/// Which nodes to talk to and how to print.
+#[derive(clap::Args)]
+struct Target {
+    /// Nodes (host:port or http://host:port), comma-separated, tried in turn.
+    #[arg(long, env = "ROTA_URL", value_delimiter = ',', required = true)]
+    url: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Who writes, and how a retry is recognised.
+#[derive(clap::Args)]
+struct Writer {
+    /// Client id that owns what this command writes (default: random per invocation).
+    #[arg(long, allow_negative_numbers = true)]
+    client_id: Option<i64>,
+    /// Request id: a retry with the same one applies once.
+    #[arg(long)]
+    request_id: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum TaskCommand {
+    /// Add a task to a group.
+    #[command(
+        after_help = "Examples:\n  rota task add --url 127.0.0.1:7001 --group map --data 'file:0:1024'\n  rota task add --url 127.0.0.1:7001 --group map --data @task.json\n  echo payload | rota task add --url 127.0.0.1:7001 --group map --data @-"
+    )]
+    Add {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        writer: Writer,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// Payload: text, @FILE, or @- for standard input.
+        #[arg(long)]
+        data: Option<String>,
+        /// Available time in ms since the epoch; negative: now + |t| (default: now).
+        #[arg(long, allow_negative_numbers = true)]
+        timespec: Option<i64>,
+    },
+    /// Claim the oldest available task of a group.
+    #[command(
+        after_help = "Example:\n  rota task claim --url 127.0.0.1:7001 --group map --duration-ms 60000 --client-id 7"
+    )]
+    Claim {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        writer: Writer,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// How long the claim owns the task.
+        #[arg(long, default_value_t = 60_000)]
+        duration_ms: i64,
+    },
+    /// Show tasks by id.
+    #[command(after_help = "Example:\n  rota task get --url 127.0.0.1:7001 12 13")]
+    Get {
+        #[command(flatten)]
+        target: Target,
+        /// Task ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// List a group's tasks in claim order.
+    #[command(
+        after_help = "Example:\n  rota task list --url 127.0.0.1:7001 --group map --owned --limit 10"
+    )]
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Include owned tasks.
+        #[arg(long)]
+        owned: bool,
+    },
+    /// Replace a task (new id, same group); renew a claim with a negative --timespec.
+    #[command(
+        after_help = "Example:\n  rota task update --url 127.0.0.1:7001 --id 12 --timespec -60000 --client-id 7"
+    )]
+    Update {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        writer: Writer,
+        /// The task version to replace.
+        #[arg(long)]
+        id: u64,
+        /// New payload: text, @FILE, or @- (default: empty, as the seed has it).
+        #[arg(long)]
+        data: Option<String>,
+        /// Available time in ms since the epoch; negative: now + |t| (default: now).
+        #[arg(long, allow_negative_numbers = true)]
+        timespec: Option<i64>,
+    },
+    /// Delete tasks.
+    #[command(after_help = "Example:\n  rota task delete --url 127.0.0.1:7001 --client-id 7 12 13")]
+    Delete {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        writer: Writer,
+        /// Task ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+}
+
+fn print_tasks(tasks: &[Option<rpc::worker::TaskJson>], json: bool) -> Result<(), cli::CliError> {
+    if json {
+        let text = serde_json::to_string_pretty(tasks)
+            .map_err(|e| cli::CliError::Failed(e.to_string()))?;
+        println!("{text}");
+    } else {
+        print!("{}", cli::task::render_tasks(tasks));
+    }
+    Ok(())
+}
+
+async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
+    use cli::task::*;
+    let written =
+        |tasks: Vec<rpc::worker::TaskJson>| tasks.into_iter().map(Some).collect::<Vec<_>>();
+    match command {
+        TaskCommand::Add {
+            target,
+            writer,
+            group,
+            data,
+            timespec,
+        } => {
+            let client = TaskClient::new(&target.url)?;
+            let body = add_request(
+                client_id(writer.client_id),
+                group,
+                read_data(data.as_deref())?,
+                timespec,
+                writer.request_id,
+            );
+            print_tasks(&written(client.write("/update", &body).await?), target.json)
+        }
+        TaskCommand::Claim {
+            target,
+            writer,
+            group,
+            duration_ms,
+        } => {
+            let client = TaskClient::new(&target.url)?;
+            let body = claim_request(
+                client_id(writer.client_id),
+                group,
+                duration_ms,
+                writer.request_id,
+            );
+            print_tasks(&written(client.write("/claim", &body).await?), target.json)
+        }
+        TaskCommand::Get { target, ids } => {
+            let client = TaskClient::new(&target.url)?;
+            let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            let tasks: Vec<Option<rpc::worker::TaskJson>> =
+                client.get(&format!("/tasks/{list}")).await?;
+            print_tasks(&tasks, target.json)
+        }
+        TaskCommand::List {
+            target,
+            group,
+            limit,
+            owned,
+        } => {
+            let client = TaskClient::new(&target.url)?;
+            let mut path = format!("/group/{}?owned={}", encode_path(&group), u8::from(owned));
+            if let Some(limit) = limit {
+                path.push_str(&format!("&limit={limit}"));
+            }
+            let tasks: Vec<rpc::worker::TaskJson> = client.get(&path).await?;
+            print_tasks(&written(tasks), target.json)
+        }
+        TaskCommand::Update {
+            target,
+            writer,
+            id,
+            data,
+            timespec,
+        } => {
+            let client = TaskClient::new(&target.url)?;
+            let body = update_request(
+                client_id(writer.client_id),
+                id,
+                read_data(data.as_deref())?,
+                timespec,
+                writer.request_id,
+            );
+            print_tasks(&written(client.write("/update", &body).await?), target.json)
+        }
+        TaskCommand::Delete {
+            target,
+            writer,
+            ids,
+        } => {
+            let client = TaskClient::new(&target.url)?;
+            let body = delete_request(client_id(writer.client_id), ids, writer.request_id);
+            client.write("/update", &body).await?;
+            if target.json {
+                println!("[]");
+            } else {
+                println!("deleted");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Percent-encodes a group name for a path segment.
+fn encode_path(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 #[derive(Subcommand)]
@@ -114,6 +357,21 @@ fn main() -> ExitCode {
                 Ok::<(), cli::CliError>(())
             }
             Command::Dev(DevCommand::Down { dir }) => Ok(cli::dev::down(&dir).await?),
+            Command::Task(command) => run_task(command).await,
+            Command::Groups { target } => {
+                let client = cli::task::TaskClient::new(&target.url)?;
+                let groups: Vec<String> = client.get("/groups").await?;
+                if target.json {
+                    let text = serde_json::to_string_pretty(&groups)
+                        .map_err(|e| cli::CliError::Failed(e.to_string()))?;
+                    println!("{text}");
+                } else {
+                    for group in groups {
+                        println!("{group}");
+                    }
+                }
+                Ok(())
+            }
             Command::Cluster(ClusterCommand::Status { url, json }) => {
                 let report = cli::cluster::status(&url).await?;
                 if json {

@@ -22,14 +22,17 @@ use hyper::StatusCode;
 use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::HeaderMap;
-use hyper::header::HeaderName;
-use hyper::header::HeaderValue;
+pub use hyper::header::HeaderName;
+pub use hyper::header::HeaderValue;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpStream;
 
 use crate::worker::ErrorJson;
+
+/// Re-exported so callers can build requests without depending on hyper themselves.
+pub use hyper::Method as HttpMethod;
 
 /// Idle connections kept per address; more are closed after use.
 pub const IDLE_PER_ADDRESS_MAX: usize = 32;

@@ -1,0 +1,232 @@
+//! `rota task add | claim | get | list | update | delete` and `rota groups`: the worker
+//! API from the command line, with tables for people and `--json` for scripts.
+
+use std::io::Read;
+use std::time::Duration;
+
+use rpc::client::HeaderName;
+use rpc::client::HeaderValue;
+use rpc::client::HttpClient;
+use rpc::client::HttpMethod;
+use rpc::client::HttpResponse;
+use rpc::worker::AddJson;
+use rpc::worker::ChangeJson;
+use rpc::worker::ClaimRequestJson;
+use rpc::worker::TaskJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteResultJson;
+
+use crate::CliError;
+use crate::cluster::addresses;
+
+/// Deadline of one call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest `--data` read from a file or standard input.
+pub const DATA_BYTES_MAX: u64 = 1024 * 1024;
+
+/// Reads `--data`: literal text, `@path` for a file, or `@-` for standard input.
+pub fn read_data(data: Option<&str>) -> Result<Option<String>, CliError> {
+    let Some(data) = data else { return Ok(None) };
+    let Some(source) = data.strip_prefix('@') else {
+        return Ok(Some(data.to_string()));
+    };
+    let mut text = String::new();
+    let result = if source == "-" {
+        std::io::stdin()
+            .take(DATA_BYTES_MAX + 1)
+            .read_to_string(&mut text)
+    } else {
+        std::fs::File::open(source)
+            .and_then(|f| f.take(DATA_BYTES_MAX + 1).read_to_string(&mut text))
+    };
+    result.map_err(|e| CliError::Usage(format!("--data {data}: {e}")))?;
+    if text.len() as u64 > DATA_BYTES_MAX {
+        return Err(CliError::Usage(format!(
+            "--data {data}: more than {DATA_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(Some(text))
+}
+
+/// A client id for this invocation: the given one, or a random one.
+pub fn client_id(given: Option<i64>) -> i64 {
+    given.unwrap_or_else(|| {
+        // Random enough to keep invocations apart; clients choose their ids (seed).
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as i64);
+        (i64::from(std::process::id()) << 32 | nanos) & 0x7fff_ffff_ffff
+    })
+}
+
+/// Talks to the first node of `--url` that answers.
+pub struct TaskClient {
+    client: HttpClient,
+    addrs: Vec<String>,
+}
+
+impl TaskClient {
+    /// A client for the nodes in `urls`.
+    pub fn new(urls: &[String]) -> Result<Self, CliError> {
+        Ok(Self {
+            client: HttpClient::new(),
+            addrs: addresses(urls)?,
+        })
+    }
+
+    /// Sends to each node in turn until one answers without a server error.
+    async fn answer(
+        &self,
+        method: HttpMethod,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(String, HttpResponse), CliError> {
+        let mut failures = Vec::new();
+        let headers = [(
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("application/json"),
+        )];
+        for addr in &self.addrs {
+            let sent = self
+                .client
+                .send(
+                    addr,
+                    method.clone(),
+                    path,
+                    &headers,
+                    body.clone().into(),
+                    CALL_TIMEOUT,
+                )
+                .await;
+            match sent {
+                Ok(response) if response.status.is_server_error() => {
+                    failures.push(format!("{addr}: {}", response.status));
+                }
+                Ok(response) => return Ok((addr.clone(), response)),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(CliError::Unreachable(format!(
+            "no node could answer: {}; check --url and that the cluster has a leader",
+            failures.join("; ")
+        )))
+    }
+
+    /// `GET path`, parsed as JSON; a 4xx is a refusal (exit 1).
+    pub async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, CliError> {
+        let (addr, response) = self.answer(HttpMethod::GET, path, Vec::new()).await?;
+        let response = response
+            .success(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        response
+            .json(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))
+    }
+
+    /// `POST path` with a JSON body; the written tasks, or a refusal (exit 1).
+    pub async fn write<B: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<Vec<TaskJson>, CliError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
+        let (addr, response) = self.answer(HttpMethod::POST, path, bytes).await?;
+        let response = response
+            .success(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        match response
+            .json(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?
+        {
+            WriteResultJson::Tasks { tasks } => Ok(tasks),
+            WriteResultJson::Errors { errors } => {
+                Err(CliError::Failed(format!("refused: {}", errors.join("; "))))
+            }
+        }
+    }
+}
+
+/// Tasks as a table for people.
+pub fn render_tasks(tasks: &[Option<TaskJson>]) -> String {
+    let mut out = format!(
+        "{:<12} {:<16} {:<15} {:<13} {}\n",
+        "ID", "GROUP", "AVAILABLE", "OWNER", "DATA"
+    );
+    for task in tasks {
+        match task {
+            None => out.push_str("(missing)\n"),
+            Some(t) => out.push_str(&format!(
+                "{:<12} {:<16} {:<15} {:<13} {}\n",
+                t.id,
+                t.group,
+                t.timespec,
+                t.ownerid,
+                t.data.escape_debug()
+            )),
+        }
+    }
+    out
+}
+
+/// The body of `rota task add`.
+pub fn add_request(
+    client: i64,
+    group: String,
+    data: Option<String>,
+    timespec: Option<i64>,
+    request_id: Option<String>,
+) -> UpdateRequestJson {
+    UpdateRequestJson {
+        clientid: client,
+        adds: vec![AddJson {
+            group: Some(group),
+            data,
+            timespec,
+            ignored_id: None,
+        }],
+        requestid: request_id,
+        ..Default::default()
+    }
+}
+
+/// The body of `rota task update`.
+pub fn update_request(
+    client: i64,
+    id: u64,
+    data: Option<String>,
+    timespec: Option<i64>,
+    request_id: Option<String>,
+) -> UpdateRequestJson {
+    UpdateRequestJson {
+        clientid: client,
+        updates: vec![ChangeJson { id, data, timespec }],
+        requestid: request_id,
+        ..Default::default()
+    }
+}
+
+/// The body of `rota task delete`.
+pub fn delete_request(client: i64, ids: Vec<u64>, request_id: Option<String>) -> UpdateRequestJson {
+    UpdateRequestJson {
+        clientid: client,
+        deletes: ids,
+        requestid: request_id,
+        ..Default::default()
+    }
+}
+
+/// The body of `rota task claim`.
+pub fn claim_request(
+    client: i64,
+    group: String,
+    duration_ms: i64,
+    request_id: Option<String>,
+) -> ClaimRequestJson {
+    ClaimRequestJson {
+        clientid: client,
+        group,
+        duration: duration_ms,
+        depends: vec![],
+        requestid: request_id,
+    }
+}
