@@ -29,6 +29,14 @@ enum Command {
     /// Tasks: add, claim, get, list, update, delete.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  rota completions bash > /etc/bash_completion.d/rota\n  rota completions zsh > \"${fpath[1]}/_rota\"\n  rota completions fish > ~/.config/fish/completions/rota.fish"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Names of the groups that hold tasks.
     #[command(after_help = "Example:\n  rota groups --url 127.0.0.1:7001")]
     Groups {
@@ -358,6 +366,11 @@ fn main() -> ExitCode {
             }
             Command::Dev(DevCommand::Down { dir }) => Ok(cli::dev::down(&dir).await?),
             Command::Task(command) => run_task(command).await,
+            Command::Completions { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut command, "rota", &mut std::io::stdout());
+                Ok(())
+            }
             Command::Groups { target } => {
                 let client = cli::task::TaskClient::new(&target.url)?;
                 let groups: Vec<String> = client.get("/groups").await?;

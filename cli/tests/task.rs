@@ -162,6 +162,16 @@ fn task_commands_speak_the_worker_api() {
         vec![serde_json::Value::Null, serde_json::Value::Null]
     );
 
+    // Shell completions name the subcommands.
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, script, _) = rota(&["completions", shell], "");
+        assert_eq!(code, 0);
+        assert!(
+            script.contains("claim") && script.contains("cluster"),
+            "{shell}"
+        );
+    }
+
     // Usage errors exit 2; an unreachable cluster exits 3.
     assert_eq!(rota(&["task", "add", "--url", &url], "").0, 2);
     assert_eq!(rota(&["groups", "--url", "127.0.0.1:9"], "").0, 3);
