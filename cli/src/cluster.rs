@@ -116,3 +116,78 @@ pub fn render_table(report: &StatusReport) -> String {
     ));
     out
 }
+
+/// Deadline of a backup download.
+pub const BACKUP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What `rota cluster backup` wrote.
+#[derive(Debug, Serialize)]
+pub struct BackupReport {
+    /// The snapshot file.
+    pub file: String,
+    /// Its size.
+    pub bytes: u64,
+    /// The log index it covers.
+    pub applied_index: String,
+    /// The cluster's state hash at that index.
+    pub state_hash: String,
+    /// SHA-256 of the file, also written to `FILE.sha256` in `sha256sum` format.
+    pub file_sha256: String,
+}
+
+/// Downloads a consistent snapshot (it holds every write acknowledged before the call)
+/// to `out`, atomically, with a `sha256sum` file beside it.
+pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupReport, CliError> {
+    use sha2::Digest;
+    let client = HttpClient::new();
+    let mut failures = Vec::new();
+    let mut answer = None;
+    for addr in addresses(urls)? {
+        match client.get(&addr, "/admin/backup", BACKUP_TIMEOUT).await {
+            Ok(response) => {
+                answer = Some((addr, response));
+                break;
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    let Some((addr, response)) = answer else {
+        return Err(CliError::Unreachable(format!(
+            "no node answered: {}",
+            failures.join("; ")
+        )));
+    };
+    let response = response
+        .success(&addr)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let header = |name: &str| {
+        response
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown")
+            .to_string()
+    };
+    let file_sha256: String = sha2::Sha256::digest(&response.body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let io =
+        |what: &str, e: std::io::Error| CliError::Failed(format!("{what} {}: {e}", out.display()));
+    let temp = out.with_extension("partial");
+    std::fs::write(&temp, &response.body).map_err(|e| io("writing", e))?;
+    std::fs::rename(&temp, out).map_err(|e| io("renaming into", e))?;
+    let name = out
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let sums = std::path::PathBuf::from(format!("{}.sha256", out.display()));
+    std::fs::write(&sums, format!("{file_sha256}  {name}\n"))
+        .map_err(|e| io("writing the checksum of", e))?;
+    Ok(BackupReport {
+        file: out.display().to_string(),
+        bytes: response.body.len() as u64,
+        applied_index: header("x-rota-applied-index"),
+        state_hash: header("x-rota-state-hash"),
+        file_sha256,
+    })
+}

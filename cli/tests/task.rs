@@ -162,6 +162,40 @@ fn task_commands_speak_the_worker_api() {
         vec![serde_json::Value::Null, serde_json::Value::Null]
     );
 
+    // A backup with a checksum that sha256sum accepts.
+    let file = dir.path().join("backup.snapshot");
+    let (code, out, err) = rota(
+        &[
+            "cluster",
+            "backup",
+            "--url",
+            &url,
+            "--out",
+            file.to_str().expect("utf-8"),
+            "--json",
+        ],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        report["state_hash"].as_str().map(str::len),
+        Some(64),
+        "{out}"
+    );
+    let check = Command::new("sha256sum")
+        .arg("-c")
+        .arg("backup.snapshot.sha256")
+        .current_dir(dir.path())
+        .output()
+        .expect("sha256sum runs");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    assert!(std::fs::read(&file).expect("file").starts_with(b"ROTASNAP"));
+
     // Shell completions name the subcommands.
     for shell in ["bash", "zsh", "fish"] {
         let (code, script, _) = rota(&["completions", shell], "");
