@@ -5,56 +5,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rpc::admin::ClusterStatusJson;
-use rpc::client::HttpClient;
+use rpc::client::HttpMethod;
 use serde::Serialize;
 
 use crate::CliError;
+use crate::nodes::Nodes;
 
-/// Deadline of one status call.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Deadline of one member's health probe.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Turns `--url` values (`host:port` or `http://host:port`, comma-separated) into
-/// addresses, in the order given.
-pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
-    let addrs: Vec<String> = urls
-        .iter()
-        .flat_map(|u| u.split(','))
-        .map(|u| {
-            u.trim()
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_string()
-        })
-        .filter(|u| !u.is_empty())
-        .collect();
-    if addrs.is_empty() {
-        return Err(CliError::Usage(
-            "no node to talk to: pass --url HOST:PORT (or set ROTA_URL)".into(),
-        ));
-    }
-    Ok(addrs)
-}
-
-/// `GET path` from the first node in `addrs` that answers.
-async fn first_answer(
-    client: &HttpClient,
-    addrs: &[String],
-    path: &str,
-) -> Result<(String, rpc::client::HttpResponse), CliError> {
-    let mut failures = Vec::new();
-    for addr in addrs {
-        match client.get(addr, path, CALL_TIMEOUT).await {
-            Ok(response) => return Ok((addr.clone(), response)),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    Err(CliError::Unreachable(format!(
-        "no node answered: {}; check --url and that the nodes run",
-        failures.join("; ")
-    )))
-}
 
 /// What `status --json` prints.
 #[derive(Serialize)]
@@ -67,15 +25,15 @@ pub struct StatusReport {
 
 /// Asks the cluster for its status and probes every member.
 pub async fn status(urls: &[String]) -> Result<StatusReport, CliError> {
-    let client = HttpClient::new();
-    let (addr, response) = first_answer(&client, &addresses(urls)?, "/cluster").await?;
-    let cluster: ClusterStatusJson = response
-        .success(&addr)
-        .and_then(|r| r.json(&addr))
-        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let nodes = Nodes::new(urls)?;
+    let cluster: ClusterStatusJson = nodes.get_json("/cluster").await?;
     let mut health = BTreeMap::new();
     for node in &cluster.nodes {
-        let verdict = match client.get(&node.api_addr, "/ready", PROBE_TIMEOUT).await {
+        let verdict = match nodes
+            .client()
+            .get(&node.api_addr, "/ready", PROBE_TIMEOUT)
+            .await
+        {
             Ok(r) if r.status.is_success() => "ok".to_string(),
             Ok(r) => serde_json::from_slice::<rpc::admin::ProbeJson>(&r.body)
                 .map(|p| format!("not ready: {}", p.status))
@@ -139,24 +97,9 @@ pub struct BackupReport {
 /// to `out`, atomically, with a `sha256sum` file beside it.
 pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupReport, CliError> {
     use sha2::Digest;
-    let client = HttpClient::new();
-    let mut failures = Vec::new();
-    let mut answer = None;
-    for addr in addresses(urls)? {
-        match client.get(&addr, "/admin/backup", BACKUP_TIMEOUT).await {
-            Ok(response) => {
-                answer = Some((addr, response));
-                break;
-            }
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    let Some((addr, response)) = answer else {
-        return Err(CliError::Unreachable(format!(
-            "no node answered: {}",
-            failures.join("; ")
-        )));
-    };
+    let (addr, response) = Nodes::new(urls)?
+        .send(HttpMethod::GET, "/admin/backup", Vec::new(), BACKUP_TIMEOUT)
+        .await?;
     let response = response
         .success(&addr)
         .map_err(|e| CliError::Failed(e.to_string()))?;

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod dev;
+pub mod nodes;
 pub mod task;
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,

@@ -186,18 +186,28 @@ enum TaskCommand {
     },
 }
 
-fn print_tasks(tasks: &[Option<rpc::worker::TaskJson>], json: bool) -> Result<(), cli::CliError> {
+/// Prints `value` as JSON for scripts, or `human(value)` for people.
+fn emit<T: serde::Serialize>(
+    json: bool,
+    value: &T,
+    human: impl FnOnce(&T) -> String,
+) -> Result<(), cli::CliError> {
     if json {
-        let text = serde_json::to_string_pretty(tasks)
+        let text = serde_json::to_string_pretty(value)
             .map_err(|e| cli::CliError::Failed(e.to_string()))?;
         println!("{text}");
     } else {
-        print!("{}", cli::task::render_tasks(tasks));
+        print!("{}", human(value));
     }
     Ok(())
 }
 
+fn print_tasks(tasks: &[Option<rpc::worker::TaskJson>], json: bool) -> Result<(), cli::CliError> {
+    emit(json, &tasks, |tasks| cli::task::render_tasks(tasks))
+}
+
 async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
+    use cli::nodes::Nodes;
     use cli::task::*;
     let written =
         |tasks: Vec<rpc::worker::TaskJson>| tasks.into_iter().map(Some).collect::<Vec<_>>();
@@ -209,7 +219,7 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             data,
             timespec,
         } => {
-            let client = TaskClient::new(&target.url)?;
+            let client = Nodes::new(&target.url)?;
             let body = add_request(
                 client_id(writer.client_id),
                 group,
@@ -225,7 +235,7 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             group,
             duration_ms,
         } => {
-            let client = TaskClient::new(&target.url)?;
+            let client = Nodes::new(&target.url)?;
             let body = claim_request(
                 client_id(writer.client_id),
                 group,
@@ -235,10 +245,10 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             print_tasks(&written(client.write("/claim", &body).await?), target.json)
         }
         TaskCommand::Get { target, ids } => {
-            let client = TaskClient::new(&target.url)?;
+            let client = Nodes::new(&target.url)?;
             let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let tasks: Vec<Option<rpc::worker::TaskJson>> =
-                client.get(&format!("/tasks/{list}")).await?;
+                client.get_json(&format!("/tasks/{list}")).await?;
             print_tasks(&tasks, target.json)
         }
         TaskCommand::List {
@@ -247,12 +257,12 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             limit,
             owned,
         } => {
-            let client = TaskClient::new(&target.url)?;
+            let client = Nodes::new(&target.url)?;
             let mut path = format!("/group/{}?owned={}", encode_path(&group), u8::from(owned));
             if let Some(limit) = limit {
                 path.push_str(&format!("&limit={limit}"));
             }
-            let tasks: Vec<rpc::worker::TaskJson> = client.get(&path).await?;
+            let tasks: Vec<rpc::worker::TaskJson> = client.get_json(&path).await?;
             print_tasks(&written(tasks), target.json)
         }
         TaskCommand::Update {
@@ -262,7 +272,7 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             data,
             timespec,
         } => {
-            let client = TaskClient::new(&target.url)?;
+            let client = Nodes::new(&target.url)?;
             let body = update_request(
                 client_id(writer.client_id),
                 id,
@@ -277,7 +287,7 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             writer,
             ids,
         } => {
-            let client = TaskClient::new(&target.url)?;
+            let client = Nodes::new(&target.url)?;
             let body = delete_request(client_id(writer.client_id), ids, writer.request_id);
             client.write("/update", &body).await?;
             if target.json {
@@ -383,47 +393,28 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Groups { target } => {
-                let client = cli::task::TaskClient::new(&target.url)?;
-                let groups: Vec<String> = client.get("/groups").await?;
-                if target.json {
-                    let text = serde_json::to_string_pretty(&groups)
-                        .map_err(|e| cli::CliError::Failed(e.to_string()))?;
-                    println!("{text}");
-                } else {
-                    for group in groups {
-                        println!("{group}");
-                    }
-                }
-                Ok(())
+                let client = cli::nodes::Nodes::new(&target.url)?;
+                let groups: Vec<String> = client.get_json("/groups").await?;
+                emit(target.json, &groups, |groups| {
+                    groups.iter().map(|g| format!("{g}\n")).collect()
+                })
             }
             Command::Cluster(ClusterCommand::Backup { target, out }) => {
                 let report = cli::cluster::backup(&target.url, &out).await?;
-                if target.json {
-                    let text = serde_json::to_string_pretty(&report)
-                        .map_err(|e| cli::CliError::Failed(e.to_string()))?;
-                    println!("{text}");
-                } else {
-                    println!(
-                        "wrote {} ({} bytes): log index {}, state hash {}; checksum in {}.sha256",
+                emit(target.json, &report, |report| {
+                    format!(
+                        "wrote {} ({} bytes): log index {}, state hash {}; checksum in {}.sha256\n",
                         report.file,
                         report.bytes,
                         report.applied_index,
                         report.state_hash,
                         report.file
-                    );
-                }
-                Ok(())
+                    )
+                })
             }
             Command::Cluster(ClusterCommand::Status { url, json }) => {
                 let report = cli::cluster::status(&url).await?;
-                if json {
-                    let text = serde_json::to_string_pretty(&report)
-                        .map_err(|e| cli::CliError::Failed(e.to_string()))?;
-                    println!("{text}");
-                } else {
-                    print!("{}", cli::cluster::render_table(&report));
-                }
-                Ok(())
+                emit(json, &report, cli::cluster::render_table)
             }
             Command::Bench {
                 url,
@@ -434,7 +425,7 @@ fn main() -> ExitCode {
                 group,
             } => {
                 let config = cli::bench::BenchConfig {
-                    addrs: cli::cluster::addresses(&url)?,
+                    addrs: cli::nodes::addresses(&url)?,
                     workers,
                     mode,
                     duration: Duration::from_secs(duration),

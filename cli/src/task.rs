@@ -2,25 +2,15 @@
 //! API from the command line, with tables for people and `--json` for scripts.
 
 use std::io::Read;
-use std::time::Duration;
 
-use rpc::client::HeaderName;
-use rpc::client::HeaderValue;
-use rpc::client::HttpClient;
-use rpc::client::HttpMethod;
-use rpc::client::HttpResponse;
 use rpc::worker::AddJson;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
-use rpc::worker::WriteResultJson;
 
 use crate::CliError;
-use crate::cluster::addresses;
 
-/// Deadline of one call.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest `--data` read from a file or standard input.
 pub const DATA_BYTES_MAX: u64 = 1024 * 1024;
 
@@ -57,93 +47,6 @@ pub fn client_id(given: Option<i64>) -> i64 {
             .map_or(0, |d| d.subsec_nanos() as i64);
         (i64::from(std::process::id()) << 32 | nanos) & 0x7fff_ffff_ffff
     })
-}
-
-/// Talks to the first node of `--url` that answers.
-pub struct TaskClient {
-    client: HttpClient,
-    addrs: Vec<String>,
-}
-
-impl TaskClient {
-    /// A client for the nodes in `urls`.
-    pub fn new(urls: &[String]) -> Result<Self, CliError> {
-        Ok(Self {
-            client: HttpClient::new(),
-            addrs: addresses(urls)?,
-        })
-    }
-
-    /// Sends to each node in turn until one answers without a server error.
-    async fn answer(
-        &self,
-        method: HttpMethod,
-        path: &str,
-        body: Vec<u8>,
-    ) -> Result<(String, HttpResponse), CliError> {
-        let mut failures = Vec::new();
-        let headers = [(
-            HeaderName::from_static("content-type"),
-            HeaderValue::from_static("application/json"),
-        )];
-        for addr in &self.addrs {
-            let sent = self
-                .client
-                .send(
-                    addr,
-                    method.clone(),
-                    path,
-                    &headers,
-                    body.clone().into(),
-                    CALL_TIMEOUT,
-                )
-                .await;
-            match sent {
-                Ok(response) if response.status.is_server_error() => {
-                    failures.push(format!("{addr}: {}", response.status));
-                }
-                Ok(response) => return Ok((addr.clone(), response)),
-                Err(e) => failures.push(e.to_string()),
-            }
-        }
-        Err(CliError::Unreachable(format!(
-            "no node could answer: {}; check --url and that the cluster has a leader",
-            failures.join("; ")
-        )))
-    }
-
-    /// `GET path`, parsed as JSON; a 4xx is a refusal (exit 1).
-    pub async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, CliError> {
-        let (addr, response) = self.answer(HttpMethod::GET, path, Vec::new()).await?;
-        let response = response
-            .success(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        response
-            .json(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))
-    }
-
-    /// `POST path` with a JSON body; the written tasks, or a refusal (exit 1).
-    pub async fn write<B: serde::Serialize>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<Vec<TaskJson>, CliError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
-        let (addr, response) = self.answer(HttpMethod::POST, path, bytes).await?;
-        let response = response
-            .success(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        match response
-            .json(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))?
-        {
-            WriteResultJson::Tasks { tasks } => Ok(tasks),
-            WriteResultJson::Errors { errors } => {
-                Err(CliError::Failed(format!("refused: {}", errors.join("; "))))
-            }
-        }
-    }
 }
 
 /// Tasks as a table for people.

@@ -1,26 +1,12 @@
 //! `rota dev up | down` end to end: real node processes, detached, restartable.
 
-use std::path::PathBuf;
+mod common;
+
+use common::node_binary;
 use std::process::Command;
 use std::time::Duration;
 
 use rpc::client::HttpClient;
-
-/// The workspace's `rota-node`, built beside this test by `cargo test --workspace`.
-fn node_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    let binary = dir.join("rota-node");
-    assert!(
-        binary.is_file(),
-        "{} is missing: run the workspace tests (cargo test --workspace) or build -p raft-node first",
-        binary.display()
-    );
-    binary
-}
 
 fn rota(args: &[&str]) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_rota"))

@@ -1,18 +1,11 @@
 //! `rota task ...` and `rota groups` against a one-node local cluster.
 
+mod common;
+
+use common::node_binary;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::Command;
 use std::process::Stdio;
-
-fn node_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    dir.join("rota-node")
-}
 
 /// Runs rota with `stdin`; returns (exit code, stdout, stderr).
 fn rota(args: &[&str], stdin: &str) -> (i32, String, String) {

@@ -82,7 +82,7 @@ fn escape(label: &str) -> String {
 pub fn render(node: &SharedNode) -> String {
     let mut out = String::new();
     let status = cluster_status(node);
-    let metrics = node.raft.metrics().borrow_watched().clone();
+    let last_log_index = node.raft.metrics().borrow_watched().last_log_index;
     let role = status
         .nodes
         .iter()
@@ -123,7 +123,7 @@ pub fn render(node: &SharedNode) -> String {
         &mut out,
         "rota_last_log_index",
         "Last index in this node's log.",
-        metrics.last_log_index.unwrap_or(0).to_string(),
+        last_log_index.unwrap_or(0).to_string(),
     );
     gauge(
         &mut out,

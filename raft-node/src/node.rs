@@ -125,7 +125,8 @@ impl Node {
 
     /// The API address of member `id`, from the current membership.
     pub fn member_api_addr(&self, id: NodeId) -> Option<String> {
-        let metrics = self.raft.metrics().borrow_watched().clone();
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
         metrics
             .membership_config
             .membership()
@@ -274,7 +275,8 @@ impl Node {
 
     /// Whether this node has a leader and has applied what it knows is committed.
     pub fn readiness(&self) -> Result<(), String> {
-        let metrics = self.raft.metrics().borrow_watched().clone();
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
         if metrics.state == ServerState::Shutdown {
             return Err("the node is shutting down".into());
         }

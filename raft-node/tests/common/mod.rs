@@ -205,19 +205,19 @@ impl TestCluster {
 
     /// Node `id`'s `/cluster`, if it answers.
     pub async fn status(&self, id: u64) -> Option<ClusterStatusJson> {
-        let response = self
-            .client
-            .get(self.api(id), "/cluster", CALL_TIMEOUT)
-            .await
-            .ok()?;
-        response.success(self.api(id)).ok()?.json(self.api(id)).ok()
+        self.get_json(id, "/cluster").await
     }
 
     /// Node `id`'s state hash.
     pub async fn state_hash(&self, id: u64) -> Option<StateHashJson> {
+        self.get_json(id, "/admin/state-hash").await
+    }
+
+    /// `GET path` on node `id`, decoded, if it answers 2xx.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(&self, id: u64, path: &str) -> Option<T> {
         let response = self
             .client
-            .get(self.api(id), "/admin/state-hash", CALL_TIMEOUT)
+            .get(self.api(id), path, CALL_TIMEOUT)
             .await
             .ok()?;
         response.success(self.api(id)).ok()?.json(self.api(id)).ok()

@@ -1,0 +1,140 @@
+//! The nodes a command talks to: `--url` parsed once, each node tried in turn until one
+//! answers, JSON answers decoded, refusals turned into [`CliError`]s.
+
+use std::time::Duration;
+
+use rpc::client::HeaderName;
+use rpc::client::HeaderValue;
+use rpc::client::HttpClient;
+use rpc::client::HttpMethod;
+use rpc::client::HttpResponse;
+use rpc::worker::TaskJson;
+use rpc::worker::WriteResultJson;
+
+use crate::CliError;
+
+/// Deadline of one call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Turns `--url` values (`host:port` or `http://host:port`, comma-separated) into
+/// addresses, in the order given.
+pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
+    let addrs: Vec<String> = urls
+        .iter()
+        .flat_map(|u| u.split(','))
+        .map(|u| {
+            u.trim()
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string()
+        })
+        .filter(|u| !u.is_empty())
+        .collect();
+    if addrs.is_empty() {
+        return Err(CliError::Usage(
+            "no node to talk to: pass --url HOST:PORT (or set ROTA_URL)".into(),
+        ));
+    }
+    Ok(addrs)
+}
+
+/// The nodes of `--url`, tried in turn until one answers.
+pub struct Nodes {
+    client: HttpClient,
+    addrs: Vec<String>,
+}
+
+impl Nodes {
+    /// A client for the nodes in `urls`.
+    pub fn new(urls: &[String]) -> Result<Self, CliError> {
+        Ok(Self {
+            client: HttpClient::new(),
+            addrs: addresses(urls)?,
+        })
+    }
+
+    /// The HTTP client, for calls to one particular node.
+    pub fn client(&self) -> &HttpClient {
+        &self.client
+    }
+
+    /// Sends to each node in turn until one answers without a server error; returns
+    /// that node's address and answer.
+    pub async fn send(
+        &self,
+        method: HttpMethod,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(String, HttpResponse), CliError> {
+        let mut failures = Vec::new();
+        let headers = [(
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("application/json"),
+        )];
+        for addr in &self.addrs {
+            let sent = self
+                .client
+                .send(
+                    addr,
+                    method.clone(),
+                    path,
+                    &headers,
+                    body.clone().into(),
+                    timeout,
+                )
+                .await;
+            match sent {
+                Ok(response) if response.status.is_server_error() => {
+                    failures.push(format!("{addr}: {}", response.status));
+                }
+                Ok(response) => return Ok((addr.clone(), response)),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(CliError::Unreachable(format!(
+            "no node answered: {}; check --url and that the nodes run and have a leader",
+            failures.join("; ")
+        )))
+    }
+
+    /// `GET path`, parsed as JSON; a 4xx is a refusal (exit 1).
+    pub async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T, CliError> {
+        let (addr, response) = self
+            .send(HttpMethod::GET, path, Vec::new(), CALL_TIMEOUT)
+            .await?;
+        let response = response
+            .success(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        response
+            .json(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))
+    }
+
+    /// `POST path` with a JSON body; the written tasks, or a refusal (exit 1).
+    pub async fn write<B: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<Vec<TaskJson>, CliError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
+        let (addr, response) = self
+            .send(HttpMethod::POST, path, bytes, CALL_TIMEOUT)
+            .await?;
+        let response = response
+            .success(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        match response
+            .json(&addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?
+        {
+            WriteResultJson::Tasks { tasks } => Ok(tasks),
+            WriteResultJson::Errors { errors } => {
+                Err(CliError::Failed(format!("refused: {}", errors.join("; "))))
+            }
+        }
+    }
+}
