@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! "ROTASNAP" | format version (u32 LE) | body (bincode, varint) | SHA-256 of body (32 bytes)
-//! body = head, then per group (name, count, tasks in claim order), then dedup entries oldest first
+//! body = head, then per group (name, count, tasks in claim order), then dedup entries
+//!        oldest first, then the ids of every node that was ever a member, ascending
 //! ```
+//!
+//! Version 1 had no member ids (and no count for them in the head); it still decodes,
+//! with an empty member history.
 //!
 //! The body is canonical (every collection is walked in key order), so its SHA-256 is
 //! also the machine's state hash: two replicas with equal hashes hold equal state.
@@ -21,6 +25,7 @@ use sha2::Digest;
 use sha2::Sha256;
 
 use crate::machine::ClientId;
+use crate::machine::MemberId;
 use crate::machine::Millis;
 use crate::machine::Outcome;
 use crate::machine::Task;
@@ -31,7 +36,10 @@ use crate::machine::TaskMachine;
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
 /// The format this build writes. Older formats get upgrade code beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+
+/// The oldest format this build still reads.
+pub const SNAPSHOT_FORMAT_OLDEST: u32 = 1;
 
 /// Longest group name or task data a snapshot may hold, so a corrupt length cannot make
 /// the decoder allocate without bound.
@@ -48,7 +56,7 @@ pub enum SnapshotError {
     BadMagic,
     /// The snapshot was written by a newer or unknown format.
     #[error(
-        "snapshot format {found} is not supported (this build reads {SNAPSHOT_FORMAT_VERSION}); use a Rota release that reads it"
+        "snapshot format {found} is not supported (this build reads {SNAPSHOT_FORMAT_OLDEST} to {SNAPSHOT_FORMAT_VERSION}); use a Rota release that reads it"
     )]
     UnsupportedVersion {
         /// The version found in the header.
@@ -89,6 +97,16 @@ impl fmt::Debug for StateHash {
 
 #[derive(Serialize, Deserialize)]
 struct Head {
+    next_id: TaskId,
+    last_time_ms: Millis,
+    group_count: u64,
+    dedup_count: u64,
+    member_count: u64,
+}
+
+/// The head of format 1, which recorded no member history.
+#[derive(Serialize, Deserialize)]
+struct HeadV1 {
     next_id: TaskId,
     last_time_ms: Millis,
     group_count: u64,
@@ -155,12 +173,14 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
         },
     );
     let groups = machine.groups();
+    let members: Vec<MemberId> = machine.members_ever().collect();
     put(
         &Head {
             next_id: machine.next_id(),
             last_time_ms: machine.last_time_ms(),
             group_count: groups.len() as u64,
             dedup_count: machine.dedup().len() as u64,
+            member_count: members.len() as u64,
         },
         &mut out,
     )?;
@@ -194,6 +214,9 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
             },
             &mut out,
         )?;
+    }
+    for member in &members {
+        put(member, &mut out)?;
     }
     let writer = out.into_inner().map_err(|e| e.into_error())?;
     let digest = StateHash(writer.hasher.finalize().into());
@@ -233,6 +256,11 @@ pub fn snapshot_hash(bytes: &[u8]) -> Result<StateHash, SnapshotError> {
 
 /// Checks magic, version and checksum and returns the body.
 fn checked_body(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
+    checked_versioned_body(bytes).map(|(_, body)| body)
+}
+
+/// Checks magic, version and checksum and returns the format version and the body.
+fn checked_versioned_body(bytes: &[u8]) -> Result<(u32, &[u8]), SnapshotError> {
     if bytes.len() < SNAPSHOT_MAGIC.len() || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
         return Err(SnapshotError::BadMagic);
     }
@@ -242,7 +270,7 @@ fn checked_body(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
     let mut version = [0; 4];
     version.copy_from_slice(&bytes[SNAPSHOT_MAGIC.len()..HEADER_BYTES]);
     let version = u32::from_le_bytes(version);
-    if version != SNAPSHOT_FORMAT_VERSION {
+    if !(SNAPSHOT_FORMAT_OLDEST..=SNAPSHOT_FORMAT_VERSION).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion { found: version });
     }
     let (body, trailer) = bytes[HEADER_BYTES..].split_at(bytes.len() - HEADER_BYTES - DIGEST_BYTES);
@@ -250,7 +278,7 @@ fn checked_body(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
     if digest != trailer {
         return Err(SnapshotError::ChecksumMismatch);
     }
-    Ok(body)
+    Ok((version, body))
 }
 
 fn take<T: serde::de::DeserializeOwned>(input: &mut &[u8]) -> Result<T, SnapshotError> {
@@ -260,8 +288,19 @@ fn take<T: serde::de::DeserializeOwned>(input: &mut &[u8]) -> Result<T, Snapshot
 
 /// Decodes a snapshot into a machine equal to the one encoded (equal state hash).
 pub fn decode_snapshot(bytes: &[u8]) -> Result<TaskMachine, SnapshotError> {
-    let mut input = checked_body(bytes)?;
-    let head: Head = take(&mut input)?;
+    let (version, mut input) = checked_versioned_body(bytes)?;
+    let head: Head = if version == 1 {
+        let v1: HeadV1 = take(&mut input)?;
+        Head {
+            next_id: v1.next_id,
+            last_time_ms: v1.last_time_ms,
+            group_count: v1.group_count,
+            dedup_count: v1.dedup_count,
+            member_count: 0,
+        }
+    } else {
+        take(&mut input)?
+    };
     let mut tasks = Vec::new();
     for _ in 0..head.group_count {
         let group: GroupHead<String> = take(&mut input)?;
@@ -286,13 +325,23 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<TaskMachine, SnapshotError> {
             Arc::new(body.outcome),
         ));
     }
+    let mut members = Vec::new();
+    for _ in 0..head.member_count {
+        let member: MemberId = take(&mut input)?;
+        if members.last().is_some_and(|&last| last >= member) {
+            return Err(SnapshotError::Invalid(format!(
+                "member ids are not ascending at {member}"
+            )));
+        }
+        members.push(member);
+    }
     if !input.is_empty() {
         return Err(SnapshotError::Invalid(format!(
             "{} bytes left over after the last entry",
             input.len()
         )));
     }
-    TaskMachine::from_parts(head.next_id, head.last_time_ms, tasks, dedup)
+    TaskMachine::from_parts(head.next_id, head.last_time_ms, tasks, dedup, members)
         .map_err(SnapshotError::Invalid)
 }
 
@@ -347,6 +396,77 @@ mod tests {
         assert_eq!(restored.groups(), machine.groups());
         assert_eq!(restored.dedup().len(), 2);
         assert_eq!(encode_snapshot(&restored), bytes, "canonical encoding");
+    }
+
+    #[test]
+    fn member_history_survives_a_round_trip_and_changes_the_hash() {
+        let plain = sample();
+        let mut with_members = plain.clone();
+        with_members.note_members([3, 1, 2]);
+        with_members.note_members([2, 4]);
+        let restored = decode_snapshot(&encode_snapshot(&with_members)).expect("decodes");
+        assert_eq!(
+            restored.members_ever().collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        assert_ne!(state_hash(&plain), state_hash(&with_members));
+    }
+
+    /// Format 1 as it was written before member history existed.
+    fn encode_v1(machine: &TaskMachine) -> Vec<u8> {
+        let mut body = Vec::new();
+        let groups = machine.groups();
+        let head = HeadV1 {
+            next_id: machine.next_id(),
+            last_time_ms: machine.last_time_ms(),
+            group_count: groups.len() as u64,
+            dedup_count: machine.dedup().len() as u64,
+        };
+        put(&head, &mut body).expect("vec");
+        for group in &groups {
+            let task_count = machine.group_len(group) as u64;
+            put(
+                &GroupHead {
+                    name: &**group,
+                    task_count,
+                },
+                &mut body,
+            )
+            .expect("vec");
+            for task in machine.iter_group(group, true, Millis::MAX) {
+                let (id, at_ms, owner, data) =
+                    (task.id, task.at_ms, task.owner, task.data.as_str());
+                put(
+                    &TaskBody {
+                        id,
+                        at_ms,
+                        owner,
+                        data,
+                    },
+                    &mut body,
+                )
+                .expect("vec");
+            }
+        }
+        for ((client, request_id), entry) in machine.dedup().iter_oldest_first() {
+            let dedup = DedupBody {
+                client: *client,
+                request_id: &**request_id,
+                time_ms: entry.time_ms,
+                outcome: &*entry.outcome,
+            };
+            put(&dedup, &mut body).expect("vec");
+        }
+        let digest: [u8; DIGEST_BYTES] = Sha256::digest(&body).into();
+        [&SNAPSHOT_MAGIC[..], &1u32.to_le_bytes(), &body, &digest].concat()
+    }
+
+    #[test]
+    fn format_one_still_decodes_with_an_empty_member_history() {
+        let machine = sample();
+        let restored = decode_snapshot(&encode_v1(&machine)).expect("format 1 decodes");
+        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(restored.members_ever().count(), 0);
     }
 
     #[test]

@@ -212,6 +212,9 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
                     EntryPayload::Blank => empty_response(),
                     EntryPayload::Normal(command) => state.machine.apply(&command),
                     EntryPayload::Membership(membership) => {
+                        state
+                            .machine
+                            .note_members(membership.nodes().map(|(id, _)| *id));
                         state.membership =
                             RotaStoredMembership::new(Some(entry.log_id), membership);
                         empty_response()

@@ -36,6 +36,8 @@ pub struct TaskMachine {
     tasks: OrdMap<TaskId, Task>,
     groups: OrdMap<GroupName, GroupIndex>,
     dedup: DedupTable,
+    /// Every node id that was ever in the cluster's membership, so that none is reused.
+    members_ever: OrdSet<MemberId>,
 }
 
 impl Default for TaskMachine {
@@ -53,7 +55,21 @@ impl TaskMachine {
             tasks: OrdMap::new(),
             groups: OrdMap::new(),
             dedup: DedupTable::default(),
+            members_ever: OrdSet::new(),
         }
+    }
+
+    /// Records node ids seen in a membership change. Ids are never forgotten: a node id
+    /// names one data directory for the life of the cluster.
+    pub fn note_members(&mut self, ids: impl IntoIterator<Item = MemberId>) {
+        for id in ids {
+            self.members_ever.insert(id);
+        }
+    }
+
+    /// Every node id that was ever a member (voter or learner), sorted.
+    pub fn members_ever(&self) -> impl Iterator<Item = MemberId> + '_ {
+        self.members_ever.iter().copied()
     }
 
     /// Applies one command at its log time and returns its outcome.
@@ -381,10 +397,12 @@ impl TaskMachine {
         last_time_ms: Millis,
         tasks: impl IntoIterator<Item = Task>,
         dedup: impl IntoIterator<Item = (DedupKey, Millis, Arc<Outcome>)>,
+        members_ever: impl IntoIterator<Item = MemberId>,
     ) -> Result<Self, String> {
         let mut machine = Self {
             next_id,
             last_time_ms,
+            members_ever: members_ever.into_iter().collect(),
             ..Self::new()
         };
         for task in tasks {

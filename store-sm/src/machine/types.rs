@@ -18,6 +18,9 @@ pub type ClientId = i64;
 /// Milliseconds since the Unix epoch, in log time.
 pub type Millis = i64;
 
+/// A cluster node's id, as the machine records membership history.
+pub type MemberId = u64;
+
 /// A group name, shared between a group's tasks and its index.
 pub type GroupName = Arc<str>;
 
