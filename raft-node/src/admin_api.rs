@@ -18,6 +18,7 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::error::ClientWriteError;
 use openraft::error::InitializeError;
 use openraft::error::RaftError;
+use openraft::vote::RaftLeaderId;
 use rpc::admin::AddLearnerJson;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::InitRequestJson;
@@ -48,6 +49,7 @@ pub fn routes() -> Router<SharedNode> {
         .route("/admin/transfer-leader", post(post_transfer_leader))
         .route("/admin/snapshot", post(post_snapshot))
         .route("/admin/backup", get(get_backup))
+        .route("/admin/restore", post(post_restore))
 }
 
 fn role_name(state: ServerState) -> &'static str {
@@ -66,6 +68,14 @@ pub fn cluster_status(node: &SharedNode) -> ClusterStatusJson {
     let membership = metrics.membership_config.membership();
     let voters: Vec<NodeId> = membership.voter_ids().collect();
     let learners: Vec<NodeId> = membership.learner_ids().collect();
+    let retired = node.state.read(|s| {
+        s.machine
+            .members_ever()
+            .filter(|id| membership.get_node(id).is_none())
+            .collect()
+    });
+    let membership_index = metrics.membership_config.log_id().map(|id| id.index());
+    let committed = metrics.local_committed.map(|id| id.index());
     let last_log = metrics.last_log_index.unwrap_or(0);
     let nodes = membership
         .nodes()
@@ -103,6 +113,10 @@ pub fn cluster_status(node: &SharedNode) -> ClusterStatusJson {
         applied_time_ms: node.state.read(|s| s.machine.last_time_ms()),
         voters,
         learners,
+        retired,
+        membership_index,
+        membership_committed: membership_index <= committed,
+        joint: membership.get_joint_config().len() > 1,
         nodes,
     }
 }
@@ -246,6 +260,7 @@ async fn post_add_learner(
         api_addr: request.api_addr,
         raft_addr: request.raft_addr,
     };
+    check_new_learner(&node, request.id, &addrs)?;
     // Not blocking: the caller watches the learner's lag in /cluster and promotes it later.
     let change = node
         .raft
@@ -253,6 +268,35 @@ async fn post_add_learner(
         .await
         .map(|_| ());
     membership_change(&node, &headers, path, bytes, change).await
+}
+
+/// Refuses a learner id that is taken or was ever taken: an id names one data directory
+/// for the life of the cluster, and a reused id could vote with another node's history.
+/// Re-adding a current learner with the same addresses is a retry and passes.
+fn check_new_learner(node: &SharedNode, id: NodeId, addrs: &RotaNode) -> Result<(), ApiError> {
+    let conflict = |message: String| Err(ApiError::new(StatusCode::CONFLICT, message));
+    if id == 0 {
+        return Err(ApiError::bad_request("node ids start at 1"));
+    }
+    let status = cluster_status(node);
+    if status.voters.contains(&id) {
+        return conflict(format!("node {id} is already a voter; nothing to add"));
+    }
+    if let Some(current) = status.nodes.iter().find(|n| n.id == id) {
+        if current.api_addr == addrs.api_addr && current.raft_addr == addrs.raft_addr {
+            return Ok(());
+        }
+        return conflict(format!(
+            "node {id} is already a learner at {}/{}; remove it first or choose a new id",
+            current.api_addr, current.raft_addr
+        ));
+    }
+    if status.retired.contains(&id) {
+        return conflict(format!(
+            "node id {id} was a member before and ids are never reused; start the new node with a new --id and an empty data directory"
+        ));
+    }
+    Ok(())
 }
 
 async fn post_promote(
@@ -389,4 +433,117 @@ async fn get_backup(
         bytes,
     )
         .into_response())
+}
+
+/// Largest backup `POST /admin/restore` accepts: about 90 million small tasks, more than
+/// a node holds in memory. A larger body is refused with 413 before it is read.
+pub const RESTORE_BYTES_MAX: usize = 4 << 30;
+
+/// The node id in the log id of a restored snapshot. Real nodes start at 1, so no real
+/// leader ever had this id, and every election after the restore outranks it.
+const RESTORE_LEADER: NodeId = 0;
+
+/// Starts a new cluster from a backup: installs the backup on this empty node as a
+/// snapshot at log index 1 whose membership is the members listed in the
+/// `x-rota-restore-members` header. This node then elects itself and replicates the
+/// snapshot to the other members, which must be running and empty too.
+async fn post_restore(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let members = restore_members(&node, &headers)?;
+    {
+        let watch = node.raft.metrics();
+        let metrics = watch.borrow_watched();
+        let empty = metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_none()
+            && metrics.last_log_index.is_none()
+            && metrics.last_applied.is_none();
+        if !empty {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "this node already holds a cluster's state; restore into newly started nodes with empty data directories",
+            ));
+        }
+    }
+    let bytes = read_body(&headers, body, RESTORE_BYTES_MAX).await?;
+    let machine = store_sm::snapshot::decode_snapshot(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a usable backup: {e}")))?;
+    let state_hash = store_sm::snapshot::snapshot_hash(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a usable backup: {e}")))?;
+    let voters: std::collections::BTreeSet<NodeId> = members.keys().copied().collect();
+    let log_id = openraft::LogId::new(
+        openraft::impls::leader_id_adv::LeaderId::new(1, RESTORE_LEADER),
+        1,
+    );
+    let membership = openraft::Membership::new(vec![voters], members)
+        .map_err(|e| ApiError::bad_request(format!("invalid members: {e}")))?;
+    let snapshot = store_sm::raft_types::RotaSnapshot {
+        meta: store_sm::raft_types::RotaSnapshotMeta {
+            last_log_id: Some(log_id),
+            last_membership: store_sm::raft_types::RotaStoredMembership::new(
+                Some(log_id),
+                membership,
+            ),
+        },
+        snapshot: bytes.to_vec().into(),
+    };
+    node.raft
+        .install_full_snapshot(openraft::Vote::new_committed(1, RESTORE_LEADER), snapshot)
+        .await
+        .map_err(|e| ApiError::internal(format!("installing the backup failed: {e}")))?;
+    tracing::info!(%state_hash, tasks = machine.task_count(), "restored from a backup");
+    Ok(Json(rpc::admin::RestoreJson {
+        applied_index: log_id.index(),
+        state_hash: state_hash.to_string(),
+        tasks: machine.task_count() as u64,
+    })
+    .into_response())
+}
+
+/// The new cluster's members from the restore header; this node must be one of them.
+fn restore_members(
+    node: &SharedNode,
+    headers: &HeaderMap,
+) -> Result<BTreeMap<NodeId, RotaNode>, ApiError> {
+    let header = headers
+        .get(rpc::admin::RESTORE_MEMBERS_HEADER)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "missing the {} header: the new cluster's members as {{\"members\": [...]}}",
+                rpc::admin::RESTORE_MEMBERS_HEADER
+            ))
+        })?;
+    let request: InitRequestJson = serde_json::from_slice(header.as_bytes()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid {} header: {e}",
+            rpc::admin::RESTORE_MEMBERS_HEADER
+        ))
+    })?;
+    let members: BTreeMap<NodeId, RotaNode> = request
+        .members
+        .into_iter()
+        .map(|m| {
+            let addrs = RotaNode {
+                api_addr: m.api_addr,
+                raft_addr: m.raft_addr,
+            };
+            (m.id, addrs)
+        })
+        .collect();
+    if members.contains_key(&0) {
+        return Err(ApiError::bad_request("node ids start at 1"));
+    }
+    if !members.contains_key(&node.id()) {
+        return Err(ApiError::bad_request(format!(
+            "the members do not include this node ({}); send the restore to a node you list",
+            node.id()
+        )));
+    }
+    Ok(members)
 }

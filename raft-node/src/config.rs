@@ -362,34 +362,20 @@ fn advertised(
 
 /// Parses `ID=API_ADDR/RAFT_ADDR,...`.
 pub fn parse_initial_cluster(list: &str) -> Result<BTreeMap<NodeId, RotaNode>, ConfigError> {
-    let invalid = |problem: String| ConfigError::Invalid {
+    let members = rpc::admin::parse_members(list).map_err(|problem| ConfigError::Invalid {
         name: "initial-cluster",
         problem,
-    };
-    let mut members = BTreeMap::new();
-    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (id, addrs) = item
-            .split_once('=')
-            .ok_or_else(|| invalid(format!("{item:?} is not ID=API_ADDR/RAFT_ADDR")))?;
-        let id: NodeId = id
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&id| id > 0)
-            .ok_or_else(|| invalid(format!("{id:?} is not a positive node id")))?;
-        let (api_addr, raft_addr) = addrs
-            .split_once('/')
-            .filter(|(api, raft)| api.contains(':') && raft.contains(':'))
-            .ok_or_else(|| invalid(format!("{addrs:?} is not API_HOST:PORT/RAFT_HOST:PORT")))?;
-        let node = RotaNode {
-            api_addr: api_addr.to_string(),
-            raft_addr: raft_addr.to_string(),
-        };
-        if members.insert(id, node).is_some() {
-            return Err(invalid(format!("node {id} is listed twice")));
-        }
-    }
-    Ok(members)
+    })?;
+    Ok(members
+        .into_iter()
+        .map(|m| {
+            let node = RotaNode {
+                api_addr: m.api_addr,
+                raft_addr: m.raft_addr,
+            };
+            (m.id, node)
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -35,6 +35,11 @@ use crate::http::ApiError;
 use crate::types::NodeRaft;
 use crate::types::NodeTypes;
 
+/// A ready node has applied all but at most this many of the entries it knows are
+/// committed: a node replaying its log after a restart is far behind, a busy one only a
+/// few entries.
+pub const READY_APPLY_LAG_MAX: u64 = 100;
+
 /// Header a node adds when it forwards a request, so the receiver never forwards again.
 pub const FORWARDED_HEADER: &str = "x-rota-forwarded-by";
 
@@ -273,7 +278,9 @@ impl Node {
         }
     }
 
-    /// Whether this node has a leader and has applied what it knows is committed.
+    /// Whether this node has a leader and has applied nearly all it knows is committed
+    /// (within [`READY_APPLY_LAG_MAX`] entries, so that readiness does not flap under load
+    /// while apply trails commit by a few entries).
     pub fn readiness(&self) -> Result<(), String> {
         let watch = self.raft.metrics();
         let metrics = watch.borrow_watched();
@@ -285,7 +292,8 @@ impl Node {
         }
         let committed = metrics.local_committed.map(|id| id.index());
         let applied = metrics.last_applied.map(|id| id.index());
-        if applied < committed {
+        let behind = committed.unwrap_or(0).saturating_sub(applied.unwrap_or(0));
+        if applied < committed && (applied.is_none() || behind > READY_APPLY_LAG_MAX) {
             return Err(format!(
                 "catching up: applied {applied:?} of committed {committed:?}"
             ));

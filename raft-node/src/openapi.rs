@@ -114,6 +114,10 @@ fn schemas() -> Value {
             "snapshot_index": {"type": ["integer", "null"]}, "purged_index": {"type": ["integer", "null"]},
             "applied_time_ms": {"type": "integer", "format": "int64"},
             "voters": {"type": "array", "items": id}, "learners": {"type": "array", "items": id},
+            "retired": {"type": "array", "items": id, "description": "ids that were members once; never reused"},
+            "membership_index": {"type": ["integer", "null"], "description": "log index of the configuration in effect"},
+            "membership_committed": {"type": "boolean", "description": "false while a membership change is in flight"},
+            "joint": {"type": "boolean", "description": "old and new voters both decide (mid-change)"},
             "nodes": {"type": "array", "items": ref_schema("NodeStatus")}}},
         "Member": {"type": "object", "additionalProperties": false, "required": ["id", "api_addr", "raft_addr"], "properties": {
             "id": id, "api_addr": addr, "raft_addr": addr}},
@@ -121,6 +125,8 @@ fn schemas() -> Value {
             "members": {"type": "array", "items": ref_schema("Member")}}},
         "NodeId": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {"id": id}},
         "Probe": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+        "Restore": {"type": "object", "required": ["applied_index", "state_hash", "tasks"], "properties": {
+            "applied_index": {"type": "integer"}, "state_hash": {"type": "string"}, "tasks": {"type": "integer"}}},
         "StateHash": {"type": "object", "required": ["state_hash", "tasks"], "properties": {
             "applied_index": {"type": ["integer", "null"]}, "state_hash": {"type": "string"}, "tasks": {"type": "integer"}}}
     })
@@ -178,6 +184,14 @@ pub fn document() -> Value {
             "/admin/backup": {"get": {"tags": ["admin"], "summary": "A consistent snapshot holding every acknowledged write",
                 "responses": merge(json!({"200": {"description": "snapshot bytes; headers x-rota-applied-index and x-rota-state-hash",
                     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}), read_errors())}},
+            "/admin/restore": {"post": {"tags": ["admin"], "summary": "Start a new cluster from a backup: install it on this empty node, which then replicates it to the other (empty) members",
+                "parameters": [{"name": "x-rota-restore-members", "in": "header", "required": true, "description": "the new cluster's members: {\"members\": [{\"id\", \"api_addr\", \"raft_addr\"}]}; this node must be one", "schema": {"type": "string"}}],
+                "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                "responses": {
+                    "200": ok("installed; the node now elects itself and replicates", ref_schema("Restore")),
+                    "400": error("missing or invalid members header, or the body is not a usable backup"),
+                    "409": error("this node already holds a cluster's state"),
+                    "413": error("backup larger than 4 GiB")}}},
             "/admin/state-hash": {"get": {"tags": ["admin"], "summary": "Hash of this node's applied state, to compare replicas (O(tasks))",
                 "responses": {"200": ok("hash", ref_schema("StateHash"))}}}
         },

@@ -26,6 +26,18 @@ pub struct ClusterStatusJson {
     pub voters: Vec<u64>,
     /// Non-voting members.
     pub learners: Vec<u64>,
+    /// Ids that were members once and are not now; never to be used again.
+    #[serde(default)]
+    pub retired: Vec<u64>,
+    /// Log index of the membership configuration in effect on this node.
+    #[serde(default)]
+    pub membership_index: Option<u64>,
+    /// Whether that configuration is committed; a change is in flight until it is.
+    #[serde(default)]
+    pub membership_committed: bool,
+    /// Whether the configuration is joint (old and new voters both decide).
+    #[serde(default)]
+    pub joint: bool,
     /// Every member with its addresses and, seen from the leader, its lag.
     pub nodes: Vec<NodeStatusJson>,
 }
@@ -101,4 +113,79 @@ pub struct AddLearnerJson {
 pub struct NodeIdJson {
     /// The node.
     pub id: u64,
+}
+
+/// `POST /admin/restore`'s answer: what the node installed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreJson {
+    /// Log index the restored state sits at in the new cluster.
+    pub applied_index: u64,
+    /// The restored state's hash; equal to the backup's.
+    pub state_hash: String,
+    /// Live tasks restored.
+    pub tasks: u64,
+}
+
+/// Header of `POST /admin/restore` carrying the new cluster's members as
+/// [`InitRequestJson`] JSON (the body is the backup itself).
+pub const RESTORE_MEMBERS_HEADER: &str = "x-rota-restore-members";
+
+/// Parses a member list `ID=API_HOST:PORT/RAFT_HOST:PORT,...` (the `--initial-cluster`
+/// syntax of `rota-node` and `rota`), or says what is wrong with it.
+pub fn parse_members(list: &str) -> Result<Vec<MemberJson>, String> {
+    let mut members: Vec<MemberJson> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addrs) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not ID=API_ADDR/RAFT_ADDR"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&id| id > 0)
+            .ok_or_else(|| format!("{id:?} is not a positive node id"))?;
+        let (api_addr, raft_addr) = addrs
+            .split_once('/')
+            .filter(|(api, raft)| api.contains(':') && raft.contains(':'))
+            .ok_or_else(|| format!("{addrs:?} is not API_HOST:PORT/RAFT_HOST:PORT"))?;
+        if members.iter().any(|m| m.id == id) {
+            return Err(format!("node {id} is listed twice"));
+        }
+        members.push(MemberJson {
+            id,
+            api_addr: api_addr.to_string(),
+            raft_addr: raft_addr.to_string(),
+        });
+    }
+    members.sort_by_key(|m| m.id);
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lists_parse_or_say_what_is_wrong() {
+        let members =
+            parse_members("2=h2:7002/h2:8002, 1=127.0.0.1:7001/127.0.0.1:8001").expect("parses");
+        assert_eq!(members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(members[1].raft_addr, "h2:8002");
+        assert!(
+            parse_members("0=a:1/b:2")
+                .expect_err("refused")
+                .contains("positive")
+        );
+        assert!(
+            parse_members("1=a:1")
+                .expect_err("refused")
+                .contains("RAFT")
+        );
+        assert!(
+            parse_members("1=a:1/b:2,1=c:1/d:2")
+                .expect_err("refused")
+                .contains("twice")
+        );
+        assert!(parse_members("x").expect_err("refused").contains("ID="));
+    }
 }
