@@ -134,3 +134,185 @@ pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupRepo
         file_sha256,
     })
 }
+
+/// Largest backup `restore` sends; the node refuses more (`RESTORE_BYTES_MAX` in
+/// `raft-node`).
+pub const RESTORE_BYTES_MAX: u64 = 4 << 30;
+
+/// Deadline of the upload of a backup to the first new node.
+pub const RESTORE_UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What `rota cluster restore` did.
+#[derive(Debug, Serialize)]
+pub struct RestoreReport {
+    /// The backup file.
+    pub file: String,
+    /// The state hash recorded in the backup.
+    pub backup_state_hash: String,
+    /// Tasks restored.
+    pub tasks: u64,
+    /// Per member of the new cluster: its applied index and state hash once it holds the
+    /// restored state.
+    pub members: BTreeMap<u64, rpc::admin::StateHashJson>,
+    /// The new cluster's leader.
+    pub leader: u64,
+}
+
+/// Checks a backup file's framing and checksum (the node decodes it fully) and returns
+/// the state hash in its trailer. Layout: `ROTASNAP`, version (4 bytes), body, SHA-256
+/// of the body.
+pub fn backup_state_hash(bytes: &[u8]) -> Result<String, String> {
+    use sha2::Digest;
+    const HEADER: usize = 12;
+    const DIGEST: usize = 32;
+    if !bytes.starts_with(b"ROTASNAP") {
+        return Err("not a Rota backup (it does not start with ROTASNAP)".into());
+    }
+    if bytes.len() < HEADER + DIGEST {
+        return Err(format!("truncated: {} bytes", bytes.len()));
+    }
+    let (body, trailer) = bytes[HEADER..].split_at(bytes.len() - HEADER - DIGEST);
+    if sha2::Sha256::digest(body).as_slice() != trailer {
+        return Err("its checksum does not match: the file is corrupt".into());
+    }
+    Ok(trailer.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Compares `file` with `FILE.sha256` (as `backup` wrote it) when that file exists.
+fn check_sums_file(file: &std::path::Path, bytes: &[u8]) -> Result<(), CliError> {
+    use sha2::Digest;
+    let sums = std::path::PathBuf::from(format!("{}.sha256", file.display()));
+    let Ok(text) = std::fs::read_to_string(&sums) else {
+        return Ok(());
+    };
+    let recorded = text.split_whitespace().next().unwrap_or_default();
+    let actual: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if recorded != actual {
+        return Err(CliError::Failed(format!(
+            "{} does not match {} (sha256 {actual}, recorded {recorded}); the backup was changed or damaged",
+            file.display(),
+            sums.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Starts a new cluster of `members` from the backup in `file`. The members must run,
+/// started without `--initial-cluster`, with empty data directories. The backup goes to
+/// the member with the lowest id, which replicates it to the others; returns once every
+/// member holds the restored state.
+pub async fn restore(
+    file: &std::path::Path,
+    members: Vec<rpc::admin::MemberJson>,
+    timeout: Duration,
+) -> Result<RestoreReport, CliError> {
+    use rpc::client::HeaderName;
+    use rpc::client::HeaderValue;
+    let Some(first) = members.first().cloned() else {
+        return Err(CliError::Usage(
+            "--initial-cluster lists no member; give ID=API/RAFT,...".into(),
+        ));
+    };
+    let io = |e: std::io::Error| CliError::Failed(format!("reading {}: {e}", file.display()));
+    let size = std::fs::metadata(file).map_err(io)?.len();
+    if size > RESTORE_BYTES_MAX {
+        return Err(CliError::Failed(format!(
+            "{} is {size} bytes, more than the {RESTORE_BYTES_MAX} a node accepts",
+            file.display()
+        )));
+    }
+    let bytes = std::fs::read(file).map_err(io)?;
+    check_sums_file(file, &bytes)?;
+    let backup_hash = backup_state_hash(&bytes)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
+    let client = rpc::client::HttpClient::new();
+    crate::membership::check_empty_members(&client, &members).await?;
+    let header = serde_json::to_string(&rpc::admin::InitRequestJson {
+        members: members.clone(),
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    let header = HeaderValue::from_str(&header)
+        .map_err(|e| CliError::Usage(format!("the member list cannot be sent: {e}")))?;
+    let headers = [
+        (
+            HeaderName::from_static(rpc::admin::RESTORE_MEMBERS_HEADER),
+            header,
+        ),
+        (
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("application/octet-stream"),
+        ),
+    ];
+    let restored: rpc::admin::RestoreJson = client
+        .send(
+            &first.api_addr,
+            HttpMethod::POST,
+            "/admin/restore",
+            &headers,
+            bytes.into(),
+            RESTORE_UPLOAD_TIMEOUT,
+        )
+        .await
+        .map_err(|e| CliError::Unreachable(e.to_string()))?
+        .success(&first.api_addr)
+        .map_err(|e| CliError::Failed(format!("refused: {e}")))?
+        .json(&first.api_addr)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    if restored.state_hash != backup_hash {
+        return Err(CliError::Failed(format!(
+            "node {} restored state hash {} but the backup records {backup_hash}",
+            first.id, restored.state_hash
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut holding = BTreeMap::new();
+        let mut leader = None;
+        for member in &members {
+            let hash = client
+                .get(&member.api_addr, "/admin/state-hash", PROBE_TIMEOUT)
+                .await
+                .ok()
+                .and_then(|r| r.success(&member.api_addr).ok())
+                .and_then(|r| r.json::<rpc::admin::StateHashJson>(&member.api_addr).ok());
+            let view = client
+                .get(&member.api_addr, "/cluster", PROBE_TIMEOUT)
+                .await
+                .ok()
+                .and_then(|r| r.success(&member.api_addr).ok())
+                .and_then(|r| r.json::<ClusterStatusJson>(&member.api_addr).ok());
+            leader = leader.or(view.and_then(|v| v.leader));
+            if let Some(hash) = hash.filter(|h| h.applied_index >= Some(restored.applied_index)) {
+                holding.insert(member.id, hash);
+            }
+        }
+        if let Some(leader) = leader
+            && holding.len() == members.len()
+        {
+            if let Some((id, wrong)) = holding.iter().find(|(_, h)| h.state_hash != backup_hash) {
+                return Err(CliError::Failed(format!(
+                    "node {id} holds state hash {} after the restore, not the backup's {backup_hash}",
+                    wrong.state_hash
+                )));
+            }
+            return Ok(RestoreReport {
+                file: file.display().to_string(),
+                backup_state_hash: backup_hash,
+                tasks: restored.tasks,
+                members: holding,
+                leader,
+            });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CliError::Unreachable(format!(
+                "the backup is installed on node {}, but after {timeout:?} only nodes {:?} hold it (leader {leader:?}); check `rota cluster status` on the new cluster",
+                first.id,
+                holding.keys().collect::<Vec<_>>()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

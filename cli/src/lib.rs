@@ -1,10 +1,11 @@
-//! The `rota` command-line tool: a local cluster for development (`rota dev`), and, as
-//! later issues add them, cluster administration, task commands and `rota bench`. It
-//! talks to nodes over HTTP only and never links RocksDB.
+//! The `rota` command-line tool: a local cluster for development (`rota dev`), cluster
+//! administration (`rota cluster`), task commands and `rota bench`. It talks to nodes
+//! over HTTP only and never links RocksDB.
 
 pub mod bench;
 pub mod cluster;
 pub mod dev;
+pub mod membership;
 pub mod nodes;
 pub mod task;
 

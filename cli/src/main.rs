@@ -12,7 +12,12 @@ use clap::Subcommand;
 const EXIT_REFUSED: u8 = 1;
 
 #[derive(Parser)]
-#[command(name = "rota", version, about = "Rota: a replicated task store.")]
+#[command(
+    name = "rota",
+    version,
+    about = "Rota: a replicated task store.",
+    after_help = "Every command that talks to a cluster takes --url HOST:PORT[,HOST:PORT...] (or ROTA_URL),\ntrying each node in turn.\n\nExit codes: 0 done; 1 refused by the cluster or failed; 2 usage error; 3 no node answered\n(or a wait timed out)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -313,8 +318,124 @@ fn encode_path(segment: &str) -> String {
         .collect()
 }
 
+/// How long a membership command may wait for a leader, a catch-up or a transfer.
+#[derive(clap::Args)]
+struct Wait {
+    /// Longest wait, in seconds, for a leader, a learner's catch-up or a new leader.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+}
+
+impl Wait {
+    fn duration(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
 #[derive(Subcommand)]
 enum ClusterCommand {
+    /// Form a cluster from nodes started without --initial-cluster.
+    #[command(
+        after_help = "Example:\n  rota cluster init --url 10.0.0.1:7001 \\\n    --initial-cluster 1=10.0.0.1:7001/10.0.0.1:8001,2=10.0.0.2:7001/10.0.0.2:8001,3=10.0.0.3:7001/10.0.0.3:8001\n\nEvery member must run and belong to no cluster. Nodes started with --initial-cluster\nform their cluster by themselves; this command is for those started without it."
+    )]
+    Init {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: Wait,
+        /// The voters: ID=API_HOST:PORT/RAFT_HOST:PORT, comma-separated.
+        #[arg(long)]
+        initial_cluster: String,
+    },
+    /// Add a node as a learner (it replicates without voting) and wait until it catches up.
+    #[command(
+        after_help = "Example (grow 3 -> 4; then promote):\n  rota-node --id 4 --data-dir /var/lib/rota --listen-api 0.0.0.0:7001 --listen-raft 0.0.0.0:8001 \\\n    --advertise-api 10.0.0.4:7001 --advertise-raft 10.0.0.4:8001 &\n  rota cluster add-learner --url 10.0.0.1:7001 --id 4 --api-addr 10.0.0.4:7001 --raft-addr 10.0.0.4:8001\n\nRefused while another membership change is in flight, for an id that is or was a member\n(ids are never reused), and for a node that does not answer or already has a cluster."
+    )]
+    AddLearner {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: Wait,
+        /// The new node's id: never one that was a member before.
+        #[arg(long)]
+        id: u64,
+        /// Where workers reach it (host:port).
+        #[arg(long)]
+        api_addr: String,
+        /// Where Raft traffic goes (host:port).
+        #[arg(long)]
+        raft_addr: String,
+        /// Return once the learner is added, without waiting for it to catch up.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Make a learner a voter, once it has caught up.
+    #[command(
+        after_help = "Example:\n  rota cluster promote --url 10.0.0.1:7001 --id 4\n\nWaits until node 4 is within 100 entries of the leader, promotes it, and checks the\nleader's configuration afterwards. Refused while another change is in flight."
+    )]
+    Promote {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: Wait,
+        /// The learner.
+        #[arg(long)]
+        id: u64,
+    },
+    /// Remove a voter or learner; its id is retired for good.
+    #[command(
+        after_help = "Examples:\n  rota cluster remove --url 10.0.0.1:7001 --id 5\n  rota cluster remove --url 10.0.0.1:7001 --id 2 --force   # even if writes stop\n\nRefused (unless --force) when the voters now, or after the change, would not have a\nmajority that answers: e.g. removing a healthy voter from a three-node cluster with one\nnode already down. Removing the node that is down is allowed."
+    )]
+    Remove {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: Wait,
+        /// The node to remove.
+        #[arg(long)]
+        id: u64,
+        /// Remove even if no reachable majority would remain.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Hand leadership to another voter and wait until it leads.
+    #[command(after_help = "Example:\n  rota cluster transfer-leader --url 10.0.0.1:7001 --id 2")]
+    TransferLeader {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: Wait,
+        /// The voter to lead.
+        #[arg(long)]
+        id: u64,
+    },
+    /// Have each node of --url build a snapshot now, compacting its log.
+    #[command(
+        after_help = "Examples:\n  rota cluster snapshot --url 10.0.0.1:7001\n  rota cluster snapshot --url 10.0.0.1:7001,10.0.0.2:7001,10.0.0.3:7001"
+    )]
+    Snapshot {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Start a new cluster from a backup.
+    #[command(
+        after_help = "Procedure:\n  1. Start the new nodes with empty data directories and without --initial-cluster.\n  2. rota cluster restore --file rota.snapshot \\\n       --initial-cluster 1=10.0.1.1:7001/10.0.1.1:8001,2=10.0.1.2:7001/10.0.1.2:8001,3=10.0.1.3:7001/10.0.1.3:8001\n  3. Point the workers at the new cluster.\n\nThe file is checked against FILE.sha256 when that exists, every member must answer and\nbe empty, the backup is installed on the member with the lowest id, and the command\nreturns once every member holds it, printing each member's state hash (equal to the\nbackup's). Ids retired in the old cluster stay retired in the new one."
+    )]
+    Restore {
+        /// The backup written by `rota cluster backup`.
+        #[arg(long)]
+        file: PathBuf,
+        /// The new cluster's voters: ID=API_HOST:PORT/RAFT_HOST:PORT, comma-separated.
+        #[arg(long)]
+        initial_cluster: String,
+        #[command(flatten)]
+        wait: Wait,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Download a consistent snapshot of the whole store to a file (with FILE.sha256).
     #[command(
         after_help = "Example:\n  rota cluster backup --url 127.0.0.1:7001 --out rota-$(date +%F).snapshot\n  sha256sum -c rota-$(date +%F).snapshot.sha256"
@@ -338,6 +459,119 @@ enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn parse_members(list: &str) -> Result<Vec<rpc::admin::MemberJson>, cli::CliError> {
+    rpc::admin::parse_members(list)
+        .map_err(|e| cli::CliError::Usage(format!("--initial-cluster: {e}")))
+}
+
+fn emit_change(json: bool, report: &cli::membership::ChangeReport) -> Result<(), cli::CliError> {
+    emit(json, report, |r| format!("{}\n", r.summary))
+}
+
+async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
+    use cli::membership::Admin;
+    match command {
+        ClusterCommand::Init {
+            target,
+            wait,
+            initial_cluster,
+        } => {
+            let admin = Admin::new(&target.url, wait.duration())?;
+            let report = admin.init(parse_members(&initial_cluster)?).await?;
+            emit_change(target.json, &report)
+        }
+        ClusterCommand::AddLearner {
+            target,
+            wait,
+            id,
+            api_addr,
+            raft_addr,
+            no_wait,
+        } => {
+            let admin = Admin::new(&target.url, wait.duration())?;
+            let member = rpc::admin::MemberJson {
+                id,
+                api_addr,
+                raft_addr,
+            };
+            emit_change(target.json, &admin.add_learner(member, !no_wait).await?)
+        }
+        ClusterCommand::Promote { target, wait, id } => {
+            let admin = Admin::new(&target.url, wait.duration())?;
+            emit_change(target.json, &admin.promote(id).await?)
+        }
+        ClusterCommand::Remove {
+            target,
+            wait,
+            id,
+            force,
+        } => {
+            let admin = Admin::new(&target.url, wait.duration())?;
+            emit_change(target.json, &admin.remove(id, force).await?)
+        }
+        ClusterCommand::TransferLeader { target, wait, id } => {
+            let admin = Admin::new(&target.url, wait.duration())?;
+            emit_change(target.json, &admin.transfer_leader(id).await?)
+        }
+        ClusterCommand::Snapshot { target, wait } => {
+            let admin = Admin::new(&target.url, wait.duration())?;
+            let reports = admin.snapshot(&target.url).await?;
+            emit(target.json, &reports, |reports| {
+                let index = |i: Option<u64>| i.map_or("none".to_string(), |i| i.to_string());
+                reports
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "node {}: snapshot at log index {}, log purged up to {}\n",
+                            r.node,
+                            index(r.snapshot_index),
+                            r.purged_index
+                                .map_or("nothing yet".to_string(), |i| i.to_string())
+                        )
+                    })
+                    .collect()
+            })
+        }
+        ClusterCommand::Restore {
+            file,
+            initial_cluster,
+            wait,
+            json,
+        } => {
+            let members = parse_members(&initial_cluster)?;
+            let report = cli::cluster::restore(&file, members, wait.duration()).await?;
+            emit(json, &report, |r| {
+                let mut out = format!(
+                    "restored {} ({} tasks, state hash {}); node {} leads\n",
+                    r.file, r.tasks, r.backup_state_hash, r.leader
+                );
+                for (id, hash) in &r.members {
+                    out.push_str(&format!(
+                        "node {id}: applied {}, state hash {}\n",
+                        hash.applied_index
+                            .map_or("none".to_string(), |i| i.to_string()),
+                        hash.state_hash
+                    ));
+                }
+                out
+            })
+        }
+        ClusterCommand::Backup { target, out } => {
+            let report = cli::cluster::backup(&target.url, &out).await?;
+            emit(target.json, &report, |report| {
+                format!(
+                    "wrote {} ({} bytes): log index {}, state hash {}; checksum in {}.sha256\n",
+                    report.file, report.bytes, report.applied_index, report.state_hash, report.file
+                )
+            })
+        }
+        ClusterCommand::Status { url, json } => {
+            let report = cli::cluster::status(&url).await?;
+            emit(json, &report, cli::cluster::render_table)
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -387,6 +621,7 @@ fn main() -> ExitCode {
             }
             Command::Dev(DevCommand::Down { dir }) => Ok(cli::dev::down(&dir).await?),
             Command::Task(command) => run_task(command).await,
+            Command::Cluster(command) => run_cluster(command).await,
             Command::Completions { shell } => {
                 let mut command = <Cli as clap::CommandFactory>::command();
                 clap_complete::generate(shell, &mut command, "rota", &mut std::io::stdout());
@@ -398,23 +633,6 @@ fn main() -> ExitCode {
                 emit(target.json, &groups, |groups| {
                     groups.iter().map(|g| format!("{g}\n")).collect()
                 })
-            }
-            Command::Cluster(ClusterCommand::Backup { target, out }) => {
-                let report = cli::cluster::backup(&target.url, &out).await?;
-                emit(target.json, &report, |report| {
-                    format!(
-                        "wrote {} ({} bytes): log index {}, state hash {}; checksum in {}.sha256\n",
-                        report.file,
-                        report.bytes,
-                        report.applied_index,
-                        report.state_hash,
-                        report.file
-                    )
-                })
-            }
-            Command::Cluster(ClusterCommand::Status { url, json }) => {
-                let report = cli::cluster::status(&url).await?;
-                emit(json, &report, cli::cluster::render_table)
             }
             Command::Bench {
                 url,
