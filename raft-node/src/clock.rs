@@ -80,7 +80,7 @@ impl LogClock {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(madsim)))] // paused tokio time; the simulation tests the clock under skew
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::AtomicI64;

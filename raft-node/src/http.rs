@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use http_body_util::LengthLimitError;
 use http_body_util::Limited;
 use hyper_util::rt::TokioIo;
-use hyper_util::rt::TokioTimer;
+
 use hyper_util::service::TowerToHyperService;
 use rpc::worker::ErrorJson;
 use tokio::net::TcpListener;
@@ -51,7 +51,7 @@ pub async fn serve(listener: TcpListener, router: Router, mut shutdown: watch::R
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
+                .timer(crate::runtime::HyperTimer)
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), service);

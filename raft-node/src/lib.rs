@@ -15,6 +15,8 @@ pub mod network;
 pub mod node;
 pub mod openapi;
 pub mod raft_api;
+pub mod runtime;
+pub mod storage;
 pub mod types;
 pub mod worker_api;
 
@@ -22,21 +24,23 @@ use std::io;
 use std::sync::Arc;
 
 use axum::Router;
+use openraft::storage::RaftLogStorage;
 use rpc::client::HttpClient;
-use store_sm::rocks::RocksLogStore;
-use store_sm::snapshot_dir::SnapshotDir;
+use store_sm::log_stats::LogStats;
 use store_sm::state_machine::TaskStateMachine;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::clock::LogClock;
-use crate::clock::SystemClock;
+use crate::clock::WallClock;
 use crate::config::NodeConfig;
 use crate::network::Network;
 use crate::node::Node;
 use crate::node::SharedNode;
+use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
+use crate::types::NodeTypes;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -132,19 +136,46 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
         })
 }
 
-/// Opens storage, starts Raft and both listeners, and forms the cluster if this node is
-/// the one that initialises the static member list.
+/// Opens storage in the data directory (RocksDB and a snapshot directory) and starts
+/// the node on it with the system clock: the daemon's entry point.
+#[cfg(feature = "rocksdb")]
 pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
     let storage_error = |source| StartError::Storage {
         dir: config.data_dir.display().to_string(),
         source,
     };
     std::fs::create_dir_all(&config.data_dir).map_err(storage_error)?;
-    let log_store = RocksLogStore::open(&config.data_dir.join("raft-log"), config.sync)
-        .map_err(storage_error)?;
+    let log_store =
+        store_sm::rocks::RocksLogStore::open(&config.data_dir.join("raft-log"), config.sync)
+            .map_err(storage_error)?;
     let log_stats = log_store.stats();
-    let snapshots = SnapshotDir::open(config.data_dir.join("snapshots")).map_err(storage_error)?;
-    let state_machine = TaskStateMachine::open(snapshots).map_err(storage_error)?;
+    let snapshots = store_sm::snapshot_dir::SnapshotDir::open(config.data_dir.join("snapshots"))
+        .map_err(storage_error)?;
+    start_on(
+        config,
+        log_store,
+        NodeSnapshots::Dir(snapshots),
+        Some(log_stats),
+        clock::SystemClock,
+    )
+    .await
+}
+
+/// Starts Raft on the given storage and both listeners, and forms the cluster if this
+/// node is the one that initialises the static member list. The daemon and the
+/// simulation both start nodes here; only storage and the wall clock differ.
+pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
+    config: NodeConfig,
+    log_store: L,
+    snapshots: NodeSnapshots,
+    log_stats: Option<Arc<LogStats>>,
+    wall: impl WallClock,
+) -> Result<RunningNode, StartError> {
+    let state_machine =
+        TaskStateMachine::open(snapshots).map_err(|source| StartError::Storage {
+            dir: config.data_dir.display().to_string(),
+            source,
+        })?;
     let state = state_machine.reader();
 
     let api_listener = bind(config.listen_api).await?;
@@ -166,9 +197,9 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
         config,
         raft,
         state,
-        LogClock::new(SystemClock),
+        LogClock::new(wall),
         client,
-        Some(log_stats),
+        log_stats,
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![

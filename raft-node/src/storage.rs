@@ -1,0 +1,36 @@
+//! Where a node keeps its snapshots: a snapshot directory in the daemon, the memory store
+//! (with its crash model) in simulation. One type for both keeps the node's openraft
+//! types the same in every build; the log store is passed to [`crate::start_on`] as a
+//! value and needs no such type.
+
+use std::io;
+
+use store_sm::memory::MemSnapshots;
+use store_sm::snapshot_dir::SnapshotDir;
+use store_sm::state_machine::SnapshotPersistence;
+use store_sm::state_machine::StoredSnapshot;
+
+/// The snapshot store of a node.
+#[derive(Clone)]
+pub enum NodeSnapshots {
+    /// Files in the data directory.
+    Dir(SnapshotDir),
+    /// The simulated disk.
+    Memory(MemSnapshots),
+}
+
+impl SnapshotPersistence for NodeSnapshots {
+    fn save(&self, snapshot: &StoredSnapshot) -> io::Result<()> {
+        match self {
+            Self::Dir(dir) => dir.save(snapshot),
+            Self::Memory(memory) => memory.save(snapshot),
+        }
+    }
+
+    fn load(&self) -> io::Result<Option<StoredSnapshot>> {
+        match self {
+            Self::Dir(dir) => dir.load(),
+            Self::Memory(memory) => memory.load(),
+        }
+    }
+}

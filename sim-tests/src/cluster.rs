@@ -1,0 +1,256 @@
+//! `SimCluster`: real nodes on simulated hosts, each with a memory disk kept outside the
+//! host so that it survives kill and restart.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::net::Ipv4Addr;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use madsim::runtime::Handle;
+use madsim::runtime::NodeHandle;
+use raft_node::clock::WallClock;
+use raft_node::config::Flags;
+use raft_node::config::NodeConfig;
+use raft_node::storage::NodeSnapshots;
+use rpc::admin::ClusterStatusJson;
+use rpc::admin::StateHashJson;
+use rpc::client::HttpClient;
+use store_sm::memory::MemDisk;
+use store_sm::raft_types::SyncMode;
+
+/// Port of every node's worker and admin API.
+pub const API_PORT: u16 = 7001;
+/// Port of every node's Raft listener.
+pub const RAFT_PORT: u16 = 8001;
+/// Deadline of one call from the harness.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A node's wall clock: the simulator's clock plus a per-node offset, so tests can skew
+/// one node's clock without touching the others.
+#[derive(Clone, Default)]
+pub struct SkewedClock {
+    offset_ms: Arc<AtomicI64>,
+}
+
+impl SkewedClock {
+    /// Moves this clock by `delta_ms` (forward or back).
+    pub fn jump(&self, delta_ms: i64) {
+        self.offset_ms.fetch_add(delta_ms, Ordering::SeqCst);
+    }
+}
+
+impl WallClock for SkewedClock {
+    fn now_ms(&self) -> i64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        now + self.offset_ms.load(Ordering::SeqCst)
+    }
+}
+
+/// One simulated member.
+pub struct SimNode {
+    /// Node id.
+    pub id: u64,
+    /// Its address on the simulated network.
+    pub ip: IpAddr,
+    /// Its disk, outside the host: it outlives kills and restarts.
+    pub disk: MemDisk,
+    /// Its wall clock's skew.
+    pub clock: SkewedClock,
+    host: NodeHandle,
+}
+
+impl SimNode {
+    /// `ip:port` of the worker API.
+    pub fn api_addr(&self) -> String {
+        SocketAddr::new(self.ip, API_PORT).to_string()
+    }
+}
+
+/// A cluster of simulated nodes formed from a static member list, plus a client host.
+pub struct SimCluster {
+    handle: Handle,
+    /// The members by id.
+    pub nodes: BTreeMap<u64, SimNode>,
+    client: NodeHandle,
+}
+
+fn node_ip(id: u64) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8))
+}
+
+fn config(id: u64, members: &[u64]) -> NodeConfig {
+    let initial = members
+        .iter()
+        .map(|&m| {
+            let ip = node_ip(m);
+            format!("{m}={ip}:{API_PORT}/{ip}:{RAFT_PORT}")
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let ip = node_ip(id);
+    let flags = Flags {
+        id: Some(id),
+        data_dir: Some(format!("/sim/node-{id}").into()),
+        listen_api: Some(SocketAddr::new(ip, API_PORT)),
+        listen_raft: Some(SocketAddr::new(ip, RAFT_PORT)),
+        initial_cluster: Some(initial),
+        snapshot_every_entries: Some(200),
+        logs_kept_after_snapshot: Some(50),
+        ..Flags::default()
+    };
+    NodeConfig::validate(flags).unwrap_or_else(|e| panic!("simulated node {id}: {e}"))
+}
+
+impl SimCluster {
+    /// Starts `n` nodes (ids 1..=n) forming one cluster, and a client host.
+    pub fn start(n: u64) -> Self {
+        let handle = Handle::current();
+        let members: Vec<u64> = (1..=n).collect();
+        let mut nodes = BTreeMap::new();
+        for &id in &members {
+            let disk = MemDisk::new();
+            let clock = SkewedClock::default();
+            let config = config(id, &members);
+            let (host_disk, host_clock) = (disk.clone(), clock.clone());
+            let host = handle
+                .create_node()
+                .name(format!("node-{id}"))
+                .ip(node_ip(id))
+                .init(move || {
+                    let (config, disk, clock) =
+                        (config.clone(), host_disk.clone(), host_clock.clone());
+                    async move {
+                        let log = disk.log_store(SyncMode::Always);
+                        let snapshots = NodeSnapshots::Memory(disk.snapshots());
+                        let running = raft_node::start_on(config, log, snapshots, None, clock)
+                            .await
+                            .unwrap_or_else(|e| panic!("node {id} does not start: {e}"));
+                        // Serve until the host is killed; killing drops this future.
+                        std::future::pending::<()>().await;
+                        drop(running);
+                    }
+                })
+                .build();
+            nodes.insert(
+                id,
+                SimNode {
+                    id,
+                    ip: node_ip(id),
+                    disk,
+                    clock,
+                    host,
+                },
+            );
+        }
+        let client = handle
+            .create_node()
+            .name("client")
+            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)))
+            .build();
+        Self {
+            handle,
+            nodes,
+            client,
+        }
+    }
+
+    /// The client host, where workloads run.
+    pub fn client(&self) -> &NodeHandle {
+        &self.client
+    }
+
+    /// Stops node `id` at once, as `kill -9` would; its disk keeps what was written.
+    pub fn kill(&self, id: u64) {
+        self.handle.kill(self.nodes[&id].host.id());
+    }
+
+    /// Kills node `id` and drops every write its disk had not synced: a power cut.
+    pub fn crash(&self, id: u64) {
+        self.kill(id);
+        self.nodes[&id].disk.crash();
+    }
+
+    /// Starts node `id` again from its disk.
+    pub fn restart(&self, id: u64) {
+        self.handle.restart(self.nodes[&id].host.id());
+    }
+
+    /// Runs `f` on the client host and waits for it.
+    pub async fn on_client<F, T>(&self, f: F) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.client
+            .spawn(f)
+            .await
+            .unwrap_or_else(|e| panic!("client task failed: {e}"))
+    }
+
+    /// `/cluster` of node `id`, asked from the client host.
+    pub async fn status(&self, id: u64) -> Option<ClusterStatusJson> {
+        let addr = self.nodes[&id].api_addr();
+        self.on_client(async move {
+            let client = HttpClient::new();
+            let response = client.get(&addr, "/cluster", CALL_TIMEOUT).await.ok()?;
+            response.json(&addr).ok()
+        })
+        .await
+    }
+
+    /// `/admin/state-hash` of node `id`.
+    pub async fn state_hash(&self, id: u64) -> Option<StateHashJson> {
+        let addr = self.nodes[&id].api_addr();
+        self.on_client(async move {
+            let client = HttpClient::new();
+            let response = client
+                .get(&addr, "/admin/state-hash", CALL_TIMEOUT)
+                .await
+                .ok()?;
+            response.json(&addr).ok()
+        })
+        .await
+    }
+
+    /// Waits (in simulated time) until every node in `ids` names the same leader.
+    pub async fn wait_leader(&self, ids: &[u64], within: Duration) -> Option<u64> {
+        let deadline = madsim::time::Instant::now() + within;
+        while madsim::time::Instant::now() < deadline {
+            let mut leaders = Vec::new();
+            for &id in ids {
+                leaders.push(self.status(id).await.and_then(|s| s.leader));
+            }
+            if let Some(Some(leader)) = leaders.first()
+                && leaders.iter().all(|l| *l == Some(*leader))
+            {
+                return Some(*leader);
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    /// Waits until `ids` report equal applied index and state hash; returns the hash.
+    pub async fn wait_converged(&self, ids: &[u64], within: Duration) -> Option<StateHashJson> {
+        let deadline = madsim::time::Instant::now() + within;
+        while madsim::time::Instant::now() < deadline {
+            let mut hashes = Vec::new();
+            for &id in ids {
+                hashes.push(self.state_hash(id).await);
+            }
+            if let Some(Some(first)) = hashes.first()
+                && hashes.iter().all(|h| h.as_ref() == Some(first))
+            {
+                return Some(first.clone());
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+}
