@@ -78,6 +78,8 @@ pub struct SimCluster {
     /// The members by id.
     pub nodes: BTreeMap<u64, SimNode>,
     client: NodeHandle,
+    /// Links cut by [`SimCluster::cut`], as (from, to) node ids, to heal later.
+    cut_links: std::sync::Mutex<std::collections::BTreeSet<(u64, u64)>>,
 }
 
 fn node_ip(id: u64) -> IpAddr {
@@ -157,7 +159,75 @@ impl SimCluster {
             handle,
             nodes,
             client,
+            cut_links: std::sync::Mutex::new(Default::default()),
         }
+    }
+
+    fn host_id(&self, id: u64) -> madsim::task::NodeId {
+        self.nodes[&id].host.id()
+    }
+
+    /// Freezes node `id` (its tasks stop; timers of others run on), as SIGSTOP would.
+    pub fn pause(&self, id: u64) {
+        self.handle.pause(self.host_id(id));
+    }
+
+    /// Lets a paused node run again.
+    pub fn resume(&self, id: u64) {
+        self.handle.resume(self.host_id(id));
+    }
+
+    /// Drops every packet from node `from` to node `to` (one way).
+    pub fn cut(&self, from: u64, to: u64) {
+        madsim::net::NetSim::current().clog_link(self.host_id(from), self.host_id(to));
+        self.cut_links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((from, to));
+    }
+
+    /// Splits the members into `groups` that cannot reach each other; the client
+    /// still reaches everyone.
+    pub fn partition(&self, groups: &[Vec<u64>]) {
+        for (i, a) in groups.iter().enumerate() {
+            for b in groups.iter().skip(i + 1) {
+                for &x in a {
+                    for &y in b {
+                        self.cut(x, y);
+                        self.cut(y, x);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Restores every cut link and a clean network.
+    pub fn heal(&self) {
+        let net = madsim::net::NetSim::current();
+        let links = std::mem::take(&mut *self.cut_links.lock().unwrap_or_else(|p| p.into_inner()));
+        for (from, to) in links {
+            net.unclog_link(self.host_id(from), self.host_id(to));
+        }
+        net.update_config(|config| *config = madsim::net::Config::default());
+    }
+
+    /// Makes every link lossy and slow: each packet is lost with probability `loss` and
+    /// delayed by a time in `latency`.
+    pub fn degrade(&self, loss: f64, latency: std::ops::Range<Duration>) {
+        madsim::net::NetSim::current().update_config(|config| {
+            config.packet_loss_rate = loss;
+            config.send_latency = latency;
+        });
+    }
+
+    /// Moves node `id`'s wall clock by `delta_ms`.
+    pub fn skew_clock(&self, id: u64, delta_ms: i64) {
+        self.nodes[&id].clock.jump(delta_ms);
+    }
+
+    /// The API addresses of every member.
+    pub fn api_addrs(&self) -> Vec<String> {
+        self.nodes.values().map(SimNode::api_addr).collect()
     }
 
     /// The client host, where workloads run.

@@ -7,3 +7,5 @@
 
 #[cfg(madsim)]
 pub mod cluster;
+#[cfg(madsim)]
+pub mod workload;
