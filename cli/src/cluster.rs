@@ -9,10 +9,9 @@ use rpc::client::HttpMethod;
 use serde::Serialize;
 
 use crate::CliError;
+use crate::membership::status_of;
 use crate::nodes::Nodes;
-
-/// Deadline of one member's health probe.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+use crate::nodes::PROBE_TIMEOUT;
 
 /// What `status --json` prints.
 #[derive(Serialize)]
@@ -111,10 +110,7 @@ pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupRepo
             .unwrap_or("unknown")
             .to_string()
     };
-    let file_sha256: String = sha2::Sha256::digest(&response.body)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let file_sha256 = hex(&sha2::Sha256::digest(&response.body));
     let io =
         |what: &str, e: std::io::Error| CliError::Failed(format!("{what} {}: {e}", out.display()));
     let temp = out.with_extension("partial");
@@ -175,7 +171,12 @@ pub fn backup_state_hash(bytes: &[u8]) -> Result<String, String> {
     if sha2::Sha256::digest(body).as_slice() != trailer {
         return Err("its checksum does not match: the file is corrupt".into());
     }
-    Ok(trailer.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(trailer))
+}
+
+/// Lower-case hex, as `sha256sum` prints it.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Compares `file` with `FILE.sha256` (as `backup` wrote it) when that file exists.
@@ -186,10 +187,7 @@ fn check_sums_file(file: &std::path::Path, bytes: &[u8]) -> Result<(), CliError>
         return Ok(());
     };
     let recorded = text.split_whitespace().next().unwrap_or_default();
-    let actual: String = sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let actual = hex(&sha2::Sha256::digest(bytes));
     if recorded != actual {
         return Err(CliError::Failed(format!(
             "{} does not match {} (sha256 {actual}, recorded {recorded}); the backup was changed or damaged",
@@ -267,52 +265,58 @@ pub async fn restore(
             first.id, restored.state_hash
         )));
     }
+    // Wait on the cheap status until every member has applied the restored entry, then
+    // hash each member's state once (hashing is O(tasks)).
     let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let mut holding = BTreeMap::new();
+    let leader = loop {
+        let mut caught_up = Vec::new();
         let mut leader = None;
         for member in &members {
-            let hash = client
-                .get(&member.api_addr, "/admin/state-hash", PROBE_TIMEOUT)
-                .await
-                .ok()
-                .and_then(|r| r.success(&member.api_addr).ok())
-                .and_then(|r| r.json::<rpc::admin::StateHashJson>(&member.api_addr).ok());
-            let view = client
-                .get(&member.api_addr, "/cluster", PROBE_TIMEOUT)
-                .await
-                .ok()
-                .and_then(|r| r.success(&member.api_addr).ok())
-                .and_then(|r| r.json::<ClusterStatusJson>(&member.api_addr).ok());
-            leader = leader.or(view.and_then(|v| v.leader));
-            if let Some(hash) = hash.filter(|h| h.applied_index >= Some(restored.applied_index)) {
-                holding.insert(member.id, hash);
+            if let Some(view) = status_of(&client, &member.api_addr).await {
+                leader = leader.or(view.leader);
+                if view.applied_index >= Some(restored.applied_index) {
+                    caught_up.push(member.id);
+                }
             }
         }
         if let Some(leader) = leader
-            && holding.len() == members.len()
+            && caught_up.len() == members.len()
         {
-            if let Some((id, wrong)) = holding.iter().find(|(_, h)| h.state_hash != backup_hash) {
-                return Err(CliError::Failed(format!(
-                    "node {id} holds state hash {} after the restore, not the backup's {backup_hash}",
-                    wrong.state_hash
-                )));
-            }
-            return Ok(RestoreReport {
-                file: file.display().to_string(),
-                backup_state_hash: backup_hash,
-                tasks: restored.tasks,
-                members: holding,
-                leader,
-            });
+            break leader;
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(CliError::Unreachable(format!(
-                "the backup is installed on node {}, but after {timeout:?} only nodes {:?} hold it (leader {leader:?}); check `rota cluster status` on the new cluster",
-                first.id,
-                holding.keys().collect::<Vec<_>>()
+                "the backup is installed on node {}, but after {timeout:?} only nodes {caught_up:?} hold it (leader {leader:?}); check `rota cluster status` on the new cluster",
+                first.id
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut holding = BTreeMap::new();
+    for member in &members {
+        let hash: rpc::admin::StateHashJson = client
+            .get(
+                &member.api_addr,
+                "/admin/state-hash",
+                RESTORE_UPLOAD_TIMEOUT,
+            )
+            .await
+            .map_err(|e| CliError::Unreachable(e.to_string()))?
+            .json(&member.api_addr)
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        if hash.state_hash != backup_hash {
+            return Err(CliError::Failed(format!(
+                "node {} holds state hash {} after the restore, not the backup's {backup_hash}",
+                member.id, hash.state_hash
+            )));
+        }
+        holding.insert(member.id, hash);
     }
+    Ok(RestoreReport {
+        file: file.display().to_string(),
+        backup_state_hash: backup_hash,
+        tasks: restored.tasks,
+        members: holding,
+        leader,
+    })
 }

@@ -517,7 +517,7 @@ async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
         }
         ClusterCommand::Snapshot { target, wait } => {
             let admin = Admin::new(&target.url, wait.duration())?;
-            let reports = admin.snapshot(&target.url).await?;
+            let reports = admin.snapshot().await?;
             emit(target.json, &reports, |reports| {
                 let index = |i: Option<u64>| i.map_or("none".to_string(), |i| i.to_string());
                 reports

@@ -17,9 +17,7 @@ use tokio::time::Instant;
 
 use crate::CliError;
 use crate::nodes::Nodes;
-
-/// Deadline of one probe of one node.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+use crate::nodes::PROBE_TIMEOUT;
 
 /// A learner is caught up when it is at most this many entries behind the leader's log:
 /// close enough that, once it votes, the next commits do not wait on it.
@@ -365,16 +363,16 @@ impl Admin {
 
     /// Has every node of `--url` build a snapshot and waits until each covers the index
     /// it had applied when asked.
-    pub async fn snapshot(&self, urls: &[String]) -> Result<Vec<SnapshotReport>, CliError> {
+    pub async fn snapshot(&self) -> Result<Vec<SnapshotReport>, CliError> {
         let mut reports = Vec::new();
-        for addr in crate::nodes::addresses(urls)? {
-            let Some(before) = self.status_of(&addr).await else {
+        for addr in self.nodes.addrs() {
+            let Some(before) = self.status_of(addr).await else {
                 return Err(CliError::Unreachable(format!("{addr} does not answer")));
             };
             let response = self
                 .client()
                 .send(
-                    &addr,
+                    addr,
                     HttpMethod::POST,
                     "/admin/snapshot",
                     &[],
@@ -384,11 +382,11 @@ impl Admin {
                 .await
                 .map_err(|e| CliError::Unreachable(e.to_string()))?;
             response
-                .success(&addr)
+                .success(addr)
                 .map_err(|e| CliError::Failed(format!("refused: {e}")))?;
             let deadline = Instant::now() + self.timeout;
             loop {
-                let now = self.status_of(&addr).await;
+                let now = self.status_of(addr).await;
                 if let Some(now) = now.filter(|s| s.snapshot_index >= before.applied_index) {
                     reports.push(SnapshotReport {
                         node: now.id,

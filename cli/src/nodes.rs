@@ -16,6 +16,9 @@ use crate::CliError;
 /// Deadline of one call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Deadline of one probe of one node (health, status).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Turns `--url` values (`host:port` or `http://host:port`, comma-separated) into
 /// addresses, in the order given.
 pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
@@ -51,6 +54,11 @@ impl Nodes {
             client: HttpClient::new(),
             addrs: addresses(urls)?,
         })
+    }
+
+    /// The addresses of `--url`, in the order given.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
     }
 
     /// The HTTP client, for calls to one particular node.

@@ -411,9 +411,7 @@ async fn get_backup(
                 .await);
         }
     };
-    let bytes = store_sm::snapshot::encode_snapshot(&state.machine);
-    let hash =
-        store_sm::snapshot::snapshot_hash(&bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (bytes, hash) = store_sm::snapshot::encode_snapshot_with_hash(&state.machine);
     let index = state.applied.map_or(0, |id| id.index());
     Ok((
         [
@@ -472,9 +470,7 @@ async fn post_restore(
         }
     }
     let bytes = read_body(&headers, body, RESTORE_BYTES_MAX).await?;
-    let machine = store_sm::snapshot::decode_snapshot(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("the body is not a usable backup: {e}")))?;
-    let state_hash = store_sm::snapshot::snapshot_hash(&bytes)
+    let (machine, state_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a usable backup: {e}")))?;
     let voters: std::collections::BTreeSet<NodeId> = members.keys().copied().collect();
     let log_id = openraft::LogId::new(
@@ -491,7 +487,7 @@ async fn post_restore(
                 membership,
             ),
         },
-        snapshot: bytes.to_vec().into(),
+        snapshot: std::sync::Arc::from(&bytes[..]),
     };
     node.raft
         .install_full_snapshot(openraft::Vote::new_committed(1, RESTORE_LEADER), snapshot)

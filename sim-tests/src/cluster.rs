@@ -263,29 +263,32 @@ impl SimCluster {
             .unwrap_or_else(|e| panic!("client task failed: {e}"))
     }
 
-    /// `/cluster` of node `id`, asked from the client host.
-    pub async fn status(&self, id: u64) -> Option<ClusterStatusJson> {
+    /// `GET path` on node `id` from the client host, parsed as JSON; `None` if the node
+    /// does not answer or answers something else.
+    pub async fn get_json<T>(&self, id: u64, path: &str) -> Option<T>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+    {
         let addr = self.nodes[&id].api_addr();
+        let path = path.to_string();
         self.on_client(async move {
-            let client = HttpClient::new();
-            let response = client.get(&addr, "/cluster", CALL_TIMEOUT).await.ok()?;
-            response.json(&addr).ok()
-        })
-        .await
-    }
-
-    /// `/admin/state-hash` of node `id`.
-    pub async fn state_hash(&self, id: u64) -> Option<StateHashJson> {
-        let addr = self.nodes[&id].api_addr();
-        self.on_client(async move {
-            let client = HttpClient::new();
-            let response = client
-                .get(&addr, "/admin/state-hash", CALL_TIMEOUT)
+            let response = HttpClient::new()
+                .get(&addr, &path, CALL_TIMEOUT)
                 .await
                 .ok()?;
             response.json(&addr).ok()
         })
         .await
+    }
+
+    /// `/cluster` of node `id`, asked from the client host.
+    pub async fn status(&self, id: u64) -> Option<ClusterStatusJson> {
+        self.get_json(id, "/cluster").await
+    }
+
+    /// `/admin/state-hash` of node `id`.
+    pub async fn state_hash(&self, id: u64) -> Option<StateHashJson> {
+        self.get_json(id, "/admin/state-hash").await
     }
 
     /// Waits (in simulated time) until every node in `ids` names the same leader.

@@ -361,10 +361,7 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
             let Some(duration) = claimed else { continue };
             report.claims += 1;
             let claimed_at = after.timespec - duration;
-            if before.ownerid != 0
-                && before.ownerid != after.ownerid
-                && claimed_at < before.timespec
-            {
+            if before.ownerid != after.ownerid && claimed_at < before.timespec {
                 problems.push(format!(
                     "payload {data:?}: client {} claimed version {} at {claimed_at} while client {} owned version {} until {}",
                     after.ownerid, after.id, before.ownerid, before.id, before.timespec

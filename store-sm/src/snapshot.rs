@@ -235,9 +235,14 @@ pub fn write_snapshot<W: Write>(machine: &TaskMachine, mut out: W) -> io::Result
 
 /// Encodes `machine` as a snapshot in memory.
 pub fn encode_snapshot(machine: &TaskMachine) -> Vec<u8> {
+    encode_snapshot_with_hash(machine).0
+}
+
+/// Encodes `machine` as a snapshot in memory and returns its state hash too.
+pub fn encode_snapshot_with_hash(machine: &TaskMachine) -> (Vec<u8>, StateHash) {
     let mut bytes = Vec::new();
     // Writing to a Vec cannot fail.
-    write_snapshot(machine, &mut bytes).map_or_else(|e| unreachable!("{e}"), |_| bytes)
+    write_snapshot(machine, &mut bytes).map_or_else(|e| unreachable!("{e}"), |hash| (bytes, hash))
 }
 
 /// The machine's state hash, computed without keeping the encoding.
@@ -288,7 +293,15 @@ fn take<T: serde::de::DeserializeOwned>(input: &mut &[u8]) -> Result<T, Snapshot
 
 /// Decodes a snapshot into a machine equal to the one encoded (equal state hash).
 pub fn decode_snapshot(bytes: &[u8]) -> Result<TaskMachine, SnapshotError> {
+    decode_snapshot_with_hash(bytes).map(|(machine, _)| machine)
+}
+
+/// Like [`decode_snapshot`], also returning the state hash, which the checksum check
+/// has already computed.
+pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash), SnapshotError> {
     let (version, mut input) = checked_versioned_body(bytes)?;
+    let mut hash = [0; DIGEST_BYTES];
+    hash.copy_from_slice(&bytes[HEADER_BYTES + input.len()..]);
     let head: Head = if version == 1 {
         let v1: HeadV1 = take(&mut input)?;
         Head {
@@ -341,8 +354,9 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<TaskMachine, SnapshotError> {
             input.len()
         )));
     }
-    TaskMachine::from_parts(head.next_id, head.last_time_ms, tasks, dedup, members)
-        .map_err(SnapshotError::Invalid)
+    let machine = TaskMachine::from_parts(head.next_id, head.last_time_ms, tasks, dedup, members)
+        .map_err(SnapshotError::Invalid)?;
+    Ok((machine, StateHash(hash)))
 }
 
 #[cfg(test)]
@@ -392,6 +406,12 @@ mod tests {
         let restored = decode_snapshot(&bytes).expect("decodes");
         assert_eq!(state_hash(&restored), state_hash(&machine));
         assert_eq!(snapshot_hash(&bytes).expect("hash"), state_hash(&machine));
+        let (decoded, hash) = decode_snapshot_with_hash(&bytes).expect("decodes");
+        assert_eq!(
+            (state_hash(&decoded), hash),
+            (state_hash(&machine), state_hash(&machine))
+        );
+        assert_eq!(encode_snapshot_with_hash(&machine), (bytes.clone(), hash));
         assert_eq!(restored.next_id(), machine.next_id());
         assert_eq!(restored.groups(), machine.groups());
         assert_eq!(restored.dedup().len(), 2);
