@@ -1,11 +1,21 @@
 //! Log time: the clock a leader stamps into each command.
 //!
-//! Every node runs one [`LogClock`] from start. It follows the monotonic clock and
-//! corrects toward the wall clock by at most [`SLEW_RATE`] of elapsed time, so a jump of
-//! the wall clock (forward or back, by any amount) moves log time, and thus any lease's
-//! expiry, by at most 1% of the time that passes while it catches up. A node trusts its
-//! wall clock once, at start. The state machine adds the other half of the guarantee:
-//! applied time is `max(stamp, previous)`, so log time never goes back across leaders.
+//! Every node runs one [`LogClock`]. It follows the monotonic clock and corrects toward
+//! the wall clock by at most [`SLEW_RATE`] of elapsed time, so a jump of the wall clock
+//! (forward or back, by any amount) changes the rate of log time, and thus any lease's
+//! length, by at most 1%. While a node follows, it moves its clock to the time of every
+//! entry it applies ([`LogClock::follow`]), so a node that becomes leader continues the
+//! cluster's time rather than starting from its own wall clock: a node whose wall clock
+//! jumped ahead and that restarted would otherwise expire every lease early the moment
+//! it led (the simulation found this). A node that leads before its clock has taken the
+//! log's time stamps the last applied time instead (`Node::stamp_ms`); only the first
+//! leader of a new cluster, with no time in its log, trusts its wall clock. The state
+//! machine adds the other half of the guarantee: applied time is
+//! `max(stamp, previous)`, so log time never goes back across leaders.
+//!
+//! After the whole cluster was down, the first leader continues from the last applied
+//! entry's time: leases are extended by the outage, never cut short, and log time then
+//! closes the gap to the wall clock at 1% of elapsed time.
 
 use std::sync::Mutex;
 
@@ -36,6 +46,8 @@ impl WallClock for SystemClock {
 struct ClockState {
     last_mono_ms: f64,
     offset_ms: f64,
+    /// Whether [`LogClock::follow`] has set the clock from the log yet.
+    follows_log: bool,
 }
 
 /// Monotonic time slewed toward the wall clock; see the module documentation.
@@ -63,12 +75,36 @@ impl LogClock {
             state: Mutex::new(ClockState {
                 last_mono_ms: 0.0,
                 offset_ms,
+                follows_log: false,
             }),
         }
     }
 
-    /// Log time now, in milliseconds since the Unix epoch; never decreases.
+    /// Sets log time now to `log_ms`, the time of the entry this follower just applied.
+    /// The leader never calls it: its own stamps are the cluster's time.
+    pub fn follow(&self, log_ms: i64) {
+        let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.last_mono_ms = state.last_mono_ms.max(mono_ms);
+        state.offset_ms = log_ms as f64 - state.last_mono_ms;
+        state.follows_log = true;
+    }
+
+    /// Whether the clock has taken the cluster's time from the log since this process
+    /// started; until then it runs on the wall clock read at start.
+    pub fn follows_log(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .follows_log
+    }
+
+    /// Log time now, in milliseconds since the Unix epoch; never decreases between calls
+    /// to [`LogClock::follow`].
     pub fn now_ms(&self) -> i64 {
+        if store_sm::planted::is_planted(store_sm::planted::Bug::WallClockLease) {
+            return self.wall.now_ms();
+        }
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let target_offset = self.wall.now_ms() as f64 - mono_ms;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -118,5 +154,24 @@ mod tests {
             );
         }
         assert!(clock.now_ms() > start, "log time never goes back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_takes_the_log_time_and_then_slews_from_it() {
+        let jump = JumpingClock::default();
+        jump.0.store(600_000, Ordering::SeqCst);
+        let clock = LogClock::new(jump.clone());
+        let log_ms = SystemClock.now_ms();
+        clock.follow(log_ms);
+        assert!(
+            (clock.now_ms() - log_ms).abs() <= 1,
+            "follows the log, not its wall clock"
+        );
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let moved = clock.now_ms() - log_ms;
+        assert!(
+            (10_000..=10_101).contains(&moved),
+            "then runs at most 1% fast toward its wall clock: moved {moved} ms in 10 s"
+        );
     }
 }

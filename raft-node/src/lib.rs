@@ -89,6 +89,8 @@ pub struct RunningNode {
     pub node: SharedNode,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    /// Ends once Raft has shut down.
+    log_time: JoinHandle<()>,
 }
 
 impl RunningNode {
@@ -101,6 +103,7 @@ impl RunningNode {
         if let Err(e) = self.node.raft.shutdown().await {
             tracing::warn!(error = %e, "Raft did not shut down cleanly");
         }
+        let _ = self.log_time.await;
     }
 }
 
@@ -214,6 +217,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             shutdown_rx,
         )),
     ];
+    let log_time = tokio::spawn(node.clone().follow_log_time());
     bootstrap(&node).await;
     tracing::info!(
         id = node.id(),
@@ -226,6 +230,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         node,
         shutdown,
         servers,
+        log_time,
     })
 }
 

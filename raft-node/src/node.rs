@@ -147,7 +147,7 @@ impl Node {
         forwarded: bool,
     ) -> Result<WriteTarget, ApiError> {
         let command = Command {
-            stamp_ms: self.clock.now_ms(),
+            stamp_ms: self.stamp_ms(),
             request_id,
             request,
         };
@@ -198,7 +198,7 @@ impl Node {
     /// Decides where a read is served. Stale reads are local; linearizable reads are
     /// local on a leader that confirmed its leadership with a quorum, else forwarded.
     pub async fn read_target(&self, stale: bool, forwarded: bool) -> Result<ReadTarget, ApiError> {
-        if stale {
+        if stale || self.planted_follower_read() {
             let state = self.state.snapshot();
             let now = state.machine.last_time_ms();
             return Ok(ReadTarget::Local(Box::new(state), now));
@@ -276,6 +276,56 @@ impl Node {
             ))
             .into_response(),
         }
+    }
+
+    /// The time to stamp on a command. A clock that has not yet taken the cluster's time
+    /// from the log (this process just started and leads at once) holds at the last
+    /// applied time rather than trust its own wall clock, except in a new cluster, where
+    /// nothing else tells the time.
+    fn stamp_ms(&self) -> Millis {
+        let applied_ms = self.state.read(|s| s.machine.last_time_ms());
+        if self.clock.follows_log() || applied_ms == 0 {
+            self.clock.now_ms()
+        } else {
+            applied_ms
+        }
+    }
+
+    /// Sets this node's log clock to the time of each entry it applies that another
+    /// leader (or this node in an earlier term) stamped (see [`crate::clock`]); ends when
+    /// Raft shuts down.
+    pub async fn follow_log_time(self: Arc<Self>) {
+        let mut metrics = self.raft.metrics();
+        let mut seen_applied = None;
+        loop {
+            let (stamped_here, applied) = {
+                let now = metrics.borrow_watched();
+                let stamped_here = now.last_applied.is_some_and(|id| {
+                    let leader = id.committed_leader_id();
+                    now.state == ServerState::Leader
+                        && leader.term == now.current_term
+                        && leader.node_id == self.config.id
+                });
+                (stamped_here, now.last_applied)
+            };
+            if !stamped_here && applied.is_some() && applied != seen_applied {
+                let log_ms = self.state.read(|s| s.machine.last_time_ms());
+                if log_ms > 0 {
+                    self.clock.follow(log_ms);
+                }
+            }
+            seen_applied = applied;
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Whether the simulation planted "followers answer linearizable reads locally" and
+    /// this node follows.
+    fn planted_follower_read(&self) -> bool {
+        store_sm::planted::is_planted(store_sm::planted::Bug::FollowerRead)
+            && self.raft.metrics().borrow_watched().current_leader != Some(self.config.id)
     }
 
     /// Whether this node has a leader and has applied nearly all it knows is committed

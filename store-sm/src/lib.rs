@@ -6,12 +6,14 @@
 //! - [`state_machine`]: openraft's state machine around the task machine.
 //! - [`memory`]: a log and snapshot store in memory with a crash model (tests, simulation).
 //! - [`snapshot_dir`]: snapshot persistence in a directory (production).
+//! - [`planted`]: known bugs the simulation plants to test its checkers (feature `planted-bugs`).
 //! - `rocks` (feature `rocksdb`): the RocksDB log store (production).
 
 pub mod codec;
 pub mod log_stats;
 pub mod machine;
 pub mod memory;
+pub mod planted;
 pub mod raft_types;
 pub mod snapshot;
 pub mod snapshot_dir;

@@ -21,6 +21,8 @@ use openraft::RaftLogReader;
 use openraft::storage::IOFlushed;
 use openraft::storage::RaftLogStorage;
 
+use crate::planted::Bug;
+use crate::planted::is_planted;
 use crate::raft_types::RotaConfig;
 use crate::raft_types::RotaEntry;
 use crate::raft_types::RotaLogId;
@@ -240,7 +242,8 @@ impl<C: RotaConfig> RaftLogStorage<C> for MemLogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<RotaEntry> = entries.into_iter().collect();
-        self.write(LogOp::Append(entries), self.sync_appends());
+        let sync = self.sync_appends() && !is_planted(Bug::AckBeforeSync);
+        self.write(LogOp::Append(entries), sync);
         callback.io_completed(Ok(()));
         Ok(())
     }

@@ -158,6 +158,12 @@ impl TaskMachine {
         }
         refusals.extend(self.missing_depends(&update.depends));
         if !refusals.is_empty() {
+            if crate::planted::is_planted(crate::planted::Bug::PartialTransaction) {
+                for (add, at_ms) in update.adds.iter().zip(add_times) {
+                    let group = self.intern_group(&add.group);
+                    self.insert_new(group, add.data.clone(), at_ms, update.client);
+                }
+            }
             return Outcome::Refused(refusals);
         }
 
@@ -419,6 +425,9 @@ impl TaskMachine {
         }
         for (key, time_ms, outcome) in dedup {
             machine.dedup.insert(key, time_ms, outcome);
+        }
+        if crate::planted::is_planted(crate::planted::Bug::IdReuse) {
+            machine.next_id = machine.tasks.keys().next_back().map_or(1, |last| last + 1);
         }
         Ok(machine)
     }

@@ -1,0 +1,95 @@
+//! Known bugs the simulation plants one at a time to prove its checkers catch them.
+//!
+//! The hooks exist only with the `planted-bugs` feature, which only the simulation build
+//! enables; without it [`is_planted`] is `false` and compiles away. A bug is planted per
+//! thread because madsim runs a whole simulated cluster on one thread, and the `sim`
+//! runner runs several seeds side by side on different threads.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A bug the simulation can plant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bug {
+    /// The log store acknowledges an append before the entries are synced.
+    AckBeforeSync,
+    /// A follower answers a linearizable read from its own state.
+    FollowerRead,
+    /// The leader stamps commands, and so judges lease expiry, by its raw wall clock.
+    WallClockLease,
+    /// A node that loads a snapshot numbers new tasks after the highest live id.
+    IdReuse,
+    /// A refused update still applies its adds.
+    PartialTransaction,
+}
+
+impl Bug {
+    /// Every bug, in a fixed order.
+    pub const ALL: [Bug; 5] = [
+        Bug::AckBeforeSync,
+        Bug::FollowerRead,
+        Bug::WallClockLease,
+        Bug::IdReuse,
+        Bug::PartialTransaction,
+    ];
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::AckBeforeSync => "ack-before-sync",
+            Bug::FollowerRead => "follower-read",
+            Bug::WallClockLease => "wall-clock-lease",
+            Bug::IdReuse => "id-reuse",
+            Bug::PartialTransaction => "partial-transaction",
+        }
+    }
+}
+
+impl fmt::Display for Bug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// A name that is not a known bug.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction"
+)]
+pub struct UnknownBug(String);
+
+impl FromStr for Bug {
+    type Err = UnknownBug;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Bug::ALL
+            .into_iter()
+            .find(|bug| bug.name() == name)
+            .ok_or_else(|| UnknownBug(name.to_string()))
+    }
+}
+
+#[cfg(feature = "planted-bugs")]
+thread_local! {
+    static PLANTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Plants `bug` (or none) for everything that runs on this thread from now on.
+#[cfg(feature = "planted-bugs")]
+pub fn plant(bug: Option<Bug>) {
+    PLANTED.with(|planted| planted.set(bug));
+}
+
+/// Whether `bug` is planted on this thread; always `false` without the feature.
+#[inline]
+pub fn is_planted(bug: Bug) -> bool {
+    #[cfg(feature = "planted-bugs")]
+    {
+        PLANTED.with(|planted| planted.get() == Some(bug))
+    }
+    #[cfg(not(feature = "planted-bugs"))]
+    {
+        let _ = bug;
+        false
+    }
+}
