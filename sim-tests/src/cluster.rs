@@ -86,22 +86,28 @@ fn node_ip(id: u64) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8))
 }
 
+/// `id=api/raft` of node `id`, as `--initial-cluster` and the admin API name members.
+pub fn member_spec(id: u64) -> String {
+    let ip = node_ip(id);
+    format!("{id}={ip}:{API_PORT}/{ip}:{RAFT_PORT}")
+}
+
+/// Node `id`'s configuration; with no `members` it starts empty, to be added later.
 fn config(id: u64, members: &[u64]) -> NodeConfig {
-    let initial = members
-        .iter()
-        .map(|&m| {
-            let ip = node_ip(m);
-            format!("{m}={ip}:{API_PORT}/{ip}:{RAFT_PORT}")
-        })
-        .collect::<Vec<_>>()
-        .join(",");
+    let initial = (!members.is_empty()).then(|| {
+        members
+            .iter()
+            .map(|&m| member_spec(m))
+            .collect::<Vec<_>>()
+            .join(",")
+    });
     let ip = node_ip(id);
     let flags = Flags {
         id: Some(id),
         data_dir: Some(format!("/sim/node-{id}").into()),
         listen_api: Some(SocketAddr::new(ip, API_PORT)),
         listen_raft: Some(SocketAddr::new(ip, RAFT_PORT)),
-        initial_cluster: Some(initial),
+        initial_cluster: initial,
         snapshot_every_entries: Some(200),
         logs_kept_after_snapshot: Some(50),
         ..Flags::default()
@@ -112,13 +118,19 @@ fn config(id: u64, members: &[u64]) -> NodeConfig {
 impl SimCluster {
     /// Starts `n` nodes (ids 1..=n) forming one cluster, and a client host.
     pub fn start(n: u64) -> Self {
+        Self::start_with_spares(n, 0)
+    }
+
+    /// Starts `n` nodes (ids 1..=n) forming one cluster, `spares` empty nodes (ids
+    /// n+1..=n+spares) that the admin API can add later, and a client host.
+    pub fn start_with_spares(n: u64, spares: u64) -> Self {
         let handle = Handle::current();
         let members: Vec<u64> = (1..=n).collect();
         let mut nodes = BTreeMap::new();
-        for &id in &members {
+        for id in 1..=n + spares {
             let disk = MemDisk::new();
             let clock = SkewedClock::default();
-            let config = config(id, &members);
+            let config = config(id, if id <= n { &members } else { &[] });
             let (host_disk, host_clock) = (disk.clone(), clock.clone());
             let host = handle
                 .create_node()
@@ -277,6 +289,29 @@ impl SimCluster {
                 .await
                 .ok()?;
             response.json(&addr).ok()
+        })
+        .await
+    }
+
+    /// `POST path` with a JSON body to node `id` from the client host; the status and
+    /// the body, or `None` if the node does not answer.
+    pub async fn post_json(
+        &self,
+        id: u64,
+        path: &str,
+        body: serde_json::Value,
+    ) -> Option<(u16, String)> {
+        let addr = self.nodes[&id].api_addr();
+        let path = path.to_string();
+        self.on_client(async move {
+            let response = HttpClient::new()
+                .post_json(&addr, &path, &body, CALL_TIMEOUT)
+                .await
+                .ok()?;
+            Some((
+                response.status.as_u16(),
+                String::from_utf8_lossy(&response.body).into_owned(),
+            ))
         })
         .await
     }

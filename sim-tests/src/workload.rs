@@ -1,9 +1,8 @@
-//! Simulated workers speaking the HTTP API as real clients do (add, claim, renew,
-//! delete, reads at both consistency levels; a request id on every write, retried
-//! through any node until the outcome is known), and the checks their history must
-//! pass.
+//! Simulated workers speaking the HTTP API as real clients do (add, claim, renew with a
+//! negative timespec, delete, finish-and-follow-up transactions, reads at both
+//! consistency levels; a request id on every write, retried through any node until the
+//! outcome is known). What they see becomes a [`History`] for the checkers.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
@@ -15,72 +14,68 @@ use rpc::client::HttpClient;
 use rpc::worker::TaskJson;
 use rpc::worker::WriteResultJson;
 
+use crate::history::Answer;
+use crate::history::Call;
+use crate::history::History;
+use crate::history::Op;
+
 /// Deadline of one call from a worker.
 pub const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The one group the workers share, so that they contend for the same tasks.
-pub const GROUP: &str = "work";
+/// The groups the workers share; few, so that they contend for the same tasks, and more
+/// than one, so that each group's linearizability search stays small.
+pub const GROUPS: [&str; 3] = ["g0", "g1", "g2"];
 
-/// A write whose outcome a worker learned.
-#[derive(Clone, Debug)]
-pub struct Write {
-    /// The worker (also its client id).
-    pub worker: u64,
-    /// What it asked for.
-    pub kind: WriteKind,
-    /// Simulated time it was first sent, in ms since the run began.
-    pub invoked_ms: u64,
-    /// Simulated time the definite answer arrived.
-    pub completed_ms: u64,
-    /// The answer.
-    pub result: WriteResult,
+/// How often a worker picks each operation, in percent; reads take the rest, and an
+/// operation on an owned task falls through to a read when the worker owns none.
+#[derive(Clone, Copy, Debug)]
+pub struct Mix {
+    /// Adds.
+    pub add: u32,
+    /// Claims.
+    pub claim: u32,
+    /// Deletes of an owned task.
+    pub delete: u32,
+    /// Finish transactions (delete an owned task, add a follow-up).
+    pub finish: u32,
+    /// Renewals of an owned task.
+    pub renew: u32,
 }
 
-/// What a write asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WriteKind {
-    /// Add a task with this payload.
-    Add(String),
-    /// Claim for this long.
-    Claim(i64),
-    /// Renew task `id` for this long, keeping its payload.
-    Renew(u64, String, i64),
-    /// Delete task `id`.
-    Delete(u64),
-}
-
-/// A definite answer.
-#[derive(Clone, Debug)]
-pub enum WriteResult {
-    /// Done; these task versions were written.
-    Tasks(Vec<TaskJson>),
-    /// Refused, nothing changed.
-    Refused(Vec<String>),
-}
-
-/// Everything the workers saw.
-#[derive(Debug, Default)]
-pub struct History {
-    /// Writes with known outcomes, in completion order.
-    pub writes: Vec<Write>,
-    /// Reads that answered.
-    pub reads: u64,
-    /// Calls that failed and were retried (timeouts, 503s, dropped connections).
-    pub retries: u64,
+impl Mix {
+    /// Queues that grow slowly while workers claim, renew and finish.
+    pub const BALANCED: Mix = Mix {
+        add: 30,
+        claim: 25,
+        delete: 10,
+        finish: 10,
+        renew: 10,
+    };
+    /// Few adds, many claims: queues stay nearly empty, so a task whose lease ends is
+    /// claimed again soon, and a lease cut short shows at once.
+    pub const CLAIM_HEAVY: Mix = Mix {
+        add: 15,
+        claim: 40,
+        delete: 5,
+        finish: 10,
+        renew: 15,
+    };
 }
 
 /// Workers running on the client host until stopped.
 pub struct Workers {
     stop: Arc<AtomicBool>,
+    drain: Arc<Drain>,
     history: Arc<Mutex<History>>,
     handles: Vec<madsim::task::JoinHandle<()>>,
 }
 
 impl Workers {
-    /// Starts `count` workers (client ids 1..=count) against `addrs` on the current
-    /// host (call it on the client host).
-    pub fn start(count: u64, addrs: Vec<String>) -> Self {
+    /// Starts `count` workers (client ids 1..=count) with operation `mix` against
+    /// `addrs` on the current host (call it on the client host).
+    pub fn start(count: u64, addrs: Vec<String>, mix: Mix) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let drain = Arc::new(Drain::default());
         let history = Arc::new(Mutex::new(History::default()));
         let started = madsim::time::Instant::now();
         let handles = (1..=count)
@@ -90,20 +85,44 @@ impl Workers {
                     addrs: addrs.clone(),
                     client: HttpClient::new(),
                     stop: stop.clone(),
+                    drain: drain.clone(),
                     history: history.clone(),
                     started,
                     turn: worker as usize,
                     owned: Vec::new(),
                     sent: 0,
+                    mix,
                 };
                 madsim::task::spawn(worker_state.run())
             })
             .collect();
         Self {
             stop,
+            drain,
             history,
             handles,
         }
+    }
+
+    /// Switches every worker to emptying the queues (delete what it owns, claim and
+    /// delete the rest) and waits up to `within` until all find nothing left, as happens
+    /// when a real queue runs dry; says whether they did. Call [`Workers::resume`] after.
+    pub async fn drain(&self, within: Duration) -> bool {
+        self.drain.active.store(true, Ordering::SeqCst);
+        let deadline = madsim::time::Instant::now() + within;
+        while madsim::time::Instant::now() < deadline {
+            if self.drain.dry.load(Ordering::SeqCst) as usize == self.handles.len() {
+                return true;
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// Back to the usual mix after [`Workers::drain`].
+    pub fn resume(&self) {
+        self.drain.active.store(false, Ordering::SeqCst);
+        self.drain.dry.store(0, Ordering::SeqCst);
     }
 
     /// Stops issuing new operations, waits until every worker knows the outcome of its
@@ -117,88 +136,164 @@ impl Workers {
     }
 }
 
+/// The drain switch and how many workers found the queues dry.
+#[derive(Default)]
+struct Drain {
+    active: AtomicBool,
+    dry: std::sync::atomic::AtomicU64,
+}
+
+/// Consecutive empty claims after which a draining worker calls the queues dry.
+const EMPTY_CLAIMS_WHEN_DRY: u32 = 9;
+
 struct Worker {
     id: u64,
     addrs: Vec<String>,
     client: HttpClient,
     stop: Arc<AtomicBool>,
+    drain: Arc<Drain>,
     history: Arc<Mutex<History>>,
     started: madsim::time::Instant,
     turn: usize,
-    /// Task versions (id, payload) this worker claimed and may renew or delete.
-    owned: Vec<(u64, String)>,
+    /// Task versions (id, payload, group) this worker claimed and may renew or finish.
+    owned: Vec<(u64, String, &'static str)>,
     sent: u64,
+    mix: Mix,
 }
 
 impl Worker {
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+    fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
     }
 
     fn record<F: FnOnce(&mut History)>(&self, f: F) {
         f(&mut self.history.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
+    fn payload(&self) -> String {
+        format!("w{}-{}", self.id, self.sent)
+    }
+
     async fn run(mut self) {
+        let mut empty_claims = 0;
         while !self.stop.load(Ordering::SeqCst) {
-            let choice = madsim::rand::thread_rng().gen_range(0..100);
+            if self.drain.active.load(Ordering::SeqCst) {
+                empty_claims = self.drain_step(empty_claims).await;
+                madsim::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            empty_claims = 0;
+            let (choice, group, duration_ms) = {
+                let mut rng = madsim::rand::thread_rng();
+                let group = GROUPS[rng.gen_range(0..GROUPS.len())];
+                (rng.gen_range(0u32..100), group, rng.gen_range(200..3000))
+            };
+            let m = self.mix;
+            let owns = !self.owned.is_empty();
+            let (adds, claims) = (m.add, m.add + m.claim);
+            let (deletes, finishes) = (claims + m.delete, claims + m.delete + m.finish);
+            let renews = finishes + m.renew;
             match choice {
-                0..=34 => {
-                    let data = format!("w{}-{}", self.id, self.sent);
-                    self.write(WriteKind::Add(data)).await;
+                c if c < adds => {
+                    let data = self.payload();
+                    self.write(group, Call::Add { data }).await;
                 }
-                35..=59 => {
-                    let duration = madsim::rand::thread_rng().gen_range(200..3000);
-                    self.write(WriteKind::Claim(duration)).await;
+                c if c < claims => self.write(group, Call::Claim { duration_ms }).await,
+                c if c < deletes && owns => {
+                    let (id, _, group) = self.owned.remove(0);
+                    self.write(group, Call::Delete { id }).await;
                 }
-                60..=74 if !self.owned.is_empty() => {
-                    let (id, _) = self.owned.remove(0);
-                    self.write(WriteKind::Delete(id)).await;
+                c if c < finishes && owns => {
+                    let (id, _, group) = self.owned.remove(0);
+                    let follow_up = self.payload();
+                    self.write(group, Call::Finish { id, follow_up }).await;
                 }
-                75..=84 if !self.owned.is_empty() => {
-                    let (id, data) = self.owned.remove(0);
-                    let duration = madsim::rand::thread_rng().gen_range(200..3000);
-                    self.write(WriteKind::Renew(id, data, duration)).await;
+                c if c < renews && owns => {
+                    let (id, data, group) = self.owned.remove(0);
+                    let call = Call::Renew {
+                        id,
+                        data,
+                        duration_ms,
+                    };
+                    self.write(group, call).await;
                 }
-                _ => self.read().await,
+                _ => self.read(group).await,
             }
             madsim::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
-    fn body(&self, kind: &WriteKind, request_id: &str) -> (&'static str, serde_json::Value) {
-        let client = self.id as i64;
-        match kind {
-            WriteKind::Add(data) => (
-                "/update",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "adds": [{"group": GROUP, "data": data}]}),
-            ),
-            WriteKind::Claim(duration) => (
-                "/claim",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "group": GROUP, "duration": duration}),
-            ),
-            WriteKind::Renew(id, data, duration) => (
-                "/update",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "updates": [{"id": id, "data": data, "timespec": -duration}]}),
-            ),
-            WriteKind::Delete(id) => (
-                "/update",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "deletes": [id]}),
-            ),
+    /// One step of draining: delete an owned task, else claim one (briefly) from a
+    /// random group; returns the count of consecutive empty claims, and reports the
+    /// worker dry once it reaches [`EMPTY_CLAIMS_WHEN_DRY`].
+    async fn drain_step(&mut self, empty_claims: u32) -> u32 {
+        if let Some((id, _, group)) = self.owned.pop() {
+            self.write(group, Call::Delete { id }).await;
+            return 0;
         }
+        if empty_claims >= EMPTY_CLAIMS_WHEN_DRY {
+            return empty_claims;
+        }
+        let group = GROUPS[madsim::rand::thread_rng().gen_range(0..GROUPS.len())];
+        let owned_before = self.owned.len();
+        self.write(group, Call::Claim { duration_ms: 500 }).await;
+        if self.owned.len() > owned_before {
+            return 0;
+        }
+        if empty_claims + 1 == EMPTY_CLAIMS_WHEN_DRY {
+            self.drain.dry.fetch_add(1, Ordering::SeqCst);
+        }
+        empty_claims + 1
     }
 
-    /// Sends `kind` with one request id until a definite answer arrives, trying the
+    /// The endpoint and JSON body of a write; `None` for a read.
+    fn body(
+        &self,
+        group: &str,
+        call: &Call,
+        request_id: &str,
+    ) -> Option<(&'static str, serde_json::Value)> {
+        let client = self.id as i64;
+        let update = |items: serde_json::Value| {
+            let mut body = serde_json::json!({"clientid": client, "requestid": request_id});
+            if let (Some(body), Some(items)) = (body.as_object_mut(), items.as_object()) {
+                body.extend(items.clone());
+            }
+            ("/update", body)
+        };
+        let written = match call {
+            Call::Add { data } => {
+                update(serde_json::json!({"adds": [{"group": group, "data": data}]}))
+            }
+            Call::Claim { duration_ms } => (
+                "/claim",
+                serde_json::json!({"clientid": client, "requestid": request_id,
+                    "group": group, "duration": duration_ms}),
+            ),
+            Call::Renew {
+                id,
+                data,
+                duration_ms,
+            } => update(
+                serde_json::json!({"updates": [{"id": id, "data": data, "timespec": -duration_ms}]}),
+            ),
+            Call::Delete { id } => update(serde_json::json!({"deletes": [id]})),
+            Call::Finish { id, follow_up } => update(serde_json::json!({
+                "adds": [{"group": group, "data": follow_up}], "deletes": [id]})),
+            Call::Read => return None,
+        };
+        Some(written)
+    }
+
+    /// Sends `call` with one request id until a definite answer arrives, trying the
     /// nodes in turn, as a real client does after a timeout.
-    async fn write(&mut self, kind: WriteKind) {
+    async fn write(&mut self, group: &'static str, call: Call) {
         self.sent += 1;
         let request_id = format!("w{}-r{}", self.id, self.sent);
-        let (path, body) = self.body(&kind, &request_id);
-        let invoked_ms = self.now_ms();
+        let Some((path, body)) = self.body(group, &call, &request_id) else {
+            return;
+        };
+        let invoked_us = self.now_us();
         loop {
             let addr = self.addrs[self.turn % self.addrs.len()].clone();
             let answer = self
@@ -214,8 +309,8 @@ impl Worker {
                 _ => None,
             };
             let result = match parsed {
-                Some(WriteResultJson::Tasks { tasks }) => WriteResult::Tasks(tasks),
-                Some(WriteResultJson::Errors { errors }) => WriteResult::Refused(errors),
+                Some(WriteResultJson::Tasks { tasks }) => Answer::Tasks(tasks),
+                Some(WriteResultJson::Errors { errors }) => Answer::Refused(errors),
                 None => {
                     self.turn += 1;
                     self.record(|h| h.retries += 1);
@@ -223,155 +318,55 @@ impl Worker {
                     continue;
                 }
             };
-            if let (WriteKind::Claim(_) | WriteKind::Renew(..), WriteResult::Tasks(tasks)) =
-                (&kind, &result)
+            if let (Call::Claim { .. } | Call::Renew { .. }, Answer::Tasks(tasks)) =
+                (&call, &result)
             {
                 self.owned
-                    .extend(tasks.iter().map(|t| (t.id, t.data.clone())));
+                    .extend(tasks.iter().map(|t| (t.id, t.data.clone(), group)));
             }
-            let write = Write {
+            let op = Op {
                 worker: self.id,
-                kind,
-                invoked_ms,
-                completed_ms: self.now_ms(),
+                group: group.to_string(),
+                invoked_us,
+                completed_us: self.now_us(),
+                call,
                 result,
             };
-            self.record(|h| h.writes.push(write));
+            self.record(|h| h.ops.push(op));
             return;
         }
     }
 
-    async fn read(&mut self) {
+    /// Reads the whole group, linearizable or stale at random; a failed read is not
+    /// retried (it changed nothing) and a stale one is only counted.
+    async fn read(&mut self, group: &'static str) {
         let addr = self.addrs[self.turn % self.addrs.len()].clone();
-        let stale = madsim::rand::thread_rng().gen_bool(0.5);
+        let stale = madsim::rand::thread_rng().gen_bool(0.3);
         let path = format!(
-            "/group/{GROUP}?owned=1&limit=20{}",
+            "/group/{group}?owned=1{}",
             if stale { "&consistency=stale" } else { "" }
         );
-        match self.client.get(&addr, &path, WORKER_CALL_TIMEOUT).await {
-            Ok(r) if r.status.is_success() => self.record(|h| h.reads += 1),
-            _ => self.turn += 1,
-        }
-    }
-}
-
-/// What the checks counted.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct CheckReport {
-    /// Acknowledged writes checked.
-    pub writes: usize,
-    /// Task versions written.
-    pub versions: usize,
-    /// Claims checked for a second owner.
-    pub claims: usize,
-    /// Payloads whose final state was checked.
-    pub payloads: usize,
-}
-
-/// Checks a history against the final state (`final_tasks`, every task of the group):
-/// ids unique and increasing in real-time order, no acknowledged write lost, no
-/// deleted task back, the latest version of every payload is the one that remains,
-/// and no task version with two owners at once. Returns what it checked, or every
-/// violation found.
-pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport, Vec<String>> {
-    let mut problems = Vec::new();
-    let mut report = CheckReport::default();
-    let mut writers: BTreeMap<u64, usize> = BTreeMap::new();
-    // Per payload: its versions in id order, with the claim duration that made each.
-    let mut lineage: BTreeMap<&str, Vec<(&TaskJson, Option<i64>)>> = BTreeMap::new();
-    let mut deleted_ids = std::collections::BTreeSet::new();
-    for (index, write) in history.writes.iter().enumerate() {
-        let WriteResult::Tasks(tasks) = &write.result else {
-            continue;
-        };
-        report.writes += 1;
-        if let WriteKind::Delete(id) = write.kind {
-            deleted_ids.insert(id);
-        }
-        for task in tasks {
-            report.versions += 1;
-            if let Some(other) = writers.insert(task.id, index) {
-                problems.push(format!(
-                    "task id {} written by two acknowledged writes: {:?} and {:?}",
-                    task.id, history.writes[other], write
-                ));
-            }
-            let claimed = match write.kind {
-                WriteKind::Claim(duration) => Some(duration),
-                _ => None,
-            };
-            lineage.entry(&task.data).or_default().push((task, claimed));
-        }
-    }
-    // Real-time order: a write that finished before another began has lower ids.
-    let mut spans: Vec<(u64, u64, u64, u64)> = history
-        .writes
-        .iter()
-        .filter_map(|w| match &w.result {
-            WriteResult::Tasks(tasks) if !tasks.is_empty() => {
-                let low = tasks.iter().map(|t| t.id).min().unwrap_or(0);
-                let high = tasks.iter().map(|t| t.id).max().unwrap_or(0);
-                Some((w.invoked_ms, w.completed_ms, low, high))
-            }
+        let invoked_us = self.now_us();
+        let tasks = match self.client.get(&addr, &path, WORKER_CALL_TIMEOUT).await {
+            Ok(r) if r.status.is_success() => r.json::<Vec<TaskJson>>(&addr).ok(),
             _ => None,
-        })
-        .collect();
-    spans.sort_unstable();
-    let mut highest_completed: Vec<(u64, u64)> = spans.iter().map(|s| (s.1, s.3)).collect();
-    highest_completed.sort_unstable();
-    for &(invoked, _, low, _) in &spans {
-        let earlier_max = highest_completed
-            .iter()
-            .take_while(|(completed, _)| *completed < invoked)
-            .map(|(_, high)| *high)
-            .max();
-        if let Some(high) = earlier_max
-            && high >= low
-        {
-            problems.push(format!(
-                "id {low} written at {invoked} ms is not above id {high} acknowledged before"
-            ));
+        };
+        let Some(tasks) = tasks else {
+            self.turn += 1;
+            return;
+        };
+        if stale {
+            self.record(|h| h.stale_reads += 1);
+            return;
         }
-    }
-    let final_by_data: BTreeMap<&str, &TaskJson> =
-        final_tasks.iter().map(|t| (t.data.as_str(), t)).collect();
-    for (data, versions) in &mut lineage {
-        report.payloads += 1;
-        versions.sort_by_key(|(task, _)| task.id);
-        let latest = versions.last().map(|(task, _)| *task);
-        let was_deleted = versions.iter().any(|(t, _)| deleted_ids.contains(&t.id));
-        match (final_by_data.get(data), latest, was_deleted) {
-            (Some(found), _, true) => problems.push(format!(
-                "payload {data:?} was deleted but task {} holds it",
-                found.id
-            )),
-            (Some(found), Some(latest), false) if found.id != latest.id => problems.push(format!(
-                "payload {data:?}: the store holds version {} but the latest acknowledged is {}",
-                found.id, latest.id
-            )),
-            (None, Some(latest), false) => problems.push(format!(
-                "payload {data:?}: acknowledged version {} is lost",
-                latest.id
-            )),
-            _ => {}
-        }
-        // A claim by another worker may only start once the previous owner's lease ended.
-        for pair in versions.windows(2) {
-            let ((before, _), (after, claimed)) = (&pair[0], &pair[1]);
-            let Some(duration) = claimed else { continue };
-            report.claims += 1;
-            let claimed_at = after.timespec - duration;
-            if before.ownerid != after.ownerid && claimed_at < before.timespec {
-                problems.push(format!(
-                    "payload {data:?}: client {} claimed version {} at {claimed_at} while client {} owned version {} until {}",
-                    after.ownerid, after.id, before.ownerid, before.id, before.timespec
-                ));
-            }
-        }
-    }
-    if problems.is_empty() {
-        Ok(report)
-    } else {
-        Err(problems)
+        let op = Op {
+            worker: self.id,
+            group: group.to_string(),
+            invoked_us,
+            completed_us: self.now_us(),
+            call: Call::Read,
+            result: Answer::Read(tasks),
+        };
+        self.record(|h| h.ops.push(op));
     }
 }
