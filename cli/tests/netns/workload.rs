@@ -455,3 +455,78 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
         Err(problems)
     }
 }
+
+/// The checker flags what it is there to catch (no root needed: it runs everywhere).
+#[test]
+fn the_checker_flags_lost_writes_second_owners_duplicate_ids_and_unknown_outcomes() {
+    let task = |id: u64, data: &str, timespec: i64, owner: i64| TaskJson {
+        id,
+        group: GROUP.to_string(),
+        data: data.to_string(),
+        timespec,
+        ownerid: owner,
+    };
+    let write = |worker: u64, kind: WriteKind, at: u64, result: WriteResult| Write {
+        worker,
+        kind,
+        invoked: Duration::from_millis(at),
+        completed: Duration::from_millis(at + 1),
+        result,
+    };
+    let tasks = |list: Vec<TaskJson>| WriteResult::Tasks(list);
+    let add = |data: &str| WriteKind::Add(data.to_string());
+    let good = History {
+        writes: vec![
+            write(1, add("a"), 0, tasks(vec![task(1, "a", 100, 1)])),
+            write(2, add("b"), 2, tasks(vec![task(2, "b", 100, 2)])),
+            // Client 2 claims "a" for 1000 ms at 200: after client 1's version.
+            write(
+                2,
+                WriteKind::Claim(1000),
+                4,
+                tasks(vec![task(3, "a", 1200, 2)]),
+            ),
+            write(2, WriteKind::Delete(2), 6, tasks(vec![])),
+        ],
+        ..History::default()
+    };
+    let report = check(&good, &[task(3, "a", 1200, 2)]).expect("a clean history passes");
+    assert_eq!((report.writes, report.adds, report.claims), (4, 2, 1));
+
+    let bad = History {
+        writes: vec![
+            write(1, add("a"), 0, tasks(vec![task(1, "a", 100, 1)])),
+            // Client 1 holds "a" until 5000; client 2 claims it at 1000.
+            write(
+                1,
+                WriteKind::Claim(4900),
+                2,
+                tasks(vec![task(2, "a", 5000, 1)]),
+            ),
+            write(
+                2,
+                WriteKind::Claim(1000),
+                4,
+                tasks(vec![task(3, "a", 2000, 2)]),
+            ),
+            // Acknowledged, then gone.
+            write(3, add("lost"), 6, tasks(vec![task(4, "lost", 100, 3)])),
+            // The same id acknowledged twice, and an id below one acknowledged before.
+            write(3, add("dup"), 8, tasks(vec![task(4, "dup", 100, 3)])),
+            write(3, add("never"), 10, WriteResult::Unknown),
+        ],
+        ..History::default()
+    };
+    let problems = check(&bad, &[task(3, "a", 2000, 2), task(4, "dup", 100, 3)])
+        .expect_err("a broken history fails");
+    let all = problems.join("\n");
+    for expected in [
+        "claimed version 3 at 1000 while client 1 owned version 2 until 5000",
+        "payload \"lost\": acknowledged version 4 is lost",
+        "task id 4 written by two acknowledged writes",
+        "is not above id",
+        "never learned the outcome",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
