@@ -221,18 +221,12 @@ where
     out(DONE_MARKER);
 }
 
-/// Writes `line` to standard output, ignoring a closed pipe (the supervisor may be gone).
+/// Writes `line` to the real standard output: past the test harness's capture in the
+/// supervisor, and ignoring a closed pipe in the inner run (the supervisor may be gone).
 pub fn out(line: &str) {
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}");
     let _ = stdout.flush();
-}
-
-/// Writes `line` to the real standard output, past the test harness's capture.
-fn announce(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
 }
 
 fn supervise(name: &str, nodes: u64) {
@@ -241,7 +235,7 @@ fn supervise(name: &str, nodes: u64) {
     let net = match Net::create(name, nodes) {
         Ok(net) => net,
         Err(Skip(reason)) => {
-            announce(&format!("partition tests skipped ({name}): {reason}"));
+            out(&format!("partition tests skipped ({name}): {reason}"));
             return;
         }
     };
@@ -289,7 +283,7 @@ fn supervise(name: &str, nodes: u64) {
                     finished = true;
                 }
                 if line.starts_with(SUMMARY_PREFIX) {
-                    announce(&format!("{line} [{name}]"));
+                    out(&format!("{line} [{name}]"));
                 } else {
                     println!("  | {line}");
                 }
@@ -410,36 +404,38 @@ impl Net {
         Ok(net)
     }
 
-    /// Namespaces, the bridge, veth pairs, addresses, and the fault chain.
+    /// Namespaces, the bridge, veth pairs, addresses, and the fault chain. What the
+    /// machine may lack (namespaces, bridge netfilter, a working iptables) is a reason
+    /// to skip; any other failure fails the test.
     fn build(&self) -> Result<(), String> {
         let spec = &self.spec;
         let w = spec.worker_ns();
+        let must = |args: &[&str]| {
+            run("ip", args).unwrap_or_else(|e| panic!("building the lab: {e}"));
+        };
         run("ip", &["netns", "add", &w])
             .map_err(|e| format!("this machine does not allow network namespaces: {e}"))?;
         for id in 1..=spec.nodes {
-            run("ip", &["netns", "add", &spec.node_ns(id)])?;
+            must(&["netns", "add", &spec.node_ns(id)]);
         }
         let bridge_ip = format!("{}/24", spec.host(WORKER_HOST));
-        run("ip", &["-n", &w, "link", "set", "lo", "up"])?;
-        run("ip", &["-n", &w, "link", "add", "br0", "type", "bridge"])?;
-        run("ip", &["-n", &w, "addr", "add", &bridge_ip, "dev", "br0"])?;
-        run("ip", &["-n", &w, "link", "set", "br0", "up"])?;
+        must(&["-n", &w, "link", "set", "lo", "up"]);
+        must(&["-n", &w, "link", "add", "br0", "type", "bridge"]);
+        must(&["-n", &w, "addr", "add", &bridge_ip, "dev", "br0"]);
+        must(&["-n", &w, "link", "set", "br0", "up"]);
         for id in 1..=spec.nodes {
             let ns = spec.node_ns(id);
             let port = format!("n{id}");
             let ip = format!("{}/24", spec.ip(id));
-            run(
-                "ip",
-                &[
-                    "-n", &w, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
-                    "netns", &ns,
-                ],
-            )?;
-            run("ip", &["-n", &w, "link", "set", &port, "master", "br0"])?;
-            run("ip", &["-n", &w, "link", "set", &port, "up"])?;
-            run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
-            run("ip", &["-n", &ns, "addr", "add", &ip, "dev", "eth0"])?;
-            run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+            must(&[
+                "-n", &w, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
+                &ns,
+            ]);
+            must(&["-n", &w, "link", "set", &port, "master", "br0"]);
+            must(&["-n", &w, "link", "set", &port, "up"]);
+            must(&["-n", &ns, "link", "set", "lo", "up"]);
+            must(&["-n", &ns, "addr", "add", &ip, "dev", "eth0"]);
+            must(&["-n", &ns, "link", "set", "eth0", "up"]);
         }
         // Bridged node-to-node traffic passes the worker namespace's iptables.
         run(
@@ -459,9 +455,11 @@ impl Net {
             all.extend_from_slice(args);
             run("ip", &all)
         };
-        iptables(&["-N", "ROTA"]).map_err(|e| format!("iptables does not work here: {e}"))?;
+        iptables(&["-N", "ROTA"])
+            .map_err(|e| format!("iptables does not work in this kernel: {e}"))?;
         for chain in ["INPUT", "OUTPUT", "FORWARD"] {
-            iptables(&["-I", chain, "1", "-j", "ROTA"])?;
+            iptables(&["-I", chain, "1", "-j", "ROTA"])
+                .unwrap_or_else(|e| panic!("building the lab: {e}"));
         }
         Ok(())
     }
