@@ -1,0 +1,532 @@
+//! Workers that add, claim, renew, delete and read over the HTTP API as real clients
+//! do (a request id on every write, retried through any node until the outcome is
+//! known), and the checker their history must pass against the final state.
+//!
+//! The same workload and checks as the simulation's (`sim-tests/src/workload.rs`), on
+//! real time and real sockets.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use rpc::client::HttpClient;
+use rpc::worker::TaskJson;
+use rpc::worker::WriteResultJson;
+
+/// Deadline of one call from a worker.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// After the workers are told to stop, each must learn the outcome of its last write
+/// within this (the faults are healed by then).
+const SETTLE_MAX: Duration = Duration::from_secs(45);
+
+/// The one group the workers share, so that they contend for the same tasks.
+pub const GROUP: &str = "work";
+
+/// What a write asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    /// Add a task with this payload.
+    Add(String),
+    /// Claim for this long (ms).
+    Claim(i64),
+    /// Renew task `id` for this long, keeping its payload.
+    Renew(u64, String, i64),
+    /// Delete task `id`.
+    Delete(u64),
+}
+
+/// The outcome a worker learned.
+#[derive(Clone, Debug)]
+pub enum WriteResult {
+    /// Done; these task versions were written.
+    Tasks(Vec<TaskJson>),
+    /// Refused; nothing changed.
+    Refused(Vec<String>),
+    /// Never learned (only when the cluster stayed unavailable after the faults).
+    Unknown,
+}
+
+/// One write and its outcome.
+#[derive(Clone, Debug)]
+pub struct Write {
+    /// The worker (also its client id).
+    pub worker: u64,
+    /// What it asked for.
+    pub kind: WriteKind,
+    /// When it was first sent, since the workers started.
+    pub invoked: Duration,
+    /// When the definite answer arrived.
+    pub completed: Duration,
+    /// The answer.
+    pub result: WriteResult,
+}
+
+/// Everything the workers saw.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Writes, in completion order.
+    pub writes: Vec<Write>,
+    /// Reads that answered.
+    pub reads: u64,
+    /// Calls that failed and were retried (timeouts, 503s, dropped connections).
+    pub retries: u64,
+}
+
+/// Workers running until stopped.
+pub struct Workers {
+    stop: Arc<AtomicBool>,
+    give_up: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+    history: Arc<Mutex<History>>,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `count` workers (client ids 1..=count) against `addrs`.
+    pub fn start(count: u64, addrs: Vec<String>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let give_up = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicU64::new(0));
+        let history = Arc::new(Mutex::new(History::default()));
+        let started = Instant::now();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7);
+        let handles = (1..=count)
+            .map(|id| {
+                let worker = Worker {
+                    id,
+                    addrs: addrs.clone(),
+                    client: HttpClient::new(),
+                    stop: stop.clone(),
+                    give_up: give_up.clone(),
+                    acked: acked.clone(),
+                    history: history.clone(),
+                    started,
+                    turn: id as usize,
+                    owned: Vec::new(),
+                    sent: 0,
+                    rng: seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+                };
+                tokio::spawn(worker.run())
+            })
+            .collect();
+        Self {
+            stop,
+            give_up,
+            acked,
+            history,
+            handles,
+        }
+    }
+
+    /// Acknowledged (processed) writes so far.
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::SeqCst)
+    }
+
+    /// Stops issuing operations, waits until every worker knows the outcome of its last
+    /// one (at most [`SETTLE_MAX`]), and returns the history.
+    pub async fn stop(self) -> History {
+        self.stop.store(true, Ordering::SeqCst);
+        let give_up = self.give_up.clone();
+        let deadline = tokio::time::sleep(SETTLE_MAX);
+        tokio::pin!(deadline);
+        for mut handle in self.handles {
+            tokio::select! {
+                joined = &mut handle => joined.expect("a worker panicked"),
+                () = &mut deadline => {
+                    give_up.store(true, Ordering::SeqCst);
+                    handle.await.expect("a worker panicked");
+                }
+            }
+        }
+        std::mem::take(&mut *self.history.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+struct Worker {
+    id: u64,
+    addrs: Vec<String>,
+    client: HttpClient,
+    stop: Arc<AtomicBool>,
+    give_up: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+    history: Arc<Mutex<History>>,
+    started: Instant,
+    turn: usize,
+    /// Task versions (id, payload) this worker claimed and may renew or delete.
+    owned: Vec<(u64, String)>,
+    sent: u64,
+    rng: u64,
+}
+
+impl Worker {
+    /// xorshift64*.
+    fn random(&mut self, below: u64) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) % below
+    }
+
+    fn record<F: FnOnce(&mut History)>(&self, f: F) {
+        f(&mut self.history.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    async fn run(mut self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            match self.random(100) {
+                0..=34 => {
+                    let data = format!("w{}-{}", self.id, self.sent);
+                    self.write(WriteKind::Add(data)).await;
+                }
+                35..=59 => {
+                    let duration = 200 + self.random(2800) as i64;
+                    self.write(WriteKind::Claim(duration)).await;
+                }
+                60..=74 if !self.owned.is_empty() => {
+                    let (id, _) = self.owned.remove(0);
+                    self.write(WriteKind::Delete(id)).await;
+                }
+                75..=84 if !self.owned.is_empty() => {
+                    let (id, data) = self.owned.remove(0);
+                    let duration = 200 + self.random(2800) as i64;
+                    self.write(WriteKind::Renew(id, data, duration)).await;
+                }
+                _ => self.read().await,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn body(&self, kind: &WriteKind, request_id: &str) -> (&'static str, serde_json::Value) {
+        let client = self.id as i64;
+        match kind {
+            WriteKind::Add(data) => (
+                "/update",
+                serde_json::json!({"clientid": client, "requestid": request_id,
+                    "adds": [{"group": GROUP, "data": data}]}),
+            ),
+            WriteKind::Claim(duration) => (
+                "/claim",
+                serde_json::json!({"clientid": client, "requestid": request_id,
+                    "group": GROUP, "duration": duration}),
+            ),
+            WriteKind::Renew(id, data, duration) => (
+                "/update",
+                serde_json::json!({"clientid": client, "requestid": request_id,
+                    "updates": [{"id": id, "data": data, "timespec": -duration}]}),
+            ),
+            WriteKind::Delete(id) => (
+                "/update",
+                serde_json::json!({"clientid": client, "requestid": request_id,
+                    "deletes": [id]}),
+            ),
+        }
+    }
+
+    /// Sends `kind` with one request id until a definite answer arrives, trying the
+    /// nodes in turn, as a real client does after a timeout.
+    async fn write(&mut self, kind: WriteKind) {
+        self.sent += 1;
+        let request_id = format!("w{}-r{}", self.id, self.sent);
+        let (path, body) = self.body(&kind, &request_id);
+        let invoked = self.started.elapsed();
+        let result = loop {
+            if self.give_up.load(Ordering::SeqCst) {
+                break WriteResult::Unknown;
+            }
+            let addr = self.addrs[self.turn % self.addrs.len()].clone();
+            let answer = self
+                .client
+                .post_json(&addr, path, &body, CALL_TIMEOUT)
+                .await;
+            let parsed = match answer {
+                Ok(r) if r.status.is_success() => r.json::<WriteResultJson>(&addr).ok(),
+                Ok(r) if r.status.is_client_error() => panic!(
+                    "worker {} sent a request the API rejects ({}): {body}",
+                    self.id, r.status
+                ),
+                _ => None,
+            };
+            match parsed {
+                Some(WriteResultJson::Tasks { tasks }) => break WriteResult::Tasks(tasks),
+                Some(WriteResultJson::Errors { errors }) => break WriteResult::Refused(errors),
+                None => {
+                    self.turn += 1;
+                    self.record(|h| h.retries += 1);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        if let (WriteKind::Claim(_) | WriteKind::Renew(..), WriteResult::Tasks(tasks)) =
+            (&kind, &result)
+        {
+            self.owned
+                .extend(tasks.iter().map(|t| (t.id, t.data.clone())));
+        }
+        if !matches!(result, WriteResult::Unknown) {
+            self.acked.fetch_add(1, Ordering::SeqCst);
+        }
+        let write = Write {
+            worker: self.id,
+            kind,
+            invoked,
+            completed: self.started.elapsed(),
+            result,
+        };
+        self.record(|h| h.writes.push(write));
+    }
+
+    async fn read(&mut self) {
+        let addr = self.addrs[self.turn % self.addrs.len()].clone();
+        let stale = self.random(2) == 0;
+        let path = format!(
+            "/group/{GROUP}?owned=1&limit=20{}",
+            if stale { "&consistency=stale" } else { "" }
+        );
+        match self.client.get(&addr, &path, CALL_TIMEOUT).await {
+            Ok(r) if r.status.is_success() => self.record(|h| h.reads += 1),
+            _ => self.turn += 1,
+        }
+    }
+}
+
+/// What the checker counted.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    /// Acknowledged writes that wrote task versions, each checked.
+    pub writes: usize,
+    /// Of those, adds.
+    pub adds: usize,
+    /// Acknowledged claims that took a task, each checked for a second owner.
+    pub claims: usize,
+    /// Acknowledged claims that found nothing available.
+    pub empty_claims: usize,
+    /// Writes refused by the cluster (an expired or stolen claim, for instance).
+    pub refused: usize,
+    /// Refusal reasons with the numbers taken out, and how often each came.
+    pub refusals: BTreeMap<String, usize>,
+    /// Task versions written by acknowledged writes (ids checked unique).
+    pub versions: usize,
+    /// Payloads whose final state was checked.
+    pub payloads: usize,
+}
+
+/// Checks a history against the final state (`final_tasks`, every task of the group):
+/// every write got a definite answer; ids unique and increasing in real-time order; no
+/// acknowledged write lost; no deleted task back; the latest version of every payload
+/// is the one that remains; no task version with two owners at once. Returns what it
+/// checked, or every violation found.
+pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport, Vec<String>> {
+    let mut problems = Vec::new();
+    let mut report = CheckReport::default();
+    let mut writers: BTreeMap<u64, usize> = BTreeMap::new();
+    // Per payload: its versions in id order, with the claim duration that made each.
+    let mut lineage: BTreeMap<&str, Vec<(&TaskJson, Option<i64>)>> = BTreeMap::new();
+    let mut deleted_ids = BTreeSet::new();
+    for (index, write) in history.writes.iter().enumerate() {
+        let tasks = match &write.result {
+            WriteResult::Tasks(tasks) => tasks,
+            WriteResult::Refused(errors) => {
+                report.refused += 1;
+                for error in errors {
+                    let reason: String = error.chars().filter(|c| !c.is_ascii_digit()).collect();
+                    *report.refusals.entry(reason).or_default() += 1;
+                }
+                continue;
+            }
+            WriteResult::Unknown => {
+                problems.push(format!(
+                    "worker {} never learned the outcome of {:?} (sent at {:?})",
+                    write.worker, write.kind, write.invoked
+                ));
+                continue;
+            }
+        };
+        match write.kind {
+            WriteKind::Claim(_) if tasks.is_empty() => report.empty_claims += 1,
+            WriteKind::Claim(_) => report.claims += 1,
+            WriteKind::Add(_) => report.adds += 1,
+            WriteKind::Delete(id) => {
+                deleted_ids.insert(id);
+            }
+            WriteKind::Renew(..) => {}
+        }
+        if tasks.is_empty() && !matches!(write.kind, WriteKind::Delete(_)) {
+            continue;
+        }
+        report.writes += 1;
+        for task in tasks {
+            report.versions += 1;
+            if let Some(other) = writers.insert(task.id, index) {
+                problems.push(format!(
+                    "task id {} written by two acknowledged writes: {:?} and {:?}",
+                    task.id, history.writes[other], write
+                ));
+            }
+            let claimed = match write.kind {
+                WriteKind::Claim(duration) => Some(duration),
+                _ => None,
+            };
+            lineage.entry(&task.data).or_default().push((task, claimed));
+        }
+    }
+    // Real-time order: a write that finished before another began has lower ids.
+    let mut spans: Vec<(Duration, Duration, u64, u64)> = history
+        .writes
+        .iter()
+        .filter_map(|w| match &w.result {
+            WriteResult::Tasks(tasks) if !tasks.is_empty() => {
+                let low = tasks.iter().map(|t| t.id).min().unwrap_or(0);
+                let high = tasks.iter().map(|t| t.id).max().unwrap_or(0);
+                Some((w.invoked, w.completed, low, high))
+            }
+            _ => None,
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut highest_completed: Vec<(Duration, u64)> = spans.iter().map(|s| (s.1, s.3)).collect();
+    highest_completed.sort_unstable();
+    let mut running_max = Vec::with_capacity(highest_completed.len());
+    let mut max = 0;
+    for &(completed, high) in &highest_completed {
+        max = max.max(high);
+        running_max.push((completed, max));
+    }
+    for &(invoked, _, low, _) in &spans {
+        let before = running_max.partition_point(|(completed, _)| *completed < invoked);
+        if before > 0 {
+            let high = running_max[before - 1].1;
+            if high >= low {
+                problems.push(format!(
+                    "id {low} written at {invoked:?} is not above id {high} acknowledged before"
+                ));
+            }
+        }
+    }
+    let final_by_data: BTreeMap<&str, &TaskJson> =
+        final_tasks.iter().map(|t| (t.data.as_str(), t)).collect();
+    for (data, versions) in &mut lineage {
+        report.payloads += 1;
+        versions.sort_by_key(|(task, _)| task.id);
+        let latest = versions.last().map(|(task, _)| *task);
+        let was_deleted = versions.iter().any(|(t, _)| deleted_ids.contains(&t.id));
+        match (final_by_data.get(data), latest, was_deleted) {
+            (Some(found), _, true) => problems.push(format!(
+                "payload {data:?} was deleted but task {} holds it",
+                found.id
+            )),
+            (Some(found), Some(latest), false) if found.id != latest.id => problems.push(format!(
+                "payload {data:?}: the store holds version {} but the latest acknowledged is {}",
+                found.id, latest.id
+            )),
+            (None, Some(latest), false) => problems.push(format!(
+                "payload {data:?}: acknowledged version {} is lost",
+                latest.id
+            )),
+            _ => {}
+        }
+        // A claim by another worker may only start once the previous owner's lease ended.
+        for pair in versions.windows(2) {
+            let ((before, _), (after, claimed)) = (&pair[0], &pair[1]);
+            let Some(duration) = claimed else { continue };
+            let claimed_at = after.timespec - duration;
+            if before.ownerid != after.ownerid && claimed_at < before.timespec {
+                problems.push(format!(
+                    "payload {data:?}: client {} claimed version {} at {claimed_at} while client {} owned version {} until {}",
+                    after.ownerid, after.id, before.ownerid, before.id, before.timespec
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(report)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The checker flags what it is there to catch (no root needed: it runs everywhere).
+#[test]
+fn the_checker_flags_lost_writes_second_owners_duplicate_ids_and_unknown_outcomes() {
+    let task = |id: u64, data: &str, timespec: i64, owner: i64| TaskJson {
+        id,
+        group: GROUP.to_string(),
+        data: data.to_string(),
+        timespec,
+        ownerid: owner,
+    };
+    let write = |worker: u64, kind: WriteKind, at: u64, result: WriteResult| Write {
+        worker,
+        kind,
+        invoked: Duration::from_millis(at),
+        completed: Duration::from_millis(at + 1),
+        result,
+    };
+    let tasks = |list: Vec<TaskJson>| WriteResult::Tasks(list);
+    let add = |data: &str| WriteKind::Add(data.to_string());
+    let good = History {
+        writes: vec![
+            write(1, add("a"), 0, tasks(vec![task(1, "a", 100, 1)])),
+            write(2, add("b"), 2, tasks(vec![task(2, "b", 100, 2)])),
+            // Client 2 claims "a" for 1000 ms at 200: after client 1's version.
+            write(
+                2,
+                WriteKind::Claim(1000),
+                4,
+                tasks(vec![task(3, "a", 1200, 2)]),
+            ),
+            write(2, WriteKind::Delete(2), 6, tasks(vec![])),
+        ],
+        ..History::default()
+    };
+    let report = check(&good, &[task(3, "a", 1200, 2)]).expect("a clean history passes");
+    assert_eq!((report.writes, report.adds, report.claims), (4, 2, 1));
+
+    let bad = History {
+        writes: vec![
+            write(1, add("a"), 0, tasks(vec![task(1, "a", 100, 1)])),
+            // Client 1 holds "a" until 5000; client 2 claims it at 1000.
+            write(
+                1,
+                WriteKind::Claim(4900),
+                2,
+                tasks(vec![task(2, "a", 5000, 1)]),
+            ),
+            write(
+                2,
+                WriteKind::Claim(1000),
+                4,
+                tasks(vec![task(3, "a", 2000, 2)]),
+            ),
+            // Acknowledged, then gone.
+            write(3, add("lost"), 6, tasks(vec![task(4, "lost", 100, 3)])),
+            // The same id acknowledged twice, and an id below one acknowledged before.
+            write(3, add("dup"), 8, tasks(vec![task(4, "dup", 100, 3)])),
+            write(3, add("never"), 10, WriteResult::Unknown),
+        ],
+        ..History::default()
+    };
+    let problems = check(&bad, &[task(3, "a", 2000, 2), task(4, "dup", 100, 3)])
+        .expect_err("a broken history fails");
+    let all = problems.join("\n");
+    for expected in [
+        "claimed version 3 at 1000 while client 1 owned version 2 until 5000",
+        "payload \"lost\": acknowledged version 4 is lost",
+        "task id 4 written by two acknowledged writes",
+        "is not above id",
+        "never learned the outcome",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
