@@ -37,10 +37,12 @@ pub struct Op {
 /// What an operation asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
-    /// Add a task with this payload.
+    /// Add a task with this payload, if the `depends` tasks still exist.
     Add {
         /// Payload, unique in the run.
         data: String,
+        /// Tasks of the same group that must exist (left untouched).
+        depends: Vec<u64>,
     },
     /// Claim for this long (ms).
     Claim {
@@ -166,7 +168,7 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
             }
             Answer::Refused(_) => {
                 report.refused += 1;
-                if let Call::Add { data }
+                if let Call::Add { data, .. }
                 | Call::Finish {
                     follow_up: data, ..
                 } = &op.call
@@ -351,7 +353,10 @@ mod tests {
     use super::*;
 
     fn add(worker: u64, span: (u64, u64), id: u64, data: &str) -> Op {
-        let call = Call::Add { data: data.into() };
+        let call = Call::Add {
+            data: data.into(),
+            depends: Vec::new(),
+        };
         let result = Answer::Tasks(vec![task(id, data, 0, worker as i64)]);
         op(worker, span, call, result)
     }

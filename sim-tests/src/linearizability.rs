@@ -154,7 +154,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
     };
     let (request, stamp_ms) = match &op.call {
         Call::Read => return read_matches(group, state, &op.result).then(|| state.clone()),
-        Call::Add { data } => (
+        Call::Add { data, depends } => (
             Request::Update(UpdateRequest {
                 client,
                 adds: vec![AddTask {
@@ -162,6 +162,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
                     data: data.clone(),
                     timespec: None,
                 }],
+                depends: depends.iter().map(|&id| to_model(id)).collect(),
                 ..UpdateRequest::default()
             }),
             stamp(0),
@@ -269,7 +270,10 @@ mod tests {
     use crate::history::fixtures::*;
 
     fn add(worker: u64, span: (u64, u64), id: u64, data: &str, at: i64) -> Op {
-        let call = Call::Add { data: data.into() };
+        let call = Call::Add {
+            data: data.into(),
+            depends: Vec::new(),
+        };
         op(
             worker,
             span,
@@ -341,6 +345,33 @@ mod tests {
             ),
         ];
         assert!(matches!(verdict(&ops), Verdict::NotLinearizable { .. }));
+    }
+
+    #[test]
+    fn an_add_depending_on_a_deleted_task_must_be_refused() {
+        let depending = |result| {
+            let call = Call::Add {
+                data: "b".into(),
+                depends: vec![1],
+            };
+            op(2, (40, 50), call, result)
+        };
+        let deleted = op(1, (20, 30), Call::Delete { id: 1 }, Answer::Tasks(vec![]));
+        let refused = [
+            add(1, (0, 10), 1, "a", 1_000),
+            deleted.clone(),
+            depending(Answer::Refused(vec!["depends: 1 is missing".into()])),
+        ];
+        assert!(matches!(verdict(&refused), Verdict::Linearizable { .. }));
+        let accepted = [
+            add(1, (0, 10), 1, "a", 1_000),
+            deleted,
+            depending(Answer::Tasks(vec![task(2, "b", 1_000, 2)])),
+        ];
+        assert!(matches!(
+            verdict(&accepted),
+            Verdict::NotLinearizable { .. }
+        ));
     }
 
     #[test]

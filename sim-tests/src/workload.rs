@@ -90,6 +90,7 @@ impl Workers {
                     started,
                     turn: worker as usize,
                     owned: Vec::new(),
+                    seen: std::collections::BTreeMap::new(),
                     sent: 0,
                     mix,
                 };
@@ -157,6 +158,8 @@ struct Worker {
     turn: usize,
     /// Task versions (id, payload, group) this worker claimed and may renew or finish.
     owned: Vec<(u64, String, &'static str)>,
+    /// A task id per group from this worker's last read of it, for `depends`.
+    seen: std::collections::BTreeMap<&'static str, u64>,
     sent: u64,
     mix: Mix,
 }
@@ -196,7 +199,8 @@ impl Worker {
             match choice {
                 c if c < adds => {
                     let data = self.payload();
-                    self.write(group, Call::Add { data }).await;
+                    let depends = self.depends_on(group);
+                    self.write(group, Call::Add { data, depends }).await;
                 }
                 c if c < claims => self.write(group, Call::Claim { duration_ms }).await,
                 c if c < deletes && owns => {
@@ -220,6 +224,15 @@ impl Worker {
                 _ => self.read(group).await,
             }
             madsim::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A third of adds depend on a task of the same group this worker saw last time it
+    /// read the group; it may be gone by now, and then the add must be refused whole.
+    fn depends_on(&self, group: &str) -> Vec<u64> {
+        match self.seen.get(group) {
+            Some(&id) if madsim::rand::thread_rng().gen_bool(0.33) => vec![id],
+            _ => Vec::new(),
         }
     }
 
@@ -262,9 +275,8 @@ impl Worker {
             ("/update", body)
         };
         let written = match call {
-            Call::Add { data } => {
-                update(serde_json::json!({"adds": [{"group": group, "data": data}]}))
-            }
+            Call::Add { data, depends } => update(serde_json::json!({
+                "adds": [{"group": group, "data": data}], "depends": depends})),
             Call::Claim { duration_ms } => (
                 "/claim",
                 serde_json::json!({"clientid": client, "requestid": request_id,
@@ -355,6 +367,10 @@ impl Worker {
             self.turn += 1;
             return;
         };
+        if !tasks.is_empty() {
+            let pick = madsim::rand::thread_rng().gen_range(0..tasks.len());
+            self.seen.insert(group, tasks[pick].id);
+        }
         if stale {
             self.record(|h| h.stale_reads += 1);
             return;
