@@ -15,7 +15,10 @@ use std::time::Instant;
 
 use rpc::client::HttpClient;
 use rpc::worker::WriteResultJson;
-use serde_json::json;
+
+use crate::task::add_request;
+use crate::task::claim_request;
+use crate::task::delete_request;
 
 /// Deadline of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,10 +87,10 @@ async fn call(
     client: &HttpClient,
     addr: &str,
     path: &str,
-    body: serde_json::Value,
+    body: &impl serde::Serialize,
 ) -> Result<WriteResultJson, String> {
     let response = client
-        .post_json(addr, path, &body, REQUEST_TIMEOUT)
+        .post_json(addr, path, body, REQUEST_TIMEOUT)
         .await
         .map_err(|e| e.to_string())?
         .success(addr)
@@ -117,9 +120,14 @@ async fn worker(
             break;
         }
         let started = Instant::now();
-        let add =
-            json!({"clientid": client_id, "adds": [{"group": config.group, "data": "bench"}]});
-        match call(&client, addr, "/update", add).await {
+        let add = add_request(
+            client_id,
+            config.group.clone(),
+            Some("bench".into()),
+            None,
+            None,
+        );
+        match call(&client, addr, "/update", &add).await {
             Ok(_) => samples.record("add", started),
             Err(e) => {
                 samples.fail("add", e);
@@ -130,8 +138,8 @@ async fn worker(
             continue;
         }
         let started = Instant::now();
-        let claim = json!({"clientid": client_id, "group": config.group, "duration": 60_000});
-        let claimed = match call(&client, addr, "/claim", claim).await {
+        let claim = claim_request(client_id, config.group.clone(), 60_000, None);
+        let claimed = match call(&client, addr, "/claim", &claim).await {
             Ok(result) => {
                 samples.record("claim", started);
                 first_task_id(&result)
@@ -143,8 +151,8 @@ async fn worker(
         };
         let Some(id) = claimed else { continue };
         let started = Instant::now();
-        let delete = json!({"clientid": client_id, "deletes": [id]});
-        match call(&client, addr, "/update", delete).await {
+        let delete = delete_request(client_id, vec![id], None);
+        match call(&client, addr, "/update", &delete).await {
             Ok(_) => samples.record("delete", started),
             Err(e) => samples.fail("delete", e),
         }

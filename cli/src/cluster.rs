@@ -125,15 +125,14 @@ pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupRepo
     Ok(BackupReport {
         file: out.display().to_string(),
         bytes: response.body.len() as u64,
-        applied_index: header("x-rota-applied-index"),
-        state_hash: header("x-rota-state-hash"),
+        applied_index: header(rpc::admin::BACKUP_INDEX_HEADER),
+        state_hash: header(rpc::admin::BACKUP_HASH_HEADER),
         file_sha256,
     })
 }
 
-/// Largest backup `restore` sends; the node refuses more (`RESTORE_BYTES_MAX` in
-/// `raft-node`).
-pub const RESTORE_BYTES_MAX: u64 = 4 << 30;
+/// Largest backup `restore` sends; the node refuses more.
+pub const RESTORE_BYTES_MAX: u64 = rpc::admin::RESTORE_BYTES_MAX as u64;
 
 /// Deadline of the upload of a backup to the first new node.
 pub const RESTORE_UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);

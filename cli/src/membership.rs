@@ -72,7 +72,11 @@ impl Admin {
 
     /// The leader's view of the cluster, waiting for a leader if there is none yet.
     pub async fn leader_view(&self) -> Result<ClusterStatusJson, CliError> {
-        let deadline = Instant::now() + self.timeout;
+        self.leader_view_by(Instant::now() + self.timeout).await
+    }
+
+    /// [`Admin::leader_view`], giving up at `deadline`.
+    async fn leader_view_by(&self, deadline: Instant) -> Result<ClusterStatusJson, CliError> {
         loop {
             let seen: ClusterStatusJson = self.nodes.get_json("/cluster").await?;
             if let Some(view) = self.view_of_leader(&seen).await {
@@ -144,9 +148,10 @@ impl Admin {
         what: &str,
         mut done: impl FnMut(&ClusterStatusJson) -> bool,
     ) -> Result<ClusterStatusJson, CliError> {
+        // One deadline for the whole wait, leader elections included.
         let deadline = Instant::now() + self.timeout;
         loop {
-            let view = self.leader_view().await?;
+            let view = self.leader_view_by(deadline).await?;
             if done(&view) {
                 return Ok(view);
             }

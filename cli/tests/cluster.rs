@@ -66,6 +66,11 @@ async fn restore(file: &str, members: &str, json: bool) -> common::Run {
     rota(&args).await
 }
 
+/// `rota cluster VERB --url URL --id ID`, for the verbs that name one node.
+async fn on_node(verb: &str, url: &str, id: u64) -> common::Run {
+    rota(&["cluster", verb, "--url", url, "--id", &id.to_string()]).await
+}
+
 async fn add_learner(fleet: &Fleet, url: &str, id: u64) -> common::Run {
     rota(&[
         "cluster",
@@ -109,7 +114,7 @@ async fn grow_three_to_five_and_back_while_workers_write() {
         let run = add_learner(&fleet, &url, id).await;
         assert_eq!(run.code, 0, "add-learner {id}: {}", run.stderr);
         assert!(run.stdout.contains("as a learner"), "{}", run.stdout);
-        let run = rota(&["cluster", "promote", "--url", &url, "--id", &id.to_string()]).await;
+        let run = on_node("promote", &url, id).await;
         assert_eq!(run.code, 0, "promote {id}: {}", run.stderr);
         assert!(run.stdout.contains("is now a voter"), "{}", run.stdout);
     }
@@ -135,7 +140,7 @@ async fn grow_three_to_five_and_back_while_workers_write() {
 
     // Shrink back to three: the down node first, then node 4.
     for id in [5, 4] {
-        let run = rota(&["cluster", "remove", "--url", &url, "--id", &id.to_string()]).await;
+        let run = on_node("remove", &url, id).await;
         assert_eq!(run.code, 0, "remove {id}: {}", run.stderr);
         assert!(
             run.stdout.contains(&format!("removed node {id}")),
@@ -185,30 +190,14 @@ async fn replace_a_killed_node_with_a_new_id_and_move_leadership() {
     fleet.kill(victim);
 
     // With one of three down, removing a healthy voter would leave no majority.
-    let run = rota(&[
-        "cluster",
-        "remove",
-        "--url",
-        &url,
-        "--id",
-        &survivor.to_string(),
-    ])
-    .await;
+    let run = on_node("remove", &url, survivor).await;
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stderr.contains("refusing to remove"), "{}", run.stderr);
     assert!(run.stderr.contains("--force"), "{}", run.stderr);
     assert_eq!(leader_view(&fleet, &[leader]).await.voters, vec![1, 2, 3]);
 
     // Removing the dead node is what the operator should do, and it is allowed.
-    let run = rota(&[
-        "cluster",
-        "remove",
-        "--url",
-        &url,
-        "--id",
-        &victim.to_string(),
-    ])
-    .await;
+    let run = on_node("remove", &url, victim).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
 
     // Its replacement gets a new id and an empty data directory.
@@ -216,26 +205,18 @@ async fn replace_a_killed_node_with_a_new_id_and_move_leadership() {
     fleet.wait_up(4).await;
     let run = add_learner(&fleet, &url, 4).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let run = rota(&["cluster", "promote", "--url", &url, "--id", "4"]).await;
+    let run = on_node("promote", &url, 4).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
 
     // Leadership moves to the new node, then back.
     let url = fleet.urls(&[leader, survivor, 4]);
-    let run = rota(&["cluster", "transfer-leader", "--url", &url, "--id", "4"]).await;
+    let run = on_node("transfer-leader", &url, 4).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("node 4 leads"), "{}", run.stdout);
     assert_eq!(leader_view(&fleet, &[survivor]).await.leader, Some(4));
-    let run = rota(&[
-        "cluster",
-        "transfer-leader",
-        "--url",
-        &url,
-        "--id",
-        &leader.to_string(),
-    ])
-    .await;
+    let run = on_node("transfer-leader", &url, leader).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let run = rota(&["cluster", "transfer-leader", "--url", &url, "--id", "9"]).await;
+    let run = on_node("transfer-leader", &url, 9).await;
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stderr.contains("not a voter"), "{}", run.stderr);
 

@@ -70,7 +70,7 @@ async fn progress(lab: &Lab, workers: &Workers, more: u64, what: &str) {
 /// The leader cut off from every other node (workers still reach it); the rest elect
 /// another, then the network heals.
 async fn isolate_leader(lab: &Lab, leader: u64) -> u64 {
-    let rest: Vec<u64> = lab.ids().into_iter().filter(|&id| id != leader).collect();
+    let rest = lab.others(&[leader]);
     lab.fault(
         "leader-isolated",
         &format!("node {leader} cut off from {rest:?}"),
@@ -154,11 +154,7 @@ async fn flap(lab: &Lab, rounds: u32) -> u64 {
             }
         }
         minority.sort_unstable();
-        let rest: Vec<u64> = lab
-            .ids()
-            .into_iter()
-            .filter(|id| !minority.contains(id))
-            .collect();
+        let rest = lab.others(&minority);
         let hold = Duration::from_millis(400 + random(800));
         lab.fault(
             "partition-flap",
@@ -183,11 +179,7 @@ async fn kill9(lab: &Lab, victims: &[u64], leader: u64) -> u64 {
         lab.fault("kill-9", &format!("node {id} ({role})"));
         lab.kill9(id);
     }
-    let rest: Vec<u64> = lab
-        .ids()
-        .into_iter()
-        .filter(|id| !victims.contains(id))
-        .collect();
+    let rest = lab.others(victims);
     let now = lab.wait_leader(&rest, victims, ELECTION_MAX).await;
     lab.say(&format!("node {now} leads without {victims:?}"));
     sleep(Duration::from_millis(1000)).await;
@@ -207,7 +199,7 @@ async fn pause_leader(lab: &Lab, leader: u64) -> u64 {
         "sigstop-leader",
         &format!("node {leader} stopped for {PAUSE:?} (election timeout 300-600 ms)"),
     );
-    let rest: Vec<u64> = lab.ids().into_iter().filter(|&id| id != leader).collect();
+    let rest = lab.others(&[leader]);
     let stopped = std::time::Instant::now();
     lab.signal(leader, "STOP");
     let new = lab.wait_leader(&rest, &[leader], ELECTION_MAX).await;
@@ -226,11 +218,7 @@ async fn pause_leader(lab: &Lab, leader: u64) -> u64 {
 
 /// Majority/minority partition: `minority` (which may hold the leader) against the rest.
 async fn split(lab: &Lab, minority: &[u64], leader: u64) -> u64 {
-    let majority: Vec<u64> = lab
-        .ids()
-        .into_iter()
-        .filter(|id| !minority.contains(id))
-        .collect();
+    let majority = lab.others(minority);
     let kind = if minority.contains(&leader) {
         "partition-minority-with-leader"
     } else {
@@ -311,29 +299,17 @@ async fn three_node_scenario(lab: Arc<Lab>) {
     let leader = isolate_leader(&lab, leader).await;
     progress(&lab, &workers, 10, "after the leader was isolated").await;
 
-    let follower = lab
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let follower = lab.a_follower(leader);
     split(&lab, &[follower], leader).await;
     progress(&lab, &workers, 10, "after a follower was isolated").await;
 
     let leader = flap(&lab, 4).await;
     progress(&lab, &workers, 10, "after flapping partitions").await;
 
-    let follower = lab
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let follower = lab.a_follower(leader);
     one_way(&lab, leader, follower).await;
     let leader = lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await;
-    let follower = lab
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let follower = lab.a_follower(leader);
     one_way(&lab, follower, leader).await;
     progress(&lab, &workers, 10, "after one-way loss").await;
 
@@ -343,11 +319,7 @@ async fn three_node_scenario(lab: Arc<Lab>) {
 
     let leader = lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await;
     let leader = kill9(&lab, &[leader], leader).await;
-    let follower = lab
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let follower = lab.a_follower(leader);
     let leader = kill9(&lab, &[follower], leader).await;
     progress(&lab, &workers, 10, "after kill -9").await;
 
@@ -363,21 +335,12 @@ async fn five_node_scenario(lab: Arc<Lab>) {
     progress(&lab, &workers, 30, "before the faults").await;
 
     // The leader and one follower on the minority side.
-    let buddy = lab
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let buddy = lab.a_follower(leader);
     let leader = split(&lab, &[leader, buddy], leader).await;
     progress(&lab, &workers, 10, "after a majority/minority partition").await;
 
     // Two followers on the minority side; the leader keeps its majority.
-    let minority: Vec<u64> = lab
-        .ids()
-        .into_iter()
-        .filter(|&id| id != leader)
-        .take(2)
-        .collect();
+    let minority = lab.others(&[leader])[..2].to_vec();
     let leader = split(&lab, &minority, leader).await;
 
     isolate_leader(&lab, leader).await;
@@ -387,12 +350,7 @@ async fn five_node_scenario(lab: Arc<Lab>) {
     progress(&lab, &workers, 10, "after flapping partitions").await;
 
     // The leader hears nothing from two followers, which still hear it.
-    let deaf: Vec<u64> = lab
-        .ids()
-        .into_iter()
-        .filter(|&id| id != leader)
-        .take(2)
-        .collect();
+    let deaf = lab.others(&[leader])[..2].to_vec();
     lab.fault(
         "one-way-loss",
         &format!("every packet from nodes {deaf:?} to the leader {leader} dropped"),
@@ -417,11 +375,7 @@ async fn five_node_scenario(lab: Arc<Lab>) {
 
     // The leader and a follower at once: a minority of five.
     let leader = lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await;
-    let follower = lab
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let follower = lab.a_follower(leader);
     let leader = kill9(&lab, &[leader, follower], leader).await;
     progress(&lab, &workers, 10, "after kill -9").await;
 

@@ -20,11 +20,14 @@ use openraft::error::InitializeError;
 use openraft::error::RaftError;
 use openraft::vote::RaftLeaderId;
 use rpc::admin::AddLearnerJson;
+use rpc::admin::BACKUP_HASH_HEADER;
+use rpc::admin::BACKUP_INDEX_HEADER;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::InitRequestJson;
 use rpc::admin::NodeIdJson;
 use rpc::admin::NodeStatusJson;
 use rpc::admin::ProbeJson;
+use rpc::admin::RESTORE_BYTES_MAX;
 use rpc::admin::StateHashJson;
 use serde::de::DeserializeOwned;
 use store_sm::raft_types::NodeId;
@@ -32,8 +35,8 @@ use store_sm::raft_types::RotaNode;
 
 use crate::http::ApiError;
 use crate::http::read_body;
-use crate::node::FORWARDED_HEADER;
 use crate::node::SharedNode;
+use crate::node::is_forwarded;
 
 /// The status and admin routes.
 pub fn routes() -> Router<SharedNode> {
@@ -227,17 +230,8 @@ async fn membership_change(
     match change {
         Ok(()) => Ok(Json(cluster_status(node)).into_response()),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-            let leader = forward
-                .leader_node
-                .map(|n| n.api_addr)
-                .filter(|_| {
-                    !headers.contains_key(FORWARDED_HEADER) && forward.leader_id != Some(node.id())
-                })
-                .ok_or_else(|| ApiError::unavailable("no leader is known; retry shortly"))?;
-            let json = axum::http::HeaderValue::from_static("application/json");
-            Ok(node
-                .forward(&leader, axum::http::Method::POST, path, Some(json), body)
-                .await)
+            let leader = node.route_to_leader(&forward, is_forwarded(headers))?;
+            Ok(node.forward_post_json(&leader, path, body).await)
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -354,12 +348,9 @@ async fn post_transfer_leader(
         let leader = status
             .leader
             .and_then(|id| node.member_api_addr(id))
-            .filter(|_| !headers.contains_key(FORWARDED_HEADER))
+            .filter(|_| !is_forwarded(&headers))
             .ok_or_else(|| ApiError::unavailable("no leader is known; retry shortly"))?;
-        let json = axum::http::HeaderValue::from_static("application/json");
-        return Ok(node
-            .forward(&leader, axum::http::Method::POST, path, Some(json), bytes)
-            .await);
+        return Ok(node.forward_post_json(&leader, path, bytes).await);
     }
     node.raft
         .trigger()
@@ -380,11 +371,6 @@ async fn post_snapshot(State(node): State<SharedNode>) -> Result<Response, ApiEr
     Ok(Json(cluster_status(&node)).into_response())
 }
 
-/// Header naming the log index a backup covers.
-pub const BACKUP_INDEX_HEADER: &str = "x-rota-applied-index";
-/// Header carrying a backup's state hash (hex SHA-256 of its canonical body).
-pub const BACKUP_HASH_HEADER: &str = "x-rota-state-hash";
-
 /// A consistent snapshot of the whole store, as of a linearizable read: it holds every
 /// write acknowledged before the request. The body is the snapshot format of
 /// `store_sm::snapshot` (checksummed); the headers give its index and state hash.
@@ -393,23 +379,9 @@ async fn get_backup(
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
-    let state = match node
-        .read_target(false, headers.contains_key(FORWARDED_HEADER))
-        .await?
-    {
-        crate::node::ReadTarget::Local(state, _) => state,
-        crate::node::ReadTarget::Forward(addr) => {
-            let path = uri.path_and_query().map_or("/admin/backup", |p| p.as_str());
-            return Ok(node
-                .forward(
-                    &addr,
-                    axum::http::Method::GET,
-                    path,
-                    None,
-                    bytes::Bytes::new(),
-                )
-                .await);
-        }
+    let state = match node.read_or_forward(false, &headers, &uri).await? {
+        Ok((state, _)) => state,
+        Err(forwarded) => return Ok(forwarded),
     };
     let (bytes, hash) = store_sm::snapshot::encode_snapshot_with_hash(&state.machine);
     let index = state.applied.map_or(0, |id| id.index());
@@ -432,10 +404,6 @@ async fn get_backup(
     )
         .into_response())
 }
-
-/// Largest backup `POST /admin/restore` accepts: about 90 million small tasks, more than
-/// a node holds in memory. A larger body is refused with 413 before it is read.
-pub const RESTORE_BYTES_MAX: usize = 4 << 30;
 
 /// The node id in the log id of a restored snapshot. Real nodes start at 1, so no real
 /// leader ever had this id, and every election after the restore outranks it.

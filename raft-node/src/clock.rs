@@ -7,11 +7,11 @@
 //! entry it applies ([`LogClock::follow`]), so a node that becomes leader continues the
 //! cluster's time rather than starting from its own wall clock: a node whose wall clock
 //! jumped ahead and that restarted would otherwise expire every lease early the moment
-//! it led (the simulation found this). A node that leads before its clock has taken the
-//! log's time stamps the last applied time instead (`Node::stamp_ms`); only the first
-//! leader of a new cluster, with no time in its log, trusts its wall clock. The state
-//! machine adds the other half of the guarantee: applied time is
-//! `max(stamp, previous)`, so log time never goes back across leaders.
+//! it led (the simulation found this). A node also starts from the time of the state
+//! it opens, so a restarted node never leads on its wall clock; only a new cluster,
+//! with no time in its log, starts from the wall clock. The state machine adds the
+//! other half of the guarantee: applied time is `max(stamp, previous)`, so log time
+//! never goes back across leaders.
 //!
 //! After the whole cluster was down, the first leader continues from the last applied
 //! entry's time: leases are extended by the outage, never cut short, and log time then
@@ -46,8 +46,6 @@ impl WallClock for SystemClock {
 struct ClockState {
     last_mono_ms: f64,
     offset_ms: f64,
-    /// Whether [`LogClock::follow`] has set the clock from the log yet.
-    follows_log: bool,
 }
 
 /// Monotonic time slewed toward the wall clock; see the module documentation.
@@ -75,28 +73,17 @@ impl LogClock {
             state: Mutex::new(ClockState {
                 last_mono_ms: 0.0,
                 offset_ms,
-                follows_log: false,
             }),
         }
     }
 
     /// Sets log time now to `log_ms`, the time of the entry this follower just applied.
-    /// The leader never calls it: its own stamps are the cluster's time.
+    /// The leader never calls it for its own entries: its stamps are the cluster's time.
     pub fn follow(&self, log_ms: i64) {
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
         state.offset_ms = log_ms as f64 - state.last_mono_ms;
-        state.follows_log = true;
-    }
-
-    /// Whether the clock has taken the cluster's time from the log since this process
-    /// started; until then it runs on the wall clock read at start.
-    pub fn follows_log(&self) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .follows_log
     }
 
     /// Log time now, in milliseconds since the Unix epoch; never decreases between calls

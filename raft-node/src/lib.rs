@@ -196,14 +196,14 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     .await
     .map_err(|e| StartError::Raft(e.to_string()))?;
 
-    let node = Arc::new(Node::new(
-        config,
-        raft,
-        state,
-        LogClock::new(wall),
-        client,
-        log_stats,
-    ));
+    // A restarted node takes its time from what it applied, not from its wall clock,
+    // which may have jumped while it was down; only a new cluster starts from the wall.
+    let clock = LogClock::new(wall);
+    let applied_ms = state.read(|s| s.machine.last_time_ms());
+    if applied_ms > 0 {
+        clock.follow(applied_ms);
+    }
+    let node = Arc::new(Node::new(config, raft, state, clock, client, log_stats));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![
         tokio::spawn(http::serve(

@@ -165,15 +165,15 @@ pub fn render(node: &SharedNode) -> String {
         }
     }
 
-    let (tasks, groups) = node.state.read(|s| {
-        let groups: Vec<(String, usize)> = s
-            .machine
-            .groups()
-            .iter()
-            .map(|g| (g.to_string(), s.machine.group_len(g)))
-            .collect();
-        (s.machine.task_count(), groups)
-    });
+    // A cheap clone, so that walking the groups never holds up apply.
+    let state = node.state.snapshot();
+    let tasks = state.machine.task_count();
+    let groups: Vec<(String, usize)> = state
+        .machine
+        .groups()
+        .iter()
+        .map(|g| (g.to_string(), state.machine.group_len(g)))
+        .collect();
     gauge(&mut out, "rota_tasks", "Live tasks.", tasks.to_string());
     let _ = writeln!(
         out,

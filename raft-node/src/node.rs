@@ -7,9 +7,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::http::HeaderMap;
 use axum::http::HeaderName;
 use axum::http::HeaderValue;
 use axum::http::Method;
+use axum::http::Uri;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use bytes::Bytes;
@@ -64,6 +66,11 @@ pub struct Node {
     pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
     request_nonce: u64,
     request_counter: AtomicU64,
+}
+
+/// Whether another node already relayed this request (it is never relayed twice).
+pub fn is_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key(FORWARDED_HEADER)
 }
 
 /// A node shared by all handlers.
@@ -147,7 +154,7 @@ impl Node {
         forwarded: bool,
     ) -> Result<WriteTarget, ApiError> {
         let command = Command {
-            stamp_ms: self.stamp_ms(),
+            stamp_ms: self.clock.now_ms(),
             request_id,
             request,
         };
@@ -179,7 +186,9 @@ impl Node {
         }
     }
 
-    fn route_to_leader(
+    /// The leader's API address to relay a request to, unless this request was relayed
+    /// already or names this node as leader.
+    pub(crate) fn route_to_leader(
         &self,
         forward: &ForwardToLeader<NodeTypes>,
         forwarded: bool,
@@ -231,8 +240,36 @@ impl Node {
         }
     }
 
-    /// Relays a request to the leader at `addr` and returns its answer as is.
-    pub async fn forward(
+    /// Relays a GET to the leader at `addr` and returns its answer as is.
+    pub async fn forward_get(&self, addr: &str, path_and_query: &str) -> Response {
+        self.relay(addr, Method::GET, path_and_query, None, Bytes::new())
+            .await
+    }
+
+    /// Relays a POST with a JSON body to the leader at `addr` and returns its answer as is.
+    pub async fn forward_post_json(&self, addr: &str, path: &str, body: Bytes) -> Response {
+        let json = HeaderValue::from_static("application/json");
+        self.relay(addr, Method::POST, path, Some(json), body).await
+    }
+
+    /// Where a read runs: here (the state and the log time to judge it at), or, relayed
+    /// to the leader, the leader's answer.
+    pub async fn read_or_forward(
+        &self,
+        stale: bool,
+        headers: &HeaderMap,
+        uri: &Uri,
+    ) -> Result<Result<(Box<AppliedState>, Millis), Response>, ApiError> {
+        match self.read_target(stale, is_forwarded(headers)).await? {
+            ReadTarget::Local(state, now) => Ok(Ok((state, now))),
+            ReadTarget::Forward(addr) => {
+                let path = uri.path_and_query().map_or("/", |p| p.as_str());
+                Ok(Err(self.forward_get(&addr, path).await))
+            }
+        }
+    }
+
+    async fn relay(
         &self,
         addr: &str,
         method: Method,
@@ -275,19 +312,6 @@ impl Node {
                 "forwarding to the leader failed ({e}); retry (with the same requestid for writes)"
             ))
             .into_response(),
-        }
-    }
-
-    /// The time to stamp on a command. A clock that has not yet taken the cluster's time
-    /// from the log (this process just started and leads at once) holds at the last
-    /// applied time rather than trust its own wall clock, except in a new cluster, where
-    /// nothing else tells the time.
-    fn stamp_ms(&self) -> Millis {
-        let applied_ms = self.state.read(|s| s.machine.last_time_ms());
-        if self.clock.follows_log() || applied_ms == 0 {
-            self.clock.now_ms()
-        } else {
-            applied_ms
         }
     }
 

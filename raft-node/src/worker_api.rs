@@ -10,13 +10,11 @@ use axum::extract::RawQuery;
 use axum::extract::State;
 use axum::extract::rejection::PathRejection;
 use axum::http::HeaderMap;
-use axum::http::Method;
 use axum::http::Uri;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
 use axum::routing::post;
-use bytes::Bytes;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
@@ -36,10 +34,9 @@ use store_sm::machine::UpdateTask;
 
 use crate::http::ApiError;
 use crate::http::read_body;
-use crate::node::FORWARDED_HEADER;
-use crate::node::ReadTarget;
 use crate::node::SharedNode;
 use crate::node::WriteTarget;
+use crate::node::is_forwarded;
 
 /// Most ids one `/tasks/...` request may name.
 pub const TASK_IDS_MAX: usize = 10_000;
@@ -106,31 +103,6 @@ fn wants_stale(params: &HashMap<String, String>) -> Result<bool, ApiError> {
     }
 }
 
-fn is_forwarded(headers: &HeaderMap) -> bool {
-    headers.contains_key(FORWARDED_HEADER)
-}
-
-/// Resolves where a read runs; a forwarded read comes back as a ready response.
-async fn read_or_forward(
-    node: &SharedNode,
-    params: &HashMap<String, String>,
-    headers: &HeaderMap,
-    uri: &Uri,
-) -> Result<Result<(Box<store_sm::state_machine::AppliedState>, i64), Response>, ApiError> {
-    match node
-        .read_target(wants_stale(params)?, is_forwarded(headers))
-        .await?
-    {
-        ReadTarget::Local(state, now) => Ok(Ok((state, now))),
-        ReadTarget::Forward(addr) => {
-            let path = uri.path_and_query().map_or("/", |p| p.as_str());
-            Ok(Err(node
-                .forward(&addr, Method::GET, path, None, Bytes::new())
-                .await))
-        }
-    }
-}
-
 async fn get_groups(
     State(node): State<SharedNode>,
     RawQuery(query): RawQuery,
@@ -138,7 +110,10 @@ async fn get_groups(
     uri: Uri,
 ) -> Result<Response, ApiError> {
     let params = query_params(query.as_deref())?;
-    let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
+    let (state, _) = match node
+        .read_or_forward(wants_stale(&params)?, &headers, &uri)
+        .await?
+    {
         Ok(local) => local,
         Err(forwarded) => return Ok(forwarded),
     };
@@ -164,7 +139,10 @@ async fn get_task(
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&path_segment(id)?)?;
     let params = query_params(query.as_deref())?;
-    let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
+    let (state, _) = match node
+        .read_or_forward(wants_stale(&params)?, &headers, &uri)
+        .await?
+    {
         Ok(local) => local,
         Err(forwarded) => return Ok(forwarded),
     };
@@ -191,7 +169,10 @@ async fn get_tasks(
         )));
     }
     let params = query_params(query.as_deref())?;
-    let (state, _) = match read_or_forward(&node, &params, &headers, &uri).await? {
+    let (state, _) = match node
+        .read_or_forward(wants_stale(&params)?, &headers, &uri)
+        .await?
+    {
         Ok(local) => local,
         Err(forwarded) => return Ok(forwarded),
     };
@@ -222,7 +203,10 @@ async fn get_group(
         .transpose()
         .map_err(ApiError::bad_request)?
         .unwrap_or(false);
-    let (state, now) = match read_or_forward(&node, &params, &headers, &uri).await? {
+    let (state, now) = match node
+        .read_or_forward(wants_stale(&params)?, &headers, &uri)
+        .await?
+    {
         Ok(local) => local,
         Err(forwarded) => return Ok(forwarded),
     };
@@ -309,10 +293,7 @@ async fn write(
         WriteTarget::Applied(outcome) => Ok(Json(outcome_json(&outcome)).into_response()),
         WriteTarget::Forward(addr) => {
             let body = forward_body(request_id.unwrap_or_else(|| node.new_request_id()))?;
-            let json = axum::http::HeaderValue::from_static("application/json");
-            Ok(node
-                .forward(&addr, Method::POST, path, Some(json), body.into())
-                .await)
+            Ok(node.forward_post_json(&addr, path, body.into()).await)
         }
     }
 }

@@ -102,7 +102,7 @@ async fn three_nodes_form_and_serve_through_every_node() {
     assert_eq!(machine.group_len("g"), 3);
     let hash = backup
         .headers
-        .get("x-rota-state-hash")
+        .get(rpc::admin::BACKUP_HASH_HEADER)
         .expect("hash header");
     assert_eq!(
         hash.to_str().expect("ascii"),

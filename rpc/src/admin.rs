@@ -95,17 +95,9 @@ pub struct StateHashJson {
     pub tasks: u64,
 }
 
-/// `POST /admin/add-learner`: a new node that replicates without voting.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AddLearnerJson {
-    /// The new node's id; never one that was a member before.
-    pub id: u64,
-    /// Where workers reach it (`host:port`).
-    pub api_addr: String,
-    /// Where Raft traffic goes (`host:port`).
-    pub raft_addr: String,
-}
+/// `POST /admin/add-learner`: a new node that replicates without voting; its id is never
+/// one that was a member before.
+pub type AddLearnerJson = MemberJson;
 
 /// `POST /admin/promote`, `/admin/remove`, `/admin/transfer-leader`: one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +121,17 @@ pub struct RestoreJson {
 /// Header of `POST /admin/restore` carrying the new cluster's members as
 /// [`InitRequestJson`] JSON (the body is the backup itself).
 pub const RESTORE_MEMBERS_HEADER: &str = "x-rota-restore-members";
+
+/// Header of `GET /admin/backup` naming the log index the backup covers.
+pub const BACKUP_INDEX_HEADER: &str = "x-rota-applied-index";
+
+/// Header of `GET /admin/backup` carrying the backup's state hash (hex SHA-256 of its
+/// canonical body).
+pub const BACKUP_HASH_HEADER: &str = "x-rota-state-hash";
+
+/// Largest backup `POST /admin/restore` accepts: about 90 million small tasks, more than
+/// a node holds in memory. A larger body is refused with 413 before it is read.
+pub const RESTORE_BYTES_MAX: usize = 4 << 30;
 
 /// Parses a member list `ID=API_HOST:PORT/RAFT_HOST:PORT,...` (the `--initial-cluster`
 /// syntax of `rota-node` and `rota`), or says what is wrong with it.

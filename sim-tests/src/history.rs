@@ -223,20 +223,46 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
 
 /// A write that finished before another began must have lower ids.
 fn check_id_order(history: &History, problems: &mut Vec<String>) {
-    let mut spans: Vec<(u64, u64, u64, u64)> = history
+    let spans: Vec<IdSpan> = history
         .ops
         .iter()
         .filter_map(|op| match &op.result {
-            Answer::Tasks(tasks) if !tasks.is_empty() => {
-                let low = tasks.iter().map(|t| t.id).min().unwrap_or(0);
-                let high = tasks.iter().map(|t| t.id).max().unwrap_or(0);
-                Some((op.invoked_us, op.completed_us, low, high))
-            }
+            Answer::Tasks(tasks) => IdSpan::of(op.invoked_us, op.completed_us, tasks),
             _ => None,
         })
         .collect();
+    problems.extend(id_order_violations(spans));
+}
+
+/// When an acknowledged write was sent and answered (µs), and the ids it wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IdSpan {
+    /// Sent.
+    pub invoked_us: u64,
+    /// Answered.
+    pub completed_us: u64,
+    /// Lowest id written.
+    pub low: u64,
+    /// Highest id written.
+    pub high: u64,
+}
+
+impl IdSpan {
+    /// The span of a write that wrote `tasks`; `None` if it wrote none.
+    pub fn of(invoked_us: u64, completed_us: u64, tasks: &[TaskJson]) -> Option<Self> {
+        Some(Self {
+            invoked_us,
+            completed_us,
+            low: tasks.iter().map(|t| t.id).min()?,
+            high: tasks.iter().map(|t| t.id).max()?,
+        })
+    }
+}
+
+/// Every write whose ids are not above those of a write answered before it was sent.
+pub fn id_order_violations(mut spans: Vec<IdSpan>) -> Vec<String> {
     spans.sort_unstable();
-    let mut completions: Vec<(u64, u64)> = spans.iter().map(|s| (s.1, s.3)).collect();
+    let mut completions: Vec<(u64, u64)> = spans.iter().map(|s| (s.completed_us, s.high)).collect();
     completions.sort_unstable();
     // Highest id among writes completed before each point, as a running maximum.
     let mut running = Vec::with_capacity(completions.len());
@@ -245,15 +271,19 @@ fn check_id_order(history: &History, problems: &mut Vec<String>) {
         high_so_far = high_so_far.max(high);
         running.push((completed, high_so_far));
     }
-    for &(invoked, _, low, _) in &spans {
-        let before = running.partition_point(|&(completed, _)| completed < invoked);
-        if before > 0 && running[before - 1].1 >= low {
+    let mut problems = Vec::new();
+    for span in &spans {
+        let before = running.partition_point(|&(completed, _)| completed < span.invoked_us);
+        if before > 0 && running[before - 1].1 >= span.low {
             problems.push(format!(
-                "id {low} written at {invoked} µs is not above id {} acknowledged before",
+                "id {} written at {} µs is not above id {} acknowledged before",
+                span.low,
+                span.invoked_us,
                 running[before - 1].1
             ));
         }
     }
+    problems
 }
 
 /// The payload's latest acknowledged version is what the store holds, unless deleted.
@@ -266,20 +296,37 @@ fn check_final(
 ) {
     let latest = versions.last().map(|(task, _)| *task);
     let was_deleted = versions.iter().any(|(t, _)| deleted_ids.contains(&t.id));
-    match (final_by_data.get(data), latest, was_deleted) {
-        (Some(found), _, true) => problems.push(format!(
+    problems.extend(final_state_violation(
+        data,
+        latest,
+        was_deleted,
+        final_by_data.get(data).copied(),
+    ));
+}
+
+/// What is wrong, if anything, with payload `data` holding `found` in the final state,
+/// when `latest` is its last acknowledged version and `was_deleted` says whether an
+/// acknowledged delete removed one of its versions.
+pub fn final_state_violation(
+    data: &str,
+    latest: Option<&TaskJson>,
+    was_deleted: bool,
+    found: Option<&TaskJson>,
+) -> Option<String> {
+    match (found, latest, was_deleted) {
+        (Some(found), _, true) => Some(format!(
             "payload {data:?} was deleted but task {} holds it",
             found.id
         )),
-        (Some(found), Some(latest), false) if found.id != latest.id => problems.push(format!(
+        (Some(found), Some(latest), false) if found.id != latest.id => Some(format!(
             "payload {data:?}: the store holds version {} but the latest acknowledged is {}",
             found.id, latest.id
         )),
-        (None, Some(latest), false) => problems.push(format!(
+        (None, Some(latest), false) => Some(format!(
             "payload {data:?}: acknowledged version {} is lost",
             latest.id
         )),
-        _ => {}
+        _ => None,
     }
 }
 

@@ -120,18 +120,10 @@ pub struct RunReport {
     pub check: CheckReport,
     /// Operations in the history (writes and linearizable reads).
     pub ops: usize,
-    /// Stale reads served.
-    pub stale_reads: u64,
-    /// Calls retried.
-    pub retries: u64,
-    /// Groups found linearizable.
-    pub groups_linearizable: usize,
     /// Groups whose search gave up (inconclusive, not a failure).
     pub groups_gave_up: usize,
     /// Operations in the longest group history checked.
     pub longest_group_history: usize,
-    /// Search steps over all groups.
-    pub search_steps: u64,
     /// Trace lines: faults with their times, every operation, the final state hash.
     pub trace: Vec<String>,
     /// SHA-256 of the trace, hex.
@@ -321,48 +313,50 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         }
     }
 
-    let checked = match check(&history, &final_tasks) {
+    let check = match check(&history, &final_tasks) {
         Ok(report) => report,
         Err(problems) => return Err(trace.fail(problems)),
     };
-    let mut report = RunReport {
-        nodes: size,
-        faults: Vec::new(),
-        check: checked,
-        ops: history.ops.len(),
-        stale_reads: history.stale_reads,
-        retries: history.retries,
-        groups_linearizable: 0,
-        groups_gave_up: 0,
-        longest_group_history: 0,
-        search_steps: 0,
-        trace: Vec::new(),
-        digest: String::new(),
+    let searched = match check_linearizable(&history) {
+        Ok(searched) => searched,
+        Err(problems) => return Err(trace.fail(problems)),
     };
-    if let Err(problems) = check_linearizable(&history, &mut report) {
-        return Err(trace.fail(problems));
-    }
-    report.digest = trace.digest();
-    report.faults = trace.faults;
-    report.trace = trace.lines;
-    Ok(report)
+    Ok(RunReport {
+        nodes: size,
+        check,
+        ops: history.ops.len(),
+        groups_gave_up: searched.gave_up,
+        longest_group_history: searched.longest,
+        digest: trace.digest(),
+        faults: trace.faults,
+        trace: trace.lines,
+    })
 }
 
-/// Checks every group's history; counts into `report`.
-fn check_linearizable(history: &History, report: &mut RunReport) -> Result<(), Vec<String>> {
+/// What the linearizability search covered.
+struct Searched {
+    /// Operations in the longest group history.
+    longest: usize,
+    /// Groups whose search gave up.
+    gave_up: usize,
+}
+
+/// Checks every group's history for linearizability.
+fn check_linearizable(history: &History) -> Result<Searched, Vec<String>> {
     let mut by_group: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in &history.ops {
         by_group.entry(&op.group).or_default().push(op);
     }
+    let mut searched = Searched {
+        longest: 0,
+        gave_up: 0,
+    };
     let mut problems = Vec::new();
     for (group, ops) in by_group {
-        report.longest_group_history = report.longest_group_history.max(ops.len());
+        searched.longest = searched.longest.max(ops.len());
         match check_group(group, &ops) {
-            Verdict::Linearizable { steps } => {
-                report.groups_linearizable += 1;
-                report.search_steps += steps;
-            }
-            Verdict::GaveUp => report.groups_gave_up += 1,
+            Verdict::Linearizable { .. } => {}
+            Verdict::GaveUp => searched.gave_up += 1,
             Verdict::NotLinearizable {
                 longest_prefix,
                 stuck_at,
@@ -373,7 +367,7 @@ fn check_linearizable(history: &History, report: &mut RunReport) -> Result<(), V
         }
     }
     if problems.is_empty() {
-        Ok(())
+        Ok(searched)
     } else {
         Err(problems)
     }

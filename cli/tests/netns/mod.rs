@@ -542,6 +542,19 @@ impl Lab {
         (1..=self.spec.nodes).collect()
     }
 
+    /// Every node id but those in `except`, ascending.
+    pub fn others(&self, except: &[u64]) -> Vec<u64> {
+        self.ids()
+            .into_iter()
+            .filter(|id| !except.contains(id))
+            .collect()
+    }
+
+    /// The lowest-numbered node that is not `leader`.
+    pub fn a_follower(&self, leader: u64) -> u64 {
+        self.others(&[leader])[0]
+    }
+
     /// The worker API addresses of every node.
     pub fn api_addrs(&self) -> Vec<String> {
         self.ids().into_iter().map(|id| self.spec.api(id)).collect()

@@ -2,8 +2,9 @@
 //! do (a request id on every write, retried through any node until the outcome is
 //! known), and the checker their history must pass against the final state.
 //!
-//! The same workload and checks as the simulation's (`sim-tests/src/workload.rs`), on
-//! real time and real sockets.
+//! A smaller workload than the simulation's (one group; no finish, depends or read
+//! checks), on real time and real sockets; the id-order and final-state checks are the
+//! simulation's own (`sim_tests::history`).
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -18,6 +19,9 @@ use std::time::Instant;
 use rpc::client::HttpClient;
 use rpc::worker::TaskJson;
 use rpc::worker::WriteResultJson;
+use sim_tests::history::IdSpan;
+use sim_tests::history::final_state_violation;
+use sim_tests::history::id_order_violations;
 
 /// Deadline of one call from a worker.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -322,6 +326,11 @@ pub struct CheckReport {
     pub payloads: usize,
 }
 
+/// `duration` in whole microseconds, the simulation checker's unit.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Checks a history against the final state (`final_tasks`, every task of the group):
 /// every write got a definite answer; ids unique and increasing in real-time order; no
 /// acknowledged write lost; no deleted task back; the latest version of every payload
@@ -382,38 +391,15 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
         }
     }
     // Real-time order: a write that finished before another began has lower ids.
-    let mut spans: Vec<(Duration, Duration, u64, u64)> = history
+    let spans = history
         .writes
         .iter()
         .filter_map(|w| match &w.result {
-            WriteResult::Tasks(tasks) if !tasks.is_empty() => {
-                let low = tasks.iter().map(|t| t.id).min().unwrap_or(0);
-                let high = tasks.iter().map(|t| t.id).max().unwrap_or(0);
-                Some((w.invoked, w.completed, low, high))
-            }
+            WriteResult::Tasks(tasks) => IdSpan::of(micros(w.invoked), micros(w.completed), tasks),
             _ => None,
         })
         .collect();
-    spans.sort_unstable();
-    let mut highest_completed: Vec<(Duration, u64)> = spans.iter().map(|s| (s.1, s.3)).collect();
-    highest_completed.sort_unstable();
-    let mut running_max = Vec::with_capacity(highest_completed.len());
-    let mut max = 0;
-    for &(completed, high) in &highest_completed {
-        max = max.max(high);
-        running_max.push((completed, max));
-    }
-    for &(invoked, _, low, _) in &spans {
-        let before = running_max.partition_point(|(completed, _)| *completed < invoked);
-        if before > 0 {
-            let high = running_max[before - 1].1;
-            if high >= low {
-                problems.push(format!(
-                    "id {low} written at {invoked:?} is not above id {high} acknowledged before"
-                ));
-            }
-        }
-    }
+    problems.extend(id_order_violations(spans));
     let final_by_data: BTreeMap<&str, &TaskJson> =
         final_tasks.iter().map(|t| (t.data.as_str(), t)).collect();
     for (data, versions) in &mut lineage {
@@ -421,21 +407,8 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
         versions.sort_by_key(|(task, _)| task.id);
         let latest = versions.last().map(|(task, _)| *task);
         let was_deleted = versions.iter().any(|(t, _)| deleted_ids.contains(&t.id));
-        match (final_by_data.get(data), latest, was_deleted) {
-            (Some(found), _, true) => problems.push(format!(
-                "payload {data:?} was deleted but task {} holds it",
-                found.id
-            )),
-            (Some(found), Some(latest), false) if found.id != latest.id => problems.push(format!(
-                "payload {data:?}: the store holds version {} but the latest acknowledged is {}",
-                found.id, latest.id
-            )),
-            (None, Some(latest), false) => problems.push(format!(
-                "payload {data:?}: acknowledged version {} is lost",
-                latest.id
-            )),
-            _ => {}
-        }
+        let found = final_by_data.get(data).copied();
+        problems.extend(final_state_violation(data, latest, was_deleted, found));
         // A claim by another worker may only start once the previous owner's lease ended.
         for pair in versions.windows(2) {
             let ((before, _), (after, claimed)) = (&pair[0], &pair[1]);

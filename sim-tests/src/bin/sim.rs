@@ -17,7 +17,6 @@ fn main() {
 #[cfg(madsim)]
 mod runner {
     use std::collections::BTreeMap;
-    use std::sync::Arc;
     use std::sync::Mutex;
     use std::sync::atomic::AtomicU64;
     use std::sync::atomic::Ordering;
@@ -102,7 +101,7 @@ mod runner {
     ) -> BTreeMap<(Scenario, u64), Outcome> {
         let next = AtomicU64::new(0);
         let caught = std::sync::atomic::AtomicBool::new(false);
-        let results = Arc::new(Mutex::new(BTreeMap::new()));
+        let results = Mutex::new(BTreeMap::new());
         std::thread::scope(|scope| {
             for _ in 0..jobs.max(1) {
                 scope.spawn(|| {
@@ -127,7 +126,7 @@ mod runner {
                 });
             }
         });
-        std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()))
+        results.into_inner().unwrap_or_else(|p| p.into_inner())
     }
 
     /// One run, or two with --check-determinism (a differing digest is a failure).
