@@ -26,6 +26,8 @@ use rpc::worker::ErrorJson;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::service::ServiceError;
+
 /// Deadline for a client to send a request's headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -112,6 +114,22 @@ impl ApiError {
             status,
             message: message.into(),
             retry_after_s: None,
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(error: ServiceError) -> Self {
+        let message = error.to_string();
+        match error {
+            // Routers relay NotLeader; one that reaches here met a non-leader twice.
+            ServiceError::NotLeader { .. } | ServiceError::Unavailable(_) => {
+                Self::unavailable(message)
+            }
+            ServiceError::Invalid(_) => Self::bad_request(message),
+            ServiceError::Conflict(_) => Self::new(StatusCode::CONFLICT, message),
+            ServiceError::NotFound(_) => Self::not_found(message),
+            ServiceError::Internal(_) => Self::internal(message),
         }
     }
 }

@@ -15,7 +15,9 @@ pub mod network;
 pub mod node;
 pub mod openapi;
 pub mod raft_api;
+pub mod relay;
 pub mod runtime;
+pub mod service;
 pub mod storage;
 pub mod types;
 pub mod worker_api;
@@ -116,7 +118,7 @@ pub fn api_router(node: SharedNode) -> Router {
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
         .layer(axum::middleware::from_fn_with_state(
-            node.clone(),
+            node.http_metrics.clone(),
             metrics::track,
         ))
         .with_state(node)
@@ -243,11 +245,11 @@ async fn bootstrap(node: &SharedNode) {
     }
     match node.raft.is_initialized().await {
         Ok(true) => {}
-        Ok(false) => match admin_api::initialize(node, members.clone()).await {
+        Ok(false) => match node.initialize(members.clone()).await {
             Ok(()) => {
                 tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "cluster initialised")
             }
-            Err(e) => tracing::warn!(error = %e.message, "initialising the cluster failed"),
+            Err(e) => tracing::warn!(error = %e, "initialising the cluster failed"),
         },
         Err(e) => tracing::error!(error = %e, "cannot tell whether the node is initialised"),
     }

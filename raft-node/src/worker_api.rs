@@ -4,13 +4,9 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Body;
 use axum::extract::Path;
-use axum::extract::RawQuery;
 use axum::extract::State;
 use axum::extract::rejection::PathRejection;
-use axum::http::HeaderMap;
-use axum::http::Uri;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
@@ -33,10 +29,12 @@ use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 
 use crate::http::ApiError;
-use crate::http::read_body;
 use crate::node::SharedNode;
-use crate::node::WriteTarget;
-use crate::node::is_forwarded;
+use crate::relay::IDEMPOTENCY_KEY_HEADER;
+use crate::relay::Incoming;
+use crate::relay::respond;
+use crate::service::Consistency;
+use crate::service::ReadView;
 
 /// Most ids one `/tasks/...` request may name.
 pub const TASK_IDS_MAX: usize = 10_000;
@@ -92,38 +90,44 @@ fn path_segment(path: Result<Path<String>, PathRejection>) -> Result<String, Api
         .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))
 }
 
-/// Whether the read asked for `?consistency=stale`.
-fn wants_stale(params: &HashMap<String, String>) -> Result<bool, ApiError> {
-    match params.get("consistency").map(String::as_str) {
-        None | Some("linearizable") => Ok(false),
-        Some("stale") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "consistency={other:?} is not one of linearizable, stale"
-        ))),
-    }
+/// The consistency a read asked for with `?consistency=`.
+fn consistency(params: &HashMap<String, String>) -> Result<Consistency, ApiError> {
+    Ok(Consistency::parse(
+        params.get("consistency").map(String::as_str),
+    )?)
+}
+
+/// Serves a read whose query checked out: takes a view at `consistency` (relaying to the
+/// leader when only the leader can serve it) and answers with `answer` of the view.
+async fn read(
+    node: &SharedNode,
+    incoming: Incoming,
+    consistency: Consistency,
+    answer: impl FnOnce(ReadView) -> Result<Response, ApiError>,
+) -> Response {
+    let view = node.read(consistency).await;
+    respond(node, incoming, view, |view| {
+        answer(view).unwrap_or_else(IntoResponse::into_response)
+    })
+    .await
 }
 
 async fn get_groups(
     State(node): State<SharedNode>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    uri: Uri,
+    incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let params = query_params(query.as_deref())?;
-    let (state, _) = match node
-        .read_or_forward(wants_stale(&params)?, &headers, &uri)
-        .await?
-    {
-        Ok(local) => local,
-        Err(forwarded) => return Ok(forwarded),
-    };
-    let groups: Vec<String> = state
-        .machine
-        .groups()
-        .iter()
-        .map(|g| g.to_string())
-        .collect();
-    Ok(Json(groups).into_response())
+    let params = query_params(Some(incoming.query()))?;
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let groups: Vec<String> = view
+            .state
+            .machine
+            .groups()
+            .iter()
+            .map(|g| g.to_string())
+            .collect();
+        Ok(Json(groups).into_response())
+    })
+    .await)
 }
 
 fn parse_task_id(text: &str) -> Result<u64, ApiError> {
@@ -133,33 +137,25 @@ fn parse_task_id(text: &str) -> Result<u64, ApiError> {
 async fn get_task(
     State(node): State<SharedNode>,
     id: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    uri: Uri,
+    incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&path_segment(id)?)?;
-    let params = query_params(query.as_deref())?;
-    let (state, _) = match node
-        .read_or_forward(wants_stale(&params)?, &headers, &uri)
-        .await?
-    {
-        Ok(local) => local,
-        Err(forwarded) => return Ok(forwarded),
-    };
-    match state.machine.task(id) {
-        Some(task) => Ok(Json(task_json(task)).into_response()),
-        None => Err(ApiError::not_found(format!(
-            "task {id} does not exist (it may have been updated, claimed or deleted)"
-        ))),
-    }
+    let params = query_params(Some(incoming.query()))?;
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        match view.state.machine.task(id) {
+            Some(task) => Ok(Json(task_json(task)).into_response()),
+            None => Err(ApiError::not_found(format!(
+                "task {id} does not exist (it may have been updated, claimed or deleted)"
+            ))),
+        }
+    })
+    .await)
 }
 
 async fn get_tasks(
     State(node): State<SharedNode>,
     ids: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    uri: Uri,
+    incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let ids = parse_id_list(&path_segment(ids)?).map_err(ApiError::bad_request)?;
     if ids.len() > TASK_IDS_MAX {
@@ -168,30 +164,24 @@ async fn get_tasks(
             ids.len()
         )));
     }
-    let params = query_params(query.as_deref())?;
-    let (state, _) = match node
-        .read_or_forward(wants_stale(&params)?, &headers, &uri)
-        .await?
-    {
-        Ok(local) => local,
-        Err(forwarded) => return Ok(forwarded),
-    };
-    let tasks: Vec<Option<TaskJson>> = ids
-        .iter()
-        .map(|id| state.machine.task(*id).map(task_json))
-        .collect();
-    Ok(Json(tasks).into_response())
+    let params = query_params(Some(incoming.query()))?;
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let tasks: Vec<Option<TaskJson>> = ids
+            .iter()
+            .map(|id| view.state.machine.task(*id).map(task_json))
+            .collect();
+        Ok(Json(tasks).into_response())
+    })
+    .await)
 }
 
 async fn get_group(
     State(node): State<SharedNode>,
     name: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    uri: Uri,
+    incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let name = path_segment(name)?;
-    let params = query_params(query.as_deref())?;
+    let params = query_params(Some(incoming.query()))?;
     let limit = params
         .get("limit")
         .map(|v| parse_limit(v))
@@ -203,20 +193,17 @@ async fn get_group(
         .transpose()
         .map_err(ApiError::bad_request)?
         .unwrap_or(false);
-    let (state, now) = match node
-        .read_or_forward(wants_stale(&params)?, &headers, &uri)
-        .await?
-    {
-        Ok(local) => local,
-        Err(forwarded) => return Ok(forwarded),
-    };
-    let tasks: Vec<TaskJson> = state
-        .machine
-        .iter_group(&name, owned, now)
-        .take(limit.unwrap_or(usize::MAX))
-        .map(task_json)
-        .collect();
-    Ok(Json(tasks).into_response())
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let tasks: Vec<TaskJson> = view
+            .state
+            .machine
+            .iter_group(&name, owned, view.now_ms)
+            .take(limit.unwrap_or(usize::MAX))
+            .map(task_json)
+            .collect();
+        Ok(Json(tasks).into_response())
+    })
+    .await)
 }
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, ApiError> {
@@ -225,8 +212,8 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, Ap
 }
 
 /// The request id from the `Idempotency-Key` header and the body, which must agree.
-fn request_id(headers: &HeaderMap, in_body: Option<String>) -> Result<Option<String>, ApiError> {
-    let in_header = match headers.get("idempotency-key") {
+fn request_id(incoming: &Incoming, in_body: Option<String>) -> Result<Option<String>, ApiError> {
+    let in_header = match incoming.headers.get(IDEMPOTENCY_KEY_HEADER) {
         None => None,
         Some(value) => Some(
             value
@@ -275,52 +262,36 @@ fn update_request(json: UpdateRequestJson) -> Request {
     })
 }
 
-/// Applies a write here or relays it to the leader. A relayed write always carries a
-/// request id (this node makes one up if the client sent none), so that the relay's own
-/// retries apply once.
+/// Applies a write, or relays it to the leader with its request id (one the relay makes
+/// up if the client sent none, so that the relay's own retries apply once).
 async fn write(
     node: &SharedNode,
+    incoming: Incoming,
     request: Request,
     request_id: Option<String>,
-    headers: &HeaderMap,
-    path: &str,
-    forward_body: impl FnOnce(String) -> Result<Vec<u8>, ApiError>,
-) -> Result<Response, ApiError> {
-    match node
-        .write(request, request_id.clone(), is_forwarded(headers))
-        .await?
-    {
-        WriteTarget::Applied(outcome) => Ok(Json(outcome_json(&outcome)).into_response()),
-        WriteTarget::Forward(addr) => {
-            let body = forward_body(request_id.unwrap_or_else(|| node.new_request_id()))?;
-            Ok(node.forward_post_json(&addr, path, body.into()).await)
-        }
-    }
-}
-
-async fn post_update(
-    State(node): State<SharedNode>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, node.config.body_bytes_max).await?;
-    let mut json: UpdateRequestJson = parse_json(&bytes, "/update")?;
-    let request_id = request_id(&headers, json.requestid.take())?;
-    let request = update_request(json.clone());
-    write(&node, request, request_id, &headers, "/update", move |id| {
-        json.requestid = Some(id);
-        serde_json::to_vec(&json).map_err(|e| ApiError::internal(e.to_string()))
+) -> Response {
+    let incoming = incoming.write_with(request_id.as_deref());
+    let outcome = node.write(request, request_id).await;
+    respond(node, incoming, outcome, |outcome| {
+        Json(outcome_json(&outcome)).into_response()
     })
     .await
 }
 
+async fn post_update(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: UpdateRequestJson = parse_json(&incoming.body, "/update")?;
+    let request_id = request_id(&incoming, json.requestid.clone())?;
+    Ok(write(&node, incoming, update_request(json), request_id).await)
+}
+
 async fn post_claim(
     State(node): State<SharedNode>,
-    headers: HeaderMap,
-    body: Body,
+    incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, node.config.body_bytes_max).await?;
-    let mut json: ClaimRequestJson = parse_json(&bytes, "/claim")?;
+    let json: ClaimRequestJson = parse_json(&incoming.body, "/claim")?;
     let max = node.config.claim_duration_max_ms;
     if json.duration <= 0 || json.duration > max {
         return Err(ApiError::bad_request(format!(
@@ -328,16 +299,12 @@ async fn post_claim(
             json.duration
         )));
     }
-    let request_id = request_id(&headers, json.requestid.take())?;
+    let request_id = request_id(&incoming, json.requestid)?;
     let request = Request::Claim(ClaimRequest {
         client: json.clientid,
-        group: json.group.clone(),
+        group: json.group,
         duration_ms: json.duration,
-        depends: json.depends.clone(),
+        depends: json.depends,
     });
-    write(&node, request, request_id, &headers, "/claim", move |id| {
-        json.requestid = Some(id);
-        serde_json::to_vec(&json).map_err(|e| ApiError::internal(e.to_string()))
-    })
-    .await
+    Ok(write(&node, incoming, request, request_id).await)
 }

@@ -1,0 +1,173 @@
+//! The one way a request reaches the leader from another node: the request as it came,
+//! relayed once.
+//!
+//! Every endpoint reads its request into an [`Incoming`], calls the service, and answers
+//! through [`respond`]: a [`ServiceError::NotLeader`] becomes a relay of the same method,
+//! path, headers and body bytes to the leader, marked so that the leader never relays it
+//! again. A write whose client sent no request id gets one here, in an
+//! `Idempotency-Key` header, so that the relay's own retries apply once.
+
+use axum::extract::FromRequest;
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
+use axum::http::Method;
+use axum::http::Uri;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use bytes::Bytes;
+
+use crate::http::ApiError;
+use crate::http::read_body;
+use crate::node::FORWARD_TIMEOUT;
+use crate::node::Node;
+use crate::node::SharedNode;
+use crate::service::ServiceError;
+
+/// Header a node adds when it relays a request, so the receiver never relays it again.
+pub const FORWARDED_HEADER: &str = "x-rota-forwarded-by";
+
+/// The header that carries a write's request id beside (or instead of) `requestid`.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Whether a request header belongs to the request rather than to the connection it
+/// came on (those, and `Expect`, which this node already answered, are never relayed).
+fn is_end_to_end(name: &HeaderName) -> bool {
+    let hop_by_hop = [
+        header::CONNECTION,
+        header::HOST,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+        header::EXPECT,
+        header::PROXY_AUTHORIZATION,
+    ];
+    !hop_by_hop.contains(name) && name.as_str() != "keep-alive"
+}
+
+/// A request as it came, body read (within the node's body limit), kept so it can be
+/// relayed to the leader unchanged.
+pub struct Incoming {
+    /// Its method.
+    pub method: Method,
+    /// Its path and query.
+    pub uri: Uri,
+    /// Its headers.
+    pub headers: HeaderMap,
+    /// Its body.
+    pub body: Bytes,
+    /// Whether a relay must add a request id (a write whose client sent none).
+    needs_request_id: bool,
+}
+
+impl FromRequest<SharedNode> for Incoming {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, node: &SharedNode) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        let body = read_body(&parts.headers, body, node.config.body_bytes_max).await?;
+        Ok(Self {
+            method: parts.method,
+            uri: parts.uri,
+            headers: parts.headers,
+            body,
+            needs_request_id: false,
+        })
+    }
+}
+
+impl Incoming {
+    /// Whether another node already relayed this request (it is never relayed twice).
+    pub fn is_forwarded(&self) -> bool {
+        self.headers.contains_key(FORWARDED_HEADER)
+    }
+
+    /// Marks this request as a write that carries `request_id` (or none): a relay of a
+    /// write without one adds one.
+    pub fn write_with(mut self, request_id: Option<&str>) -> Self {
+        self.needs_request_id = request_id.is_none();
+        self
+    }
+
+    /// The query string, empty if none.
+    pub fn query(&self) -> &str {
+        self.uri.query().unwrap_or_default()
+    }
+}
+
+/// Answers a request: `ok` of the service's result, a relay to the leader when this
+/// node does not lead (once: a relayed request that meets another non-leader gets a 503),
+/// or the error's own answer.
+pub async fn respond<T>(
+    node: &Node,
+    incoming: Incoming,
+    result: Result<T, ServiceError>,
+    ok: impl FnOnce(T) -> Response,
+) -> Response {
+    match result {
+        Ok(value) => ok(value),
+        Err(ServiceError::NotLeader { leader_api }) if !incoming.is_forwarded() => {
+            relay(node, &leader_api, incoming).await
+        }
+        Err(ServiceError::NotLeader { .. }) => ApiError::unavailable(
+            "leadership is moving; retry shortly (with the same requestid for writes)",
+        )
+        .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Sends `incoming` to the leader at `leader_api` and returns its answer as is.
+async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
+    let mut headers: Vec<(HeaderName, HeaderValue)> = incoming
+        .headers
+        .iter()
+        .filter(|(name, _)| is_end_to_end(name))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    headers.push((
+        HeaderName::from_static(FORWARDED_HEADER),
+        HeaderValue::from(node.id()),
+    ));
+    if incoming.needs_request_id {
+        let request_id = HeaderValue::try_from(node.new_request_id());
+        match request_id {
+            Ok(value) => headers.push((HeaderName::from_static(IDEMPOTENCY_KEY_HEADER), value)),
+            Err(e) => return ApiError::internal(format!("request id: {e}")).into_response(),
+        }
+    }
+    let path_and_query = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
+    let sent = node
+        .client
+        .send(
+            leader_api,
+            incoming.method,
+            path_and_query,
+            &headers,
+            incoming.body,
+            FORWARD_TIMEOUT,
+        )
+        .await;
+    match sent {
+        Ok(answer) => {
+            let mut response = (answer.status, answer.body).into_response();
+            for (name, value) in &answer.headers {
+                let relayed = name == header::CONTENT_TYPE
+                    || name == header::RETRY_AFTER
+                    || name.as_str().starts_with("x-rota-");
+                if relayed {
+                    response.headers_mut().insert(name.clone(), value.clone());
+                }
+            }
+            response
+        }
+        Err(e) => ApiError::unavailable(format!(
+            "forwarding to the leader failed ({e}); retry (with the same requestid for writes)"
+        ))
+        .into_response(),
+    }
+}

@@ -1,0 +1,77 @@
+//! The node's service layer: what a node does for a request, whatever carried it.
+//!
+//! Writes, reads, cluster status, formation, membership changes, backup and restore live
+//! here as plain methods on [`Node`](crate::node::Node) that take and return plain values
+//! and fail with a [`ServiceError`]. Nothing here knows HTTP: the routers in
+//! `worker_api`, `admin_api` and `metrics` parse a request, call one method, and map the
+//! answer; when the answer is [`ServiceError::NotLeader`], they relay the request to the
+//! leader once (`relay`).
+
+mod backup;
+mod membership;
+mod read;
+mod status;
+mod write;
+
+pub use self::backup::Backup;
+pub use self::read::Consistency;
+pub use self::read::ReadView;
+
+use openraft::error::ForwardToLeader;
+
+use crate::node::Node;
+use crate::types::NodeTypes;
+
+/// Why the service could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Only the leader can do this, and the leader's API is at this address.
+    #[error("this node does not lead; the leader is at {leader_api}")]
+    NotLeader {
+        /// The leader's API address (`host:port`).
+        leader_api: String,
+    },
+    /// Nobody can do it right now (no leader, no quorum, the node is stopping, an
+    /// outcome that is not known): the same request may succeed later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request is malformed or names something impossible; resending it is useless.
+    #[error("{0}")]
+    Invalid(String),
+    /// The request is well formed but conflicts with the cluster's state.
+    #[error("{0}")]
+    Conflict(String),
+    /// What the request names does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// A fault of this node.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Node {
+    /// Where to send what only the leader can do: the leader's API address, or why no
+    /// leader can take it now.
+    fn not_leader(&self, forward: &ForwardToLeader<NodeTypes>) -> ServiceError {
+        let leader_api = match (&forward.leader_node, forward.leader_id) {
+            (Some(node), _) => Some(node.api_addr.clone()),
+            (None, Some(id)) => self.member_api_addr(id),
+            (None, None) => None,
+        };
+        match leader_api {
+            // openraft names this node while it steps up or down: nobody to relay to yet.
+            Some(_) if forward.leader_id == Some(self.id()) => ServiceError::Unavailable(
+                "leadership is moving; retry shortly (with the same requestid for writes)".into(),
+            ),
+            Some(leader_api) => ServiceError::NotLeader { leader_api },
+            None => ServiceError::Unavailable(
+                "no leader is known or its lease has lapsed; retry shortly".into(),
+            ),
+        }
+    }
+
+    /// The error for a Raft instance that has stopped for good.
+    fn stopped(fatal: impl std::fmt::Display) -> ServiceError {
+        ServiceError::Unavailable(format!("this node has stopped ({fatal}); use another node"))
+    }
+}

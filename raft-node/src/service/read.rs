@@ -1,0 +1,93 @@
+//! Reads: linearizable on the leader through read-index, stale from this node's state.
+
+use openraft::ReadPolicy;
+use openraft::error::LinearizableReadError;
+use openraft::error::RaftError;
+use store_sm::machine::Millis;
+use store_sm::state_machine::AppliedState;
+
+use super::ServiceError;
+use crate::node::FORWARD_TIMEOUT;
+use crate::node::Node;
+
+/// How fresh a read must be (SPEC section 2, "Reads").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    /// Reflects every write acknowledged before the read: served by the leader.
+    Linearizable,
+    /// This node's applied state, whatever its lag: served anywhere.
+    Stale,
+}
+
+impl Consistency {
+    /// Parses the `consistency` query value; absent means linearizable.
+    pub fn parse(value: Option<&str>) -> Result<Self, ServiceError> {
+        match value {
+            None | Some("linearizable") => Ok(Self::Linearizable),
+            Some("stale") => Ok(Self::Stale),
+            Some(other) => Err(ServiceError::Invalid(format!(
+                "consistency={other:?} is not one of linearizable, stale"
+            ))),
+        }
+    }
+}
+
+/// A consistent view to answer a read from.
+pub struct ReadView {
+    /// The applied state (an O(1) clone: reading it never holds up apply).
+    pub state: Box<AppliedState>,
+    /// The log time at which ownership is judged.
+    pub now_ms: Millis,
+}
+
+impl Node {
+    /// A view for a read at `consistency`: stale reads are served here from what this node
+    /// applied; linearizable reads only on a leader that confirmed its leadership with a
+    /// quorum ([`ServiceError::NotLeader`] elsewhere).
+    pub async fn read(&self, consistency: Consistency) -> Result<ReadView, ServiceError> {
+        if consistency == Consistency::Stale || self.planted_follower_read() {
+            let state = self.state.snapshot();
+            let now_ms = state.machine.last_time_ms();
+            return Ok(ReadView {
+                state: Box::new(state),
+                now_ms,
+            });
+        }
+        let linearized = tokio::time::timeout(
+            FORWARD_TIMEOUT,
+            self.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        .map_err(|_| {
+            ServiceError::Unavailable(
+                "could not confirm leadership with a quorum in time; retry".into(),
+            )
+        })?;
+        match linearized {
+            Ok(_) => {
+                let state = self.state.snapshot();
+                let now_ms = state.machine.last_time_ms().max(self.clock.now_ms());
+                Ok(ReadView {
+                    state: Box::new(state),
+                    now_ms,
+                })
+            }
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                Err(self.not_leader(&forward))
+            }
+            Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(e))) => {
+                Err(ServiceError::Unavailable(format!(
+                    "no quorum to confirm a linearizable read ({e}); retry, or read with ?consistency=stale"
+                )))
+            }
+            Err(RaftError::Fatal(fatal)) => Err(Self::stopped(fatal)),
+        }
+    }
+
+    /// Whether the simulation planted "followers answer linearizable reads locally" and
+    /// this node follows.
+    fn planted_follower_read(&self) -> bool {
+        store_sm::planted::is_planted(store_sm::planted::Bug::FollowerRead)
+            && self.leader_id() != Some(self.id())
+    }
+}
