@@ -1,6 +1,7 @@
 //! Status and admin endpoints (SPEC section 3): thin adapters over the service layer.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -168,6 +169,9 @@ async fn post_snapshot(State(node): State<SharedNode>) -> Result<Response, ApiEr
     Ok(Json(node.cluster_status()).into_response())
 }
 
+/// How long a restore's upload may take: a backup may be gigabytes.
+const RESTORE_READ_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 /// The backup's body is the snapshot format of `store_sm::snapshot` (checksummed); the
 /// headers give its index and state hash.
 async fn get_backup(State(node): State<SharedNode>, incoming: Incoming) -> Response {
@@ -203,7 +207,7 @@ async fn post_restore(
     let members = restore_members(&headers)?;
     // Refused before reading what may be gigabytes of body.
     node.check_restore(&members)?;
-    let backup = read_body(&headers, body, RESTORE_BYTES_MAX).await?;
+    let backup = read_body(&headers, body, RESTORE_BYTES_MAX, RESTORE_READ_TIMEOUT).await?;
     Ok(Json(node.restore(members, &backup).await?).into_response())
 }
 

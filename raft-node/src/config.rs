@@ -12,10 +12,17 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::SyncMode;
 
+use crate::http::ConnectionLimits;
+
 /// Default longest claim: one day.
 pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
 /// Default request body limit: 1 MiB.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+
+/// Default most connections a listener holds open.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
+/// Default most connections one peer address holds open to a listener.
+pub const CONNECTIONS_PER_PEER_MAX_DEFAULT: usize = 1024;
 
 /// Default entries between snapshots.
 pub const SNAPSHOT_EVERY_ENTRIES_DEFAULT: u64 = 50_000;
@@ -117,6 +124,12 @@ pub struct Flags {
     /// Longest claim `duration` accepted, in milliseconds.
     #[arg(long, env = "ROTA_CLAIM_DURATION_MAX_MS")]
     pub claim_duration_max_ms: Option<i64>,
+    /// Most connections each listener holds open; more get 503 and are closed.
+    #[arg(long, env = "ROTA_CONNECTIONS_MAX")]
+    pub connections_max: Option<usize>,
+    /// Most connections one peer IP address holds open to each listener.
+    #[arg(long, env = "ROTA_CONNECTIONS_PER_PEER_MAX")]
+    pub connections_per_peer_max: Option<usize>,
     /// Entries applied between snapshots.
     #[arg(long, env = "ROTA_SNAPSHOT_EVERY_ENTRIES")]
     pub snapshot_every_entries: Option<u64>,
@@ -142,6 +155,10 @@ impl Flags {
             log_format: self.log_format.or(other.log_format),
             body_bytes_max: self.body_bytes_max.or(other.body_bytes_max),
             claim_duration_max_ms: self.claim_duration_max_ms.or(other.claim_duration_max_ms),
+            connections_max: self.connections_max.or(other.connections_max),
+            connections_per_peer_max: self
+                .connections_per_peer_max
+                .or(other.connections_per_peer_max),
             snapshot_every_entries: self.snapshot_every_entries.or(other.snapshot_every_entries),
             logs_kept_after_snapshot: self
                 .logs_kept_after_snapshot
@@ -203,6 +220,8 @@ pub struct NodeConfig {
     pub body_bytes_max: usize,
     /// Longest claim.
     pub claim_duration_max_ms: i64,
+    /// Connections each listener holds open.
+    pub connection_limits: ConnectionLimits,
     /// Entries applied between snapshots.
     pub snapshot_every_entries: u64,
     /// Entries kept behind a snapshot.
@@ -307,6 +326,8 @@ impl NodeConfig {
                 problem: "must be a positive number of milliseconds".into(),
             });
         }
+        let connection_limits =
+            connection_limits(flags.connections_max, flags.connections_per_peer_max)?;
         let snapshot_every_entries = flags
             .snapshot_every_entries
             .unwrap_or(SNAPSHOT_EVERY_ENTRIES_DEFAULT);
@@ -330,6 +351,7 @@ impl NodeConfig {
             log_format: flags.log_format.unwrap_or_default(),
             body_bytes_max,
             claim_duration_max_ms,
+            connection_limits,
             snapshot_every_entries,
             logs_kept_after_snapshot: flags
                 .logs_kept_after_snapshot
@@ -337,6 +359,33 @@ impl NodeConfig {
             timing: RaftTiming::default(),
         })
     }
+}
+
+/// The connection limits, each at least 1 and the per-peer one no more than the total.
+fn connection_limits(
+    total: Option<usize>,
+    per_peer: Option<usize>,
+) -> Result<ConnectionLimits, ConfigError> {
+    let limits = ConnectionLimits {
+        total: total.unwrap_or(CONNECTIONS_MAX_DEFAULT),
+        per_peer: per_peer.unwrap_or(CONNECTIONS_PER_PEER_MAX_DEFAULT),
+    };
+    if limits.total == 0 || limits.per_peer == 0 {
+        return Err(ConfigError::Invalid {
+            name: "connections-max",
+            problem: "connection limits must be at least 1".into(),
+        });
+    }
+    if limits.per_peer > limits.total {
+        return Err(ConfigError::Invalid {
+            name: "connections-per-peer-max",
+            problem: format!(
+                "{} is above --connections-max ({}); lower it or raise the total",
+                limits.per_peer, limits.total
+            ),
+        });
+    }
+    Ok(limits)
 }
 
 fn advertised(

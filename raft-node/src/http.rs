@@ -2,9 +2,15 @@
 //! answers every endpoint shares.
 //!
 //! The accept loop uses hyper directly (not `axum::serve`) so the same code can accept on
-//! a simulated listener. Deadlines that hyper would otherwise not enforce: reading a
-//! request's headers, and how long an idle keep-alive connection stays open.
+//! a simulated listener. Limits that hyper would otherwise not enforce: how long a
+//! client may take to send a request's headers (which also bounds an idle keep-alive
+//! connection) and its body, and how many connections a node and one peer address may
+//! hold open.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Json;
@@ -17,22 +23,130 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use http_body_util::LengthLimitError;
-use http_body_util::Limited;
 use hyper_util::rt::TokioIo;
-
 use hyper_util::service::TowerToHyperService;
 use rpc::worker::ErrorJson;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio::sync::watch;
+
+use crate::hyper_errors::JsonErrorIo;
 
 use crate::service::ServiceError;
 
 /// Deadline for a client to send a request's headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `router` on `listener` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, router: Router, mut shutdown: watch::Receiver<bool>) {
+/// Deadline for a client to send the body of a worker or admin request (at most the
+/// body limit, 1 MiB by default); a body still arriving then gets 408 and the
+/// connection closes.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After answering 413 early, how much more of the body the node reads and throws away,
+/// so that a client that sends its whole body before reading (Python's `urllib`, for
+/// one) reads the answer instead of a reset connection. A larger body is not waited for.
+pub const LINGER_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
+/// How long one lingering read may take.
+pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections lingering at once on one node; beyond this, an oversized body's
+/// connection is closed at once, so that lingering never starves the workers.
+pub const LINGERING_MAX: usize = 32;
+
+/// How many connections a listener holds open, in all and from one peer address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections on the listener.
+    pub total: usize,
+    /// Open connections from one IP address.
+    pub per_peer: usize,
+}
+
+/// Counts open connections against [`ConnectionLimits`].
+struct ConnectionGate {
+    limits: ConnectionLimits,
+    open: Mutex<HashMap<IpAddr, usize>>,
+    total: Mutex<usize>,
+}
+
+/// One admitted connection; dropping it frees its place.
+struct Admitted {
+    gate: Arc<ConnectionGate>,
+    peer: IpAddr,
+}
+
+impl ConnectionGate {
+    fn new(limits: ConnectionLimits) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            open: Mutex::new(HashMap::new()),
+            total: Mutex::new(0),
+        })
+    }
+
+    /// A place for a connection from `peer`, or why there is none.
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Admitted, String> {
+        let mut total = self.total.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if *total >= self.limits.total {
+            return Err(format!(
+                "this node holds its limit of {} connections; retry shortly or use another node",
+                self.limits.total
+            ));
+        }
+        let from_peer = open.entry(peer).or_default();
+        if *from_peer >= self.limits.per_peer {
+            return Err(format!(
+                "{peer} holds its limit of {} connections to this node; reuse connections or close idle ones",
+                self.limits.per_peer
+            ));
+        }
+        *from_peer += 1;
+        *total += 1;
+        Ok(Admitted {
+            gate: Arc::clone(self),
+            peer,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut total = self.gate.total.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.gate.open.lock().unwrap_or_else(|p| p.into_inner());
+        *total = total.saturating_sub(1);
+        if let Some(from_peer) = open.get_mut(&self.peer) {
+            *from_peer -= 1;
+            if *from_peer == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Answers a connection over the limits with a 503 and closes it, without waiting long
+/// for a client that does not read.
+async fn refuse_connection(mut stream: TcpStream, reason: String) {
+    let body = serde_json::to_string(&ErrorJson { error: reason }).unwrap_or_default();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
+}
+
+/// Serves `router` on `listener` until `shutdown` turns true, holding at most `limits`
+/// connections open.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+    limits: ConnectionLimits,
+) {
+    let gate = ConnectionGate::new(limits);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -48,15 +162,24 @@ pub async fn serve(listener: TcpListener, router: Router, mut shutdown: watch::R
                 continue;
             }
         };
+        let admitted = match gate.admit(peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(reason) => {
+                tracing::debug!(%peer, %reason, "connection refused");
+                tokio::spawn(refuse_connection(stream, reason));
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
+            let _admitted = admitted;
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(crate::runtime::HyperTimer)
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(JsonErrorIo::new(stream)), service);
             tokio::pin!(connection);
             tokio::select! {
                 biased;
@@ -130,6 +253,8 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict(_) => Self::new(StatusCode::CONFLICT, message),
             ServiceError::NotFound(_) => Self::not_found(message),
             ServiceError::Internal(_) => Self::internal(message),
+            // Not Retry-After: retrying here never helps; the message names the members.
+            ServiceError::Removed { .. } => Self::new(StatusCode::SERVICE_UNAVAILABLE, message),
         }
     }
 }
@@ -152,12 +277,18 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Reads a request body of at most `limit` bytes; 413 beyond it, decided from the
-/// `Content-Length` header before reading when the client sends one.
+/// Reads a request body of at most `limit` bytes within `deadline`.
+///
+/// A body over the limit gets 413, decided from `Content-Length` before reading when the
+/// client sends one; the rest of such a body is read and thrown away first (see
+/// [`LINGER_BYTES_MAX`]), unless the client asked `Expect: 100-continue`, in which case
+/// it has sent nothing yet and the 413 goes out at once. A body still arriving at the
+/// deadline gets 408.
 pub async fn read_body(
     headers: &axum::http::HeaderMap,
-    body: Body,
+    mut body: Body,
     limit: usize,
+    deadline: Duration,
 ) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
@@ -170,15 +301,111 @@ pub async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
+        if !expects_continue(headers) {
+            linger(body, declared).await;
+        }
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "could not read the request body: {e}"
-        ))),
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut read = 0usize;
+    let collect = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::bad_request(format!("could not read the request body: {e}"))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                read += data.len();
+                if read > limit {
+                    return Ok(false);
+                }
+                chunks.push(data);
+            }
+        }
+        Ok(true)
+    };
+    match tokio::time::timeout(deadline, collect).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s; send the whole body at once",
+                deadline.as_secs()
+            ),
+        )),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(true)) => Ok(concat(chunks)),
+        Ok(Ok(false)) => {
+            linger(body, None).await;
+            Err(too_large())
+        }
     }
+}
+
+/// The chunks of a body as one buffer (without a copy when there is one chunk).
+fn concat(mut chunks: Vec<Bytes>) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => chunks.concat().into(),
+    }
+}
+
+/// Whether the client waits for `100 Continue` before it sends the body.
+fn expects_continue(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+}
+
+/// Lingering reads running now, across the node's listeners.
+static LINGERING: Semaphore = Semaphore::const_new(LINGERING_MAX);
+
+/// Reads and throws away up to [`LINGER_BYTES_MAX`] more of `body` within
+/// [`LINGER_TIMEOUT`], when no more than [`LINGERING_MAX`] others do; `declared` is the
+/// body's announced length, if any (a larger one is not waited for).
+async fn linger(mut body: Body, declared: Option<u64>) {
+    if declared.is_some_and(|len| len > LINGER_BYTES_MAX) {
+        return;
+    }
+    let Ok(_permit) = LINGERING.try_acquire() else {
+        return;
+    };
+    let drain = async {
+        let mut thrown_away = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                thrown_away += data.len() as u64;
+                if thrown_away > LINGER_BYTES_MAX {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIMEOUT, drain).await;
+}
+
+/// Refuses an HTTP/1.1 request without exactly one `Host` header (RFC 9112, section 3.2).
+pub async fn require_host(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let hosts = request
+        .headers()
+        .get_all(axum::http::header::HOST)
+        .iter()
+        .count();
+    if request.version() == axum::http::Version::HTTP_11 && hosts != 1 {
+        let problem = if hosts == 0 {
+            "has no Host header"
+        } else {
+            "has more than one Host header"
+        };
+        return ApiError::bad_request(format!(
+            "the request {problem}; an HTTP/1.1 request needs exactly one (RFC 9112)"
+        ))
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// The answer to paths no route has.

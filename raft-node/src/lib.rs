@@ -10,6 +10,7 @@ pub mod admin_api;
 pub mod clock;
 pub mod config;
 pub mod http;
+pub mod hyper_errors;
 pub mod metrics;
 pub mod network;
 pub mod node;
@@ -117,6 +118,7 @@ pub fn api_router(node: SharedNode) -> Router {
         .route("/openapi.json", axum::routing::get(openapi::get_openapi))
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
+        .layer(axum::middleware::from_fn(http::require_host))
         .layer(axum::middleware::from_fn_with_state(
             node.http_metrics.clone(),
             metrics::track,
@@ -212,11 +214,13 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             api_listener,
             api_router(node.clone()),
             shutdown_rx.clone(),
+            node.config.connection_limits,
         )),
         tokio::spawn(http::serve(
             raft_listener,
             raft_router(node.clone()),
             shutdown_rx,
+            node.config.connection_limits,
         )),
     ];
     let log_time = tokio::spawn(node.clone().follow_log_time());

@@ -15,6 +15,7 @@ use store_sm::codec::encode_value;
 use store_sm::raft_types::RotaSnapshot;
 
 use crate::http::ApiError;
+use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
 use crate::network::RAFT_CONTENT_TYPE;
 use crate::network::parse_snapshot_body;
@@ -39,7 +40,7 @@ async fn decode<T: DeserializeOwned>(
     body: Body,
     what: &str,
 ) -> Result<T, ApiError> {
-    let bytes = read_body(headers, body, RAFT_BODY_BYTES_MAX).await?;
+    let bytes = read_body(headers, body, RAFT_BODY_BYTES_MAX, BODY_READ_TIMEOUT).await?;
     decode_value(&bytes, what).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
@@ -82,7 +83,8 @@ async fn snapshot(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, RAFT_BODY_BYTES_MAX).await?;
+    let deadline = node.config.timing.snapshot_timeout;
+    let bytes = read_body(&headers, body, RAFT_BODY_BYTES_MAX, deadline).await?;
     let (head, data) =
         parse_snapshot_body(&bytes).map_err(|e| ApiError::bad_request(e.to_string()))?;
     drop(bytes);

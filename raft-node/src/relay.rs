@@ -20,6 +20,7 @@ use axum::response::Response;
 use bytes::Bytes;
 
 use crate::http::ApiError;
+use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
 use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
@@ -69,7 +70,8 @@ impl FromRequest<SharedNode> for Incoming {
 
     async fn from_request(request: Request, node: &SharedNode) -> Result<Self, ApiError> {
         let (parts, body) = request.into_parts();
-        let body = read_body(&parts.headers, body, node.config.body_bytes_max).await?;
+        let limit = node.config.body_bytes_max;
+        let body = read_body(&parts.headers, body, limit, BODY_READ_TIMEOUT).await?;
         Ok(Self {
             method: parts.method,
             uri: parts.uri,

@@ -38,6 +38,10 @@ pub struct ClusterStatusJson {
     /// Whether the configuration is joint (old and new voters both decide).
     #[serde(default)]
     pub joint: bool,
+    /// Whether this node was removed from the cluster: it serves nothing, and its process
+    /// should be stopped and its data directory wiped.
+    #[serde(default)]
+    pub removed: bool,
     /// Every member with its addresses and, seen from the leader, its lag.
     pub nodes: Vec<NodeStatusJson>,
 }

@@ -17,6 +17,7 @@ pub use self::backup::Backup;
 pub use self::read::Consistency;
 pub use self::read::ReadView;
 
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::ForwardToLeader;
 
 use crate::node::Node;
@@ -47,6 +48,17 @@ pub enum ServiceError {
     /// A fault of this node.
     #[error("{0}")]
     Internal(String),
+    /// This node was removed from the cluster and serves nothing any more.
+    #[error(
+        "node {id} was removed from the cluster and serves no requests; send them to a member ({}), and stop this node and wipe its data directory",
+        members.join(", ")
+    )]
+    Removed {
+        /// This node's id.
+        id: u64,
+        /// The API addresses of the members it last knew of.
+        members: Vec<String>,
+    },
 }
 
 impl Node {
@@ -68,6 +80,26 @@ impl Node {
                 "no leader is known or its lease has lapsed; retry shortly".into(),
             ),
         }
+    }
+
+    /// Refuses to serve when this node was removed from the cluster: its state will never
+    /// catch up again, and it must not relay to a leader it no longer follows.
+    pub fn check_member(&self) -> Result<(), ServiceError> {
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        let membership = metrics.membership_config.membership();
+        // A node that was never given a membership is new, not removed.
+        let knows_a_cluster = membership.nodes().next().is_some();
+        if knows_a_cluster && membership.get_node(&self.id()).is_none() {
+            return Err(ServiceError::Removed {
+                id: self.id(),
+                members: membership
+                    .nodes()
+                    .map(|(_, n)| n.api_addr.clone())
+                    .collect(),
+            });
+        }
+        Ok(())
     }
 
     /// The error for a Raft instance that has stopped for good.

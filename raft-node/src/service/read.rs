@@ -45,6 +45,7 @@ impl Node {
     /// applied; linearizable reads only on a leader that confirmed its leadership with a
     /// quorum ([`ServiceError::NotLeader`] elsewhere).
     pub async fn read(&self, consistency: Consistency) -> Result<ReadView, ServiceError> {
+        self.check_member()?;
         if consistency == Consistency::Stale || self.planted_follower_read() {
             let state = self.state.snapshot();
             let now_ms = state.machine.last_time_ms();

@@ -61,9 +61,11 @@ impl Node {
                 }
             })
             .collect();
+        let removed = self.check_member().is_err();
         ClusterStatusJson {
             id: metrics.id,
-            leader: metrics.current_leader,
+            // A removed leader still believes it leads; nobody follows it any more.
+            leader: metrics.current_leader.filter(|_| !removed),
             term: metrics.current_term,
             commit_index: committed,
             applied_index: metrics.last_applied.map(|id| id.index()),
@@ -76,6 +78,7 @@ impl Node {
             membership_index,
             membership_committed: membership_index <= committed,
             joint: membership.get_joint_config().len() > 1,
+            removed,
             nodes,
         }
     }
@@ -89,6 +92,7 @@ impl Node {
     /// (within [`READY_APPLY_LAG_MAX`] entries, so that readiness does not flap under load
     /// while apply trails commit by a few entries); the reason when it is not ready.
     pub fn readiness(&self) -> Result<(), String> {
+        self.check_member().map_err(|removed| removed.to_string())?;
         let watch = self.raft.metrics();
         let metrics = watch.borrow_watched();
         if metrics.state == ServerState::Shutdown {

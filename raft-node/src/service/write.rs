@@ -20,6 +20,7 @@ impl Node {
         request: Request,
         request_id: Option<String>,
     ) -> Result<Arc<Outcome>, ServiceError> {
+        self.check_member()?;
         let command = Command {
             stamp_ms: self.clock.now_ms(),
             request_id,

@@ -1,0 +1,262 @@
+//! What clients nobody on the project wrote found (issue 20): oversized bodies read
+//! their 413 with Python's standard client, slow bodies and connection floods are cut,
+//! and every error answer, hyper's own included, is JSON.
+
+mod common;
+
+use std::io::Read;
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::TestCluster;
+use serde_json::json;
+
+/// Sends `request` as raw bytes and reads the whole answer (the node closes after it,
+/// or `read_for` passes).
+fn raw_exchange(addr: &str, request: &[u8], read_for: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(read_for)).expect("timeout");
+    stream.write_all(request).expect("send");
+    read_answer(&mut stream)
+}
+
+/// Reads until the peer closes or stops sending.
+fn read_answer(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The status code and JSON `error` of a raw answer; fails the test if the body is not
+/// `{"error": ...}`.
+fn status_and_error(answer: &str) -> (u16, String) {
+    let status: u16 = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body)
+        .unwrap_or_else(|| panic!("no body in {answer:?}"));
+    let json: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("body {body:?} is not JSON: {e}"));
+    let error = json["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error in {body}"))
+        .to_string();
+    (status, error)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_json_errors() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let addr = cluster.api(1).to_string();
+    let read_for = Duration::from_secs(5);
+    let cases: [(&str, &[u8]); 4] = [
+        ("garbage request line", b"HELLO THERE\r\n\r\n"),
+        (
+            "absurd Content-Length",
+            b"POST /update HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999999\r\n\r\n",
+        ),
+        (
+            "two Content-Lengths that differ",
+            b"POST /update HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        ),
+        ("HTTP/1.1 without Host", b"GET /groups HTTP/1.1\r\n\r\n"),
+    ];
+    for (what, request) in cases {
+        let answer = raw_exchange(&addr, request, read_for);
+        let (status, error) = status_and_error(&answer);
+        assert_eq!(status, 400, "{what}: {answer}");
+        assert!(!error.is_empty(), "{what}: {answer}");
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{what}: {answer}"
+        );
+    }
+    // HTTP/1.0 has no Host requirement.
+    let answer = raw_exchange(&addr, b"GET /groups HTTP/1.0\r\n\r\n", read_for);
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    // The node serves on.
+    assert!(cluster.status(1).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_expects_100_continue_gets_413_before_it_sends() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let request = format!(
+        "POST /update HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        2 * 1024 * 1024
+    );
+    // Nothing of the body is sent: the answer must come anyway.
+    let answer = raw_exchange(cluster.api(1), request.as_bytes(), Duration::from_secs(5));
+    let (status, error) = status_and_error(&answer);
+    assert_eq!(status, 413, "{answer}");
+    assert!(error.contains("larger than"), "{error}");
+}
+
+/// Python's standard client sends the whole body before it reads; it must read the 413
+/// and its JSON every time, with writers busy on the same node meanwhile.
+const PYTHON_OVERSIZED_POSTS: &str = r#"
+import json, sys, urllib.error, urllib.request
+url, rounds = sys.argv[1], int(sys.argv[2])
+body = b'{"clientid": 1, "adds": [{"group": "big", "data": "' + b"x" * (2 * 1024 * 1024) + b'"}]}'
+for i in range(rounds):
+    request = urllib.request.Request(url + "/update", data=body, headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=30)
+        sys.exit(f"round {i}: an oversized body was accepted")
+    except urllib.error.HTTPError as e:
+        if e.code != 413:
+            sys.exit(f"round {i}: status {e.code}, not 413")
+        error = json.loads(e.read())["error"]
+        if "larger than" not in error:
+            sys.exit(f"round {i}: unexpected error {error!r}")
+print(f"{rounds} oversized bodies, {rounds} answers of 413 with a JSON error")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_clients_read_the_413_of_an_oversized_body_under_load() {
+    let cluster = Arc::new(TestCluster::start(3, "always"));
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+
+    // Writers keep every node busy while the oversized bodies arrive.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acknowledged = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for worker in 0..16u64 {
+        let (cluster, stop, acknowledged) = (cluster.clone(), stop.clone(), acknowledged.clone());
+        writers.push(tokio::spawn(async move {
+            let node = 1 + worker % 3;
+            while !stop.load(Ordering::Relaxed) {
+                let add = json!({"clientid": worker, "adds": [{"group": "load", "data": "x"}]});
+                if cluster.write(node, "/update", &add).await.is_ok() {
+                    acknowledged.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+
+    for node in [leader, 1 + leader % 3] {
+        let url = format!("http://{}", cluster.api(node));
+        let script = PYTHON_OVERSIZED_POSTS.to_string();
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new("python3")
+                .args(["-c", &script, &url, "10"])
+                .output()
+                .expect("python3 runs (it is a test prerequisite)")
+        })
+        .await
+        .expect("python finished");
+        assert!(
+            output.status.success(),
+            "node {node}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    assert!(
+        acknowledged.load(Ordering::Relaxed) > 0,
+        "the writers made progress"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_is_cut_with_408() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let mut stream = TcpStream::connect(cluster.api(1)).expect("connect");
+    // Headers and part of the body, then nothing: the node must not wait forever.
+    stream
+        .write_all(
+            b"POST /update HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"clientid\": 1",
+        )
+        .expect("send");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let answer = tokio::task::spawn_blocking(move || read_answer(&mut stream))
+        .await
+        .expect("read");
+    let (status, error) = status_and_error(&answer);
+    assert_eq!(status, 408, "{answer}");
+    assert!(error.contains("did not arrive"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_limits_get_503_and_the_rest_are_served() {
+    let cluster = TestCluster::start_with(
+        1,
+        "always",
+        &[
+            "--connections-max",
+            "64",
+            "--connections-per-peer-max",
+            "24",
+        ],
+    );
+    cluster.wait_ready(&[1]).await;
+    // The test's own HTTP client keeps a pooled connection or two open as well.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..30 {
+        let mut stream = TcpStream::connect(cluster.api(1)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("timeout");
+        let mut first = [0u8; 1];
+        // An admitted connection waits silently for a request; a refused one is answered.
+        match stream.peek(&mut first) {
+            Ok(n) if n > 0 => {
+                refused = Some(read_answer(&mut stream));
+                break;
+            }
+            _ => held.push(stream),
+        }
+    }
+    let answer = refused.expect("a connection over the per-peer limit is refused");
+    assert!(held.len() <= 24, "{} connections were admitted", held.len());
+    let (status, error) = status_and_error(&answer);
+    assert_eq!(status, 503, "{answer}");
+    assert!(error.contains("limit of 24"), "{error}");
+    // Closing connections frees their places.
+    drop(held);
+    common::eventually(|| async {
+        let answer = raw_exchange(
+            cluster.api(1),
+            b"GET /groups HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        );
+        if answer.starts_with("HTTP/1.1 200") {
+            Ok(())
+        } else {
+            Err(format!("still refused: {answer}"))
+        }
+    })
+    .await;
+}
