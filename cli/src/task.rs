@@ -85,7 +85,7 @@ pub fn add_request(
             group: Some(group),
             data,
             timespec,
-            ignored_id: None,
+            ..Default::default()
         }],
         requestid: request_id,
         ..Default::default()
@@ -102,7 +102,12 @@ pub fn update_request(
 ) -> UpdateRequestJson {
     UpdateRequestJson {
         clientid: client,
-        updates: vec![ChangeJson { id, data, timespec }],
+        updates: vec![ChangeJson {
+            id,
+            data,
+            timespec,
+            ..Default::default()
+        }],
         requestid: request_id,
         ..Default::default()
     }

@@ -186,12 +186,14 @@ async fn get_group(
         .get("limit")
         .map(|v| parse_limit(v))
         .transpose()
-        .map_err(ApiError::bad_request)?;
+        .map_err(ApiError::bad_request)?
+        .flatten();
     let owned = params
         .get("owned")
         .map(|v| parse_owned(v))
         .transpose()
         .map_err(ApiError::bad_request)?
+        .flatten()
         .unwrap_or(false);
     Ok(read(&node, incoming, consistency(&params)?, |view| {
         let tasks: Vec<TaskJson> = view

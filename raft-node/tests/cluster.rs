@@ -558,7 +558,8 @@ async fn bad_input_gets_a_json_answer_and_changes_nothing() {
         "/tasks/1,+2",
         "/tasks/1,",
         "/group/g?limit=-1",
-        "/group/g?owned=TRUE",
+        "/group/g?limit=1.5",
+        "/group/g?owned=maybe",
         "/group/%C3",
     ] {
         let (status, body) = get(path.to_string()).await;
@@ -571,8 +572,60 @@ async fn bad_input_gets_a_json_answer_and_changes_nothing() {
         "percent-encoded values decode; unknown parameters are ignored: {body}"
     );
     assert_eq!(body.as_array().map(Vec::len), Some(1));
+    // As lenient as the original service: `limit=0` and `limit=` are no limit, `owned`
+    // takes any letter case, and an empty `owned` is absent.
+    for path in [
+        "/group/g?limit=0",
+        "/group/g?limit=",
+        "/group/g?owned=TRUE",
+        "/group/g?owned=",
+    ] {
+        let (status, body) = get(path.to_string()).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(body.as_array().map(Vec::len), Some(1), "{path}: {body}");
+    }
     let (status, _) = get(format!("/task/{}", added[0].id)).await;
     assert_eq!(status, 200);
+
+    // What is ignored is still type-checked, and an id out of range says so.
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let bodies = [
+        format!(r#"{{"clientid": 1, "adds": [{{"group": "g", "id": {deep}}}]}}"#),
+        r#"{"clientid": 1, "adds": [{"group": "g", "id": "7"}]}"#.to_string(),
+        r#"{"clientid": 1, "deletes": [18446744073709551616]}"#.to_string(),
+    ];
+    for body in bodies {
+        let response = cluster
+            .client
+            .send(
+                cluster.api(1),
+                axum::http::Method::POST,
+                "/update",
+                &[],
+                body.clone().into(),
+                common::CALL_TIMEOUT,
+            )
+            .await
+            .expect("answered");
+        let json: serde_json::Value = serde_json::from_slice(&response.body).expect("JSON");
+        assert_eq!(response.status.as_u16(), 400, "{json}");
+        let error = json["error"].as_str().unwrap_or_default();
+        if body.contains("18446744073709551616") {
+            assert!(error.contains("out of range"), "{error}");
+        }
+    }
+    // A task sent back as it was read is accepted.
+    let sent_back = json!({"clientid": 1, "updates": [{
+        "id": added[0].id, "group": "g", "data": "again", "timespec": 0, "ownerid": 1
+    }]});
+    let again = tasks(
+        cluster
+            .write(1, "/update", &sent_back)
+            .await
+            .expect("processed"),
+    );
+    assert_eq!(again[0].data, "again");
+    let added = again;
 
     let refused = cluster
         .write(

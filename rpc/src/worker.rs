@@ -1,14 +1,16 @@
 //! The worker API's JSON shapes, exactly as the seed (entrogo TaskStore) and SPEC
 //! section 2 fix them.
 //!
-//! Requests reject unknown fields (an `id` inside an add is the seed's one exception:
-//! accepted and ignored). `null` stands for a missing value, as in the seed's Go
-//! service: a `null` list is empty, a `null` `data` is empty, a `null` `timespec` is now.
+//! Requests reject unknown fields, except the fields of a task as GET returns it, so a
+//! client may send a task back as it read it: `id` and `ownerid` in an add, `group` and
+//! `ownerid` in an update are accepted when their type is right, and ignored. `null`
+//! stands for a missing value, as in the seed's Go service: a `null` list is empty, a
+//! `null` `data` is empty, a `null` `timespec` is now.
 
 use serde::Deserialize;
 use serde::Deserializer;
 use serde::Serialize;
-use serde::de::IgnoredAny;
+use serde::de;
 
 /// Longest `requestid` accepted, in bytes.
 pub const REQUEST_ID_BYTES_MAX: usize = 64;
@@ -49,9 +51,18 @@ pub struct AddJson {
     /// Missing: now; negative: now + |t|; otherwise absolute milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timespec: Option<i64>,
-    /// The seed lets clients send an id here and ignores it.
-    #[serde(default, rename = "id", skip_serializing)]
-    pub ignored_id: Option<IgnoredAny>,
+    /// A task read back may carry its id here: an integer, ignored.
+    #[serde(
+        default,
+        rename = "id",
+        skip_serializing,
+        deserialize_with = "optional_task_id"
+    )]
+    pub ignored_id: Option<u64>,
+    /// A task read back may carry its owner here: an integer, ignored (the writer owns
+    /// what it writes).
+    #[serde(default, rename = "ownerid", skip_serializing)]
+    pub ignored_ownerid: Option<i64>,
 }
 
 /// One entry of an update's `updates`.
@@ -59,6 +70,7 @@ pub struct AddJson {
 #[serde(deny_unknown_fields)]
 pub struct ChangeJson {
     /// The task version being replaced.
+    #[serde(deserialize_with = "task_id")]
     pub id: u64,
     /// New payload; a missing `data` sets it empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +78,13 @@ pub struct ChangeJson {
     /// Missing: now; negative: now + |t|; otherwise absolute milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timespec: Option<i64>,
+    /// A task read back carries its group: a string, ignored (an update never moves a
+    /// task to another group).
+    #[serde(default, rename = "group", skip_serializing)]
+    pub ignored_group: Option<String>,
+    /// A task read back carries its owner: an integer, ignored.
+    #[serde(default, rename = "ownerid", skip_serializing)]
+    pub ignored_ownerid: Option<i64>,
 }
 
 /// The body of `POST /update`.
@@ -81,10 +100,10 @@ pub struct UpdateRequestJson {
     #[serde(default, deserialize_with = "null_as_default")]
     pub updates: Vec<ChangeJson>,
     /// Tasks to remove.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "task_ids")]
     pub deletes: Vec<u64>,
     /// Tasks that must exist, left untouched.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "task_ids")]
     pub depends: Vec<u64>,
     /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,11 +122,65 @@ pub struct ClaimRequestJson {
     /// Milliseconds of ownership; positive and at most the node's configured maximum.
     pub duration: i64,
     /// Tasks that must exist, left untouched.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "task_ids")]
     pub depends: Vec<u64>,
     /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requestid: Option<String>,
+}
+
+/// A task id in a request body: a JSON integer from 0 to 2^64-1. Anything else gets a
+/// message that says so (serde's own calls a too-large integer a floating point value).
+struct TaskIdVisitor;
+
+impl de::Visitor<'_> for TaskIdVisitor {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a task id: an integer from 0 to 18446744073709551615")
+    }
+
+    fn visit_u64<E: de::Error>(self, id: u64) -> Result<u64, E> {
+        Ok(id)
+    }
+
+    fn visit_i64<E: de::Error>(self, id: i64) -> Result<u64, E> {
+        u64::try_from(id)
+            .map_err(|_| E::custom(format!("task id {id} out of range: ids are not negative")))
+    }
+
+    fn visit_f64<E: de::Error>(self, id: f64) -> Result<u64, E> {
+        if id.fract() == 0.0 && id >= 0.0 {
+            Err(E::custom(format!(
+                "task id {id} out of range: ids are at most 18446744073709551615"
+            )))
+        } else {
+            Err(E::custom(format!("task id {id} is not an integer")))
+        }
+    }
+}
+
+/// One task id, checked by [`TaskIdVisitor`].
+struct TaskId(u64);
+
+impl<'de> Deserialize<'de> for TaskId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_u64(TaskIdVisitor).map(TaskId)
+    }
+}
+
+fn task_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    TaskId::deserialize(deserializer).map(|TaskId(id)| id)
+}
+
+fn optional_task_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    Ok(Option::<TaskId>::deserialize(deserializer)?.map(|TaskId(id)| id))
+}
+
+/// A list of task ids; `null` is empty.
+fn task_ids<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u64>, D::Error> {
+    let ids = Option::<Vec<TaskId>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(ids.into_iter().map(|TaskId(id)| id).collect())
 }
 
 /// The answer to a processed `/update` or `/claim`: exactly one of the two keys.
@@ -144,11 +217,13 @@ pub fn check_request_id(request_id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses the seed's boolean spellings for `owned`: 0, 1, yes, no, true, false.
-pub fn parse_owned(value: &str) -> Result<bool, String> {
-    match value {
-        "1" | "yes" | "true" => Ok(true),
-        "0" | "no" | "false" => Ok(false),
+/// Parses the seed's boolean spellings for `owned` (0, 1, yes, no, true, false) in any
+/// letter case; empty means absent (`None`).
+pub fn parse_owned(value: &str) -> Result<Option<bool>, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "1" | "yes" | "true" => Ok(Some(true)),
+        "0" | "no" | "false" => Ok(Some(false)),
         _ => Err(format!(
             "owned={value:?} is not one of 0, 1, yes, no, true, false"
         )),
@@ -160,12 +235,17 @@ fn all_digits(text: &str) -> bool {
     !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// Parses `limit`: a non-negative integer.
-pub fn parse_limit(value: &str) -> Result<usize, String> {
-    all_digits(value)
-        .then(|| value.parse::<usize>().ok())
-        .flatten()
-        .ok_or_else(|| format!("limit={value:?} is not a non-negative integer"))
+/// Parses `limit`: a non-negative integer; `0` and empty mean no limit (`None`), as in
+/// the original service, and so does a number too large to matter.
+pub fn parse_limit(value: &str) -> Result<Option<usize>, String> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if !all_digits(value) {
+        return Err(format!("limit={value:?} is not a non-negative integer"));
+    }
+    let limit = value.parse::<usize>().unwrap_or(usize::MAX);
+    Ok((limit > 0).then_some(limit))
 }
 
 /// Parses a task id from a path: digits only.
@@ -220,7 +300,7 @@ mod tests {
             r#"{"clientid": "7"}"#,
             r#"{"clientid": 1.5}"#,
             r#"{"clientid": 1, "bogus": 1}"#,
-            r#"{"clientid": 1, "updates": [{"id": 1, "group": "g"}]}"#,
+            r#"{"clientid": 1, "updates": [{"id": 1, "group": 5}]}"#,
             r#"{"clientid": 1, "deletes": ["x"]}"#,
             r#"{"clientid": 1, "deletes": [-1]}"#,
             "not json",
@@ -240,6 +320,47 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn a_task_sent_back_as_read_is_accepted_when_typed_right() {
+        let body = r#"{"clientid": 1,
+            "adds": [{"id": 5, "group": "g", "data": "d", "timespec": 0, "ownerid": 9}],
+            "updates": [{"id": 6, "group": "g", "data": "d", "timespec": 0, "ownerid": 9}]}"#;
+        let update: UpdateRequestJson = serde_json::from_str(body).expect("parses");
+        assert_eq!(update.adds[0].ignored_id, Some(5));
+        assert_eq!(update.updates[0].id, 6);
+        for body in [
+            r#"{"clientid": 1, "adds": [{"group": "g", "id": "5"}]}"#,
+            r#"{"clientid": 1, "adds": [{"group": "g", "id": [[[]]]}]}"#,
+            r#"{"clientid": 1, "adds": [{"group": "g", "ownerid": "9"}]}"#,
+            r#"{"clientid": 1, "updates": [{"id": 6, "group": 7}]}"#,
+            r#"{"clientid": 1, "updates": [{"id": 6, "ownerid": 1.5}]}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<UpdateRequestJson>(body).is_err(),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_id_above_the_range_says_so() {
+        for body in [
+            r#"{"clientid": 1, "deletes": [18446744073709551616]}"#,
+            r#"{"clientid": 1, "depends": [1e30]}"#,
+            r#"{"clientid": 1, "updates": [{"id": 18446744073709551616}]}"#,
+            r#"{"clientid": 1, "adds": [{"group": "g", "id": 18446744073709551616}]}"#,
+        ] {
+            let error = serde_json::from_str::<UpdateRequestJson>(body)
+                .expect_err(body)
+                .to_string();
+            assert!(error.contains("out of range"), "{body}: {error}");
+            assert!(!error.contains("floating point"), "{body}: {error}");
+        }
+        let max = r#"{"clientid": 1, "deletes": [18446744073709551615]}"#;
+        let update: UpdateRequestJson = serde_json::from_str(max).expect("the largest id");
+        assert_eq!(update.deletes, [u64::MAX]);
     }
 
     #[test]
@@ -275,15 +396,21 @@ mod tests {
             ("no", false),
             ("false", false),
         ] {
-            assert_eq!(parse_owned(value), Ok(owned));
+            assert_eq!(parse_owned(value), Ok(Some(owned)));
         }
         assert!(parse_owned("maybe").is_err());
-        assert!(parse_owned("TRUE").is_err(), "exactly the seed's spellings");
+        assert_eq!(parse_owned("TRUE"), Ok(Some(true)), "any letter case");
+        assert_eq!(parse_owned("No"), Ok(Some(false)));
+        assert_eq!(parse_owned(""), Ok(None), "empty is absent");
         assert!(parse_limit("+5").is_err());
         assert!(parse_id("+7").is_err());
         assert_eq!(parse_id("523623"), Ok(523623));
-        assert_eq!(parse_limit("10"), Ok(10));
+        assert_eq!(parse_limit("10"), Ok(Some(10)));
+        assert_eq!(parse_limit("0"), Ok(None), "0 is no limit");
+        assert_eq!(parse_limit(""), Ok(None), "empty is no limit");
+        assert_eq!(parse_limit("99999999999999999999999"), Ok(Some(usize::MAX)));
         assert!(parse_limit("-1").is_err());
+        assert!(parse_limit("1.5").is_err());
         assert_eq!(parse_id_list("1,2,3"), Ok(vec![1, 2, 3]));
         assert!(parse_id_list("1,x").is_err());
         assert!(parse_id_list("").is_err());
