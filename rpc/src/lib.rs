@@ -6,4 +6,5 @@
 
 pub mod admin;
 pub mod client;
+pub mod retry;
 pub mod worker;
