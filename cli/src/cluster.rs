@@ -97,7 +97,7 @@ pub struct BackupReport {
 pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupReport, CliError> {
     use sha2::Digest;
     let (addr, response) = Nodes::new(urls)?
-        .send(HttpMethod::GET, "/admin/backup", Vec::new(), BACKUP_TIMEOUT)
+        .get("/admin/backup", BACKUP_TIMEOUT)
         .await?;
     let response = response
         .success(&addr)

@@ -120,26 +120,20 @@ impl Admin {
         Ok(())
     }
 
-    async fn post(&self, path: &str, body: Vec<u8>) -> Result<ClusterStatusJson, CliError> {
-        let (addr, response) = self
-            .nodes
-            .send(HttpMethod::POST, path, body, CHANGE_TIMEOUT)
-            .await?;
+    /// Posts an admin change (`body` is one of rpc's admin types) through the nodes of
+    /// `--url`; the answering node's view of the cluster.
+    async fn change<T: Serialize>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<ClusterStatusJson, CliError> {
+        let (addr, response) = self.nodes.post_json(path, body, CHANGE_TIMEOUT).await?;
         let response = response
             .success(&addr)
             .map_err(|e| CliError::Failed(format!("refused: {e}")))?;
         response
             .json(&addr)
             .map_err(|e| CliError::Failed(e.to_string()))
-    }
-
-    async fn post_json<T: Serialize>(
-        &self,
-        path: &str,
-        body: &T,
-    ) -> Result<ClusterStatusJson, CliError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
-        self.post(path, bytes).await
     }
 
     /// Waits until `done` holds for the leader's view; `what` names the wait in errors.
@@ -182,7 +176,7 @@ impl Admin {
         }
         check_empty_members(self.client(), &members).await?;
         let wanted: Vec<u64> = members.iter().map(|m| m.id).collect();
-        self.post_json("/admin/init", &InitRequestJson { members })
+        self.change("/admin/init", &InitRequestJson { members })
             .await?;
         let cluster = self
             .wait_for("the new cluster to elect a leader", |view| {
@@ -235,7 +229,7 @@ impl Admin {
             api_addr: member.api_addr.clone(),
             raft_addr: member.raft_addr.clone(),
         };
-        self.post_json("/admin/add-learner", &request).await?;
+        self.change("/admin/add-learner", &request).await?;
         let cluster = if wait {
             self.wait_caught_up(id).await?
         } else {
@@ -276,7 +270,7 @@ impl Admin {
             )));
         }
         self.wait_caught_up(id).await?;
-        self.post_json("/admin/promote", &NodeIdJson { id }).await?;
+        self.change("/admin/promote", &NodeIdJson { id }).await?;
         let cluster = self
             .wait_for(&format!("node {id} to be a voter"), |view| {
                 view.voters.contains(&id) && !view.joint && view.membership_committed
@@ -320,7 +314,7 @@ impl Admin {
                 eprintln!("rota: warning: --force: {reason}");
             }
         }
-        self.post_json("/admin/remove", &NodeIdJson { id }).await?;
+        self.change("/admin/remove", &NodeIdJson { id }).await?;
         let cluster = self
             .wait_for(&format!("node {id} to leave"), |view| {
                 !view.nodes.iter().any(|n| n.id == id) && !view.joint && view.membership_committed
@@ -353,7 +347,7 @@ impl Admin {
                 ids(&view.voters)
             )));
         }
-        self.post_json("/admin/transfer-leader", &NodeIdJson { id })
+        self.change("/admin/transfer-leader", &NodeIdJson { id })
             .await?;
         let cluster = self
             .wait_for(&format!("node {id} to lead"), |view| {
