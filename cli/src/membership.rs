@@ -239,7 +239,7 @@ impl Admin {
                 member.api_addr, new.id
             )));
         }
-        if !new.voters.is_empty() && new_learner != NewLearner::Retry {
+        if !new.voters.is_empty() && new_learner != NewLearner::AlreadyAdded {
             return Err(CliError::Failed(format!(
                 "node {id} already belongs to a cluster (voters {}); give the new node an empty data directory",
                 id_list(&new.voters)

@@ -142,10 +142,10 @@ pub const CAUGHT_UP_ENTRIES_MAX: u64 = 100;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NewLearner {
     /// No member has or had the id: add the node.
-    Fresh,
+    New,
     /// The node is a learner already, with the same addresses: this is a retry of the
     /// same add and passes.
-    Retry,
+    AlreadyAdded,
 }
 
 /// Why an id cannot become a learner: an id names one data directory for the life of the
@@ -219,7 +219,7 @@ pub fn check_new_learner(
     }
     if let Some(current) = cluster.nodes.iter().find(|n| n.id == id) {
         if current.api_addr == member.api_addr && current.raft_addr == member.raft_addr {
-            return Ok(NewLearner::Retry);
+            return Ok(NewLearner::AlreadyAdded);
         }
         return Err(LearnerIdError::OtherLearner {
             id,
@@ -233,7 +233,7 @@ pub fn check_new_learner(
             retired: cluster.retired.clone(),
         });
     }
-    Ok(NewLearner::Fresh)
+    Ok(NewLearner::New)
 }
 
 /// Parses a member list `ID=API_HOST:PORT/RAFT_HOST:PORT,...` (the `--initial-cluster`
@@ -279,40 +279,30 @@ mod tests {
         }
     }
 
-    /// Voters 1 and 2, learner 3 at a:3/r:3, node 4 retired.
+    /// Voters 1 and 2, learner 3 at a:3/r:3, node 4 retired; parsed from JSON, as a
+    /// client reads it, so that fields added later with a default change nothing here.
     fn cluster() -> ClusterStatusJson {
-        let node = |id: u64, role: &str| NodeStatusJson {
-            id,
-            api_addr: format!("a:{id}"),
-            raft_addr: format!("r:{id}"),
-            role: role.into(),
-            lag: Some(0),
+        let node = |id: u64, role: &str| {
+            format!(
+                r#"{{"id":{id},"api_addr":"a:{id}","raft_addr":"r:{id}","role":"{role}","lag":0}}"#
+            )
         };
-        ClusterStatusJson {
-            id: 1,
-            leader: Some(1),
-            term: 2,
-            commit_index: Some(9),
-            applied_index: Some(9),
-            snapshot_index: None,
-            purged_index: None,
-            applied_time_ms: 0,
-            voters: vec![1, 2],
-            learners: vec![3],
-            retired: vec![4],
-            membership_index: Some(8),
-            membership_committed: true,
-            joint: false,
-            nodes: vec![node(1, "leader"), node(2, "follower"), node(3, "learner")],
-        }
+        let nodes = [node(1, "leader"), node(2, "follower"), node(3, "learner")].join(",");
+        let json = format!(
+            r#"{{"id":1,"leader":1,"term":2,"commit_index":9,"applied_index":9,
+                "snapshot_index":null,"purged_index":null,"applied_time_ms":0,
+                "voters":[1,2],"learners":[3],"retired":[4],"membership_index":8,
+                "membership_committed":true,"joint":false,"nodes":[{nodes}]}}"#
+        );
+        serde_json::from_str(&json).expect("a cluster status")
     }
 
     #[test]
     fn a_learner_id_is_new_or_a_retry_and_never_reused() {
         let cluster = cluster();
         let check = |m: MemberJson| check_new_learner(&cluster, &m);
-        assert_eq!(check(member(5, "a:5", "r:5")), Ok(NewLearner::Fresh));
-        assert_eq!(check(member(3, "a:3", "r:3")), Ok(NewLearner::Retry));
+        assert_eq!(check(member(5, "a:5", "r:5")), Ok(NewLearner::New));
+        assert_eq!(check(member(3, "a:3", "r:3")), Ok(NewLearner::AlreadyAdded));
         assert_eq!(check(member(0, "a:0", "r:0")), Err(LearnerIdError::Zero));
         assert_eq!(
             check(member(2, "a:2", "r:2")),
