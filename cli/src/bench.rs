@@ -14,11 +14,11 @@ use std::time::Duration;
 use std::time::Instant;
 
 use rpc::client::HttpClient;
+use rpc::worker::AddJson;
+use rpc::worker::ClaimRequestJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteRequestJson;
 use rpc::worker::WriteResultJson;
-
-use crate::task::add_request;
-use crate::task::claim_request;
-use crate::task::delete_request;
 
 /// Deadline of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -86,11 +86,11 @@ impl Samples {
 async fn call(
     client: &HttpClient,
     addr: &str,
-    path: &str,
-    body: &impl serde::Serialize,
+    request: impl Into<WriteRequestJson>,
 ) -> Result<WriteResultJson, String> {
+    let request = request.into();
     let response = client
-        .post_json(addr, path, body, REQUEST_TIMEOUT)
+        .post_json(addr, request.path(), &request, REQUEST_TIMEOUT)
         .await
         .map_err(|e| e.to_string())?
         .success(addr)
@@ -120,14 +120,9 @@ async fn worker(
             break;
         }
         let started = Instant::now();
-        let add = add_request(
-            client_id,
-            config.group.clone(),
-            Some("bench".into()),
-            None,
-            None,
-        );
-        match call(&client, addr, "/update", &add).await {
+        let add = UpdateRequestJson::by(client_id)
+            .with_add(AddJson::in_group(config.group.clone()).with_data("bench"));
+        match call(&client, addr, add).await {
             Ok(_) => samples.record("add", started),
             Err(e) => {
                 samples.fail("add", e);
@@ -138,8 +133,8 @@ async fn worker(
             continue;
         }
         let started = Instant::now();
-        let claim = claim_request(client_id, config.group.clone(), 60_000, None);
-        let claimed = match call(&client, addr, "/claim", &claim).await {
+        let claim = ClaimRequestJson::new(client_id, config.group.clone(), 60_000);
+        let claimed = match call(&client, addr, claim).await {
             Ok(result) => {
                 samples.record("claim", started);
                 first_task_id(&result)
@@ -151,8 +146,8 @@ async fn worker(
         };
         let Some(id) = claimed else { continue };
         let started = Instant::now();
-        let delete = delete_request(client_id, vec![id], None);
-        match call(&client, addr, "/update", &delete).await {
+        let delete = UpdateRequestJson::by(client_id).with_deletes([id]);
+        match call(&client, addr, delete).await {
             Ok(_) => samples.record("delete", started),
             Err(e) => samples.fail("delete", e),
         }

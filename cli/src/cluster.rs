@@ -5,6 +5,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rpc::admin::ClusterStatusJson;
+use rpc::admin::MemberJson;
+use rpc::admin::StateHashJson;
+use rpc::client::HeaderName;
+use rpc::client::HeaderValue;
+use rpc::client::HttpClient;
 use rpc::client::HttpMethod;
 use serde::Serialize;
 
@@ -12,6 +17,9 @@ use crate::CliError;
 use crate::membership::status_of;
 use crate::nodes::Nodes;
 use crate::nodes::PROBE_TIMEOUT;
+use crate::wait::Look;
+use crate::wait::POLL_INTERVAL;
+use crate::wait::poll_until;
 
 /// What `status --json` prints.
 #[derive(Serialize)]
@@ -97,7 +105,7 @@ pub struct BackupReport {
 pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupReport, CliError> {
     use sha2::Digest;
     let (addr, response) = Nodes::new(urls)?
-        .send(HttpMethod::GET, "/admin/backup", Vec::new(), BACKUP_TIMEOUT)
+        .get("/admin/backup", BACKUP_TIMEOUT)
         .await?;
     let response = response
         .success(&addr)
@@ -148,7 +156,7 @@ pub struct RestoreReport {
     pub tasks: u64,
     /// Per member of the new cluster: its applied index and state hash once it holds the
     /// restored state.
-    pub members: BTreeMap<u64, rpc::admin::StateHashJson>,
+    pub members: BTreeMap<u64, StateHashJson>,
     /// The new cluster's leader.
     pub leader: u64,
 }
@@ -200,19 +208,49 @@ fn check_sums_file(file: &std::path::Path, bytes: &[u8]) -> Result<(), CliError>
 /// Starts a new cluster of `members` from the backup in `file`. The members must run,
 /// started without `--initial-cluster`, with empty data directories. The backup goes to
 /// the member with the lowest id, which replicates it to the others; returns once every
-/// member holds the restored state.
+/// member holds the restored state, or gives up after `timeout`.
 pub async fn restore(
     file: &std::path::Path,
-    members: Vec<rpc::admin::MemberJson>,
+    members: Vec<MemberJson>,
     timeout: Duration,
 ) -> Result<RestoreReport, CliError> {
-    use rpc::client::HeaderName;
-    use rpc::client::HeaderValue;
     let Some(first) = members.first().cloned() else {
         return Err(CliError::Usage(
             "--initial-cluster lists no member; give ID=API/RAFT,...".into(),
         ));
     };
+    let (bytes, backup_hash) = read_backup(file)?;
+    let client = HttpClient::new();
+    crate::membership::check_empty_members(&client, &members).await?;
+    let restored = install_backup(&client, &first, &members, bytes).await?;
+    if restored.state_hash != backup_hash {
+        return Err(CliError::Failed(format!(
+            "node {} restored state hash {} but the backup records {backup_hash}",
+            first.id, restored.state_hash
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let leader = wait_all_applied(&client, &members, restored.applied_index, deadline)
+        .await
+        .map_err(|(caught_up, leader)| {
+            CliError::Unreachable(format!(
+                "the backup is installed on node {}, but after {timeout:?} only nodes {caught_up:?} hold it (leader {leader:?}); check `rota cluster status` on the new cluster",
+                first.id
+            ))
+        })?;
+    let holding = check_members_hold(&client, &members, &backup_hash).await?;
+    Ok(RestoreReport {
+        file: file.display().to_string(),
+        backup_state_hash: backup_hash,
+        tasks: restored.tasks,
+        members: holding,
+        leader,
+    })
+}
+
+/// Reads a backup file, checked against its size limit, its `.sha256` file and its own
+/// checksum; its bytes and the state hash it records.
+fn read_backup(file: &std::path::Path) -> Result<(Vec<u8>, String), CliError> {
     let io = |e: std::io::Error| CliError::Failed(format!("reading {}: {e}", file.display()));
     let size = std::fs::metadata(file).map_err(io)?.len();
     if size > RESTORE_BYTES_MAX {
@@ -225,10 +263,19 @@ pub async fn restore(
     check_sums_file(file, &bytes)?;
     let backup_hash = backup_state_hash(&bytes)
         .map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
-    let client = rpc::client::HttpClient::new();
-    crate::membership::check_empty_members(&client, &members).await?;
+    Ok((bytes, backup_hash))
+}
+
+/// Uploads the backup to `first`, naming the new cluster's `members` in a header (the
+/// body is the backup itself); what the node installed.
+async fn install_backup(
+    client: &HttpClient,
+    first: &MemberJson,
+    members: &[MemberJson],
+    bytes: Vec<u8>,
+) -> Result<rpc::admin::RestoreJson, CliError> {
     let header = serde_json::to_string(&rpc::admin::InitRequestJson {
-        members: members.clone(),
+        members: members.to_vec(),
     })
     .map_err(|e| CliError::Failed(e.to_string()))?;
     let header = HeaderValue::from_str(&header)
@@ -243,7 +290,7 @@ pub async fn restore(
             HeaderValue::from_static("application/octet-stream"),
         ),
     ];
-    let restored: rpc::admin::RestoreJson = client
+    client
         .send(
             &first.api_addr,
             HttpMethod::POST,
@@ -257,43 +304,47 @@ pub async fn restore(
         .success(&first.api_addr)
         .map_err(|e| CliError::Failed(format!("refused: {e}")))?
         .json(&first.api_addr)
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    if restored.state_hash != backup_hash {
-        return Err(CliError::Failed(format!(
-            "node {} restored state hash {} but the backup records {backup_hash}",
-            first.id, restored.state_hash
-        )));
-    }
-    // Wait on the cheap status until every member has applied the restored entry, then
-    // hash each member's state once (hashing is O(tasks)).
-    let deadline = tokio::time::Instant::now() + timeout;
-    let leader = loop {
+        .map_err(|e| CliError::Failed(e.to_string()))
+}
+
+/// Waits on the cheap status until every member has applied `index` and one names a
+/// leader; that leader, or at the deadline the members that had applied it and the
+/// leader seen.
+async fn wait_all_applied(
+    client: &HttpClient,
+    members: &[MemberJson],
+    index: u64,
+    deadline: tokio::time::Instant,
+) -> Result<u64, (Vec<u64>, Option<u64>)> {
+    let look = async || {
         let mut caught_up = Vec::new();
         let mut leader = None;
-        for member in &members {
-            if let Some(view) = status_of(&client, &member.api_addr).await {
+        for member in members {
+            if let Some(view) = status_of(client, &member.api_addr).await {
                 leader = leader.or(view.leader);
-                if view.applied_index >= Some(restored.applied_index) {
+                if view.applied_index >= Some(index) {
                     caught_up.push(member.id);
                 }
             }
         }
-        if let Some(leader) = leader
-            && caught_up.len() == members.len()
-        {
-            break leader;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(CliError::Unreachable(format!(
-                "the backup is installed on node {}, but after {timeout:?} only nodes {caught_up:?} hold it (leader {leader:?}); check `rota cluster status` on the new cluster",
-                first.id
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(match leader {
+            Some(leader) if caught_up.len() == members.len() => Look::Done(leader),
+            _ => Look::NotYet((caught_up, leader)),
+        })
     };
+    poll_until(deadline, POLL_INTERVAL, look, |seen| seen).await
+}
+
+/// Hashes each member's state once (hashing is O(tasks), so only after the wait) and
+/// checks it is the backup's; each member's applied index and hash.
+async fn check_members_hold(
+    client: &HttpClient,
+    members: &[MemberJson],
+    backup_hash: &str,
+) -> Result<BTreeMap<u64, StateHashJson>, CliError> {
     let mut holding = BTreeMap::new();
-    for member in &members {
-        let hash: rpc::admin::StateHashJson = client
+    for member in members {
+        let hash: StateHashJson = client
             .get(
                 &member.api_addr,
                 "/admin/state-hash",
@@ -311,11 +362,5 @@ pub async fn restore(
         }
         holding.insert(member.id, hash);
     }
-    Ok(RestoreReport {
-        file: file.display().to_string(),
-        backup_state_hash: backup_hash,
-        tasks: restored.tasks,
-        members: holding,
-        leader,
-    })
+    Ok(holding)
 }

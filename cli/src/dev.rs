@@ -14,11 +14,14 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::process::Stdio;
 use std::time::Duration;
-use std::time::Instant;
 
 use rpc::client::HttpClient;
 use serde::Deserialize;
 use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::wait::Look;
+use crate::wait::poll_until;
 
 /// Most nodes a local cluster may have.
 pub const NODES_MAX: u64 = 9;
@@ -231,11 +234,18 @@ fn spawn(
 /// `/proc` right after a start does not abort a cluster that is coming up.
 const EXITED_POLLS: u32 = 5;
 
+/// How often `up` looks whether the nodes are ready.
+const READY_POLL: Duration = Duration::from_millis(100);
+
+/// How often `down` looks whether a node has exited.
+const EXIT_POLL: Duration = Duration::from_millis(50);
+
+/// Waits until every node answers `/ready`; fails early, with the end of its log, when a
+/// node has exited.
 async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
     let client = HttpClient::new();
-    let deadline = Instant::now() + READY_TIMEOUT;
     let mut gone_polls: Vec<u32> = vec![0; cluster.nodes.len()];
-    loop {
+    let look = async || {
         let mut waiting = Vec::new();
         for (index, node) in cluster.nodes.iter().enumerate() {
             let ready = client
@@ -248,30 +258,42 @@ async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
             let alive = recorded_pid(dir, node.id).is_some_and(process_alive);
             gone_polls[index] = if alive { 0 } else { gone_polls[index] + 1 };
             if gone_polls[index] >= EXITED_POLLS {
-                let log = dir.join(format!("node-{}.log", node.id));
-                let text = fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                return Err(DevError::NotReady(format!(
-                    "node {} exited; see {}; its last lines:\n{}",
-                    node.id,
-                    log.display(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )));
+                return Err(exited(dir, node.id));
             }
             waiting.push(node.id.to_string());
         }
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(DevError::NotReady(format!(
-                "nodes {} were not ready within {READY_TIMEOUT:?}; see the node-*.log files in {}",
-                waiting.join(", "),
-                dir.display()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Ok(if waiting.is_empty() {
+            Look::Done(())
+        } else {
+            Look::NotYet(waiting)
+        })
+    };
+    let timed_out = |waiting: Vec<String>| {
+        DevError::NotReady(format!(
+            "nodes {} were not ready within {READY_TIMEOUT:?}; see the node-*.log files in {}",
+            waiting.join(", "),
+            dir.display()
+        ))
+    };
+    poll_until(Instant::now() + READY_TIMEOUT, READY_POLL, look, timed_out).await
+}
+
+/// Node `id` exited: where its log is, and its last lines.
+fn exited(dir: &Path, id: u64) -> DevError {
+    let log = dir.join(format!("node-{id}.log"));
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+    DevError::NotReady(format!(
+        "node {id} exited; see {}; its last lines:\n{}",
+        log.display(),
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    ))
+}
+
+/// Waits until process `pid` has exited or `deadline` passes; says whether it exited.
+async fn exited_by(pid: u32, deadline: Instant) -> bool {
+    let look = async || Ok(Look::from((!process_alive(pid)).then_some(())));
+    poll_until(deadline, EXIT_POLL, look, |()| ()).await.is_ok()
 }
 
 /// Starts (or restarts) the cluster in `dir` and returns its worker URLs once every node
@@ -333,14 +355,9 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
         signal(pid, "TERM")?;
         // Until it has really exited: its data directory lock and ports are free only then.
         let deadline = Instant::now() + STOP_TIMEOUT;
-        while process_alive(pid) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if process_alive(pid) {
+        if !exited_by(pid, deadline).await {
             signal(pid, "KILL")?;
-            while process_alive(pid) && Instant::now() < deadline + STOP_TIMEOUT {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            exited_by(pid, deadline + STOP_TIMEOUT).await;
         }
         stopped += 1;
     }

@@ -8,6 +8,7 @@ pub mod dev;
 pub mod membership;
 pub mod nodes;
 pub mod task;
+pub mod wait;
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,
 /// 3 unreachable.

@@ -7,6 +7,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::Subcommand;
+use rpc::worker::AddJson;
+use rpc::worker::ChangeJson;
+use rpc::worker::ClaimRequestJson;
+use rpc::worker::TaskJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteRequestJson;
 
 /// Exit code: refused by the cluster or failed.
 const EXIT_REFUSED: u8 = 1;
@@ -207,15 +213,37 @@ fn emit<T: serde::Serialize>(
     Ok(())
 }
 
-fn print_tasks(tasks: &[Option<rpc::worker::TaskJson>], json: bool) -> Result<(), cli::CliError> {
+fn print_tasks(tasks: &[Option<TaskJson>], json: bool) -> Result<(), cli::CliError> {
     emit(json, &tasks, |tasks| cli::task::render_tasks(tasks))
+}
+
+impl Writer {
+    /// An update by this writer that changes nothing yet.
+    fn update(&self) -> UpdateRequestJson {
+        UpdateRequestJson::by(cli::task::client_id(self.client_id))
+    }
+
+    /// A claim by this writer.
+    fn claim(&self, group: String, duration_ms: i64) -> ClaimRequestJson {
+        ClaimRequestJson::new(cli::task::client_id(self.client_id), group, duration_ms)
+    }
+
+    /// Sends `request` under this writer's request id to the nodes of `target`; the
+    /// tasks it wrote, as `print_tasks` shows them.
+    async fn write(
+        &self,
+        target: &Target,
+        request: impl Into<WriteRequestJson>,
+    ) -> Result<Vec<Option<TaskJson>>, cli::CliError> {
+        let request = request.into().with_request_id(self.request_id.clone());
+        let written = cli::nodes::Nodes::new(&target.url)?.write(&request).await?;
+        Ok(written.into_iter().map(Some).collect())
+    }
 }
 
 async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
     use cli::nodes::Nodes;
-    use cli::task::*;
-    let written =
-        |tasks: Vec<rpc::worker::TaskJson>| tasks.into_iter().map(Some).collect::<Vec<_>>();
+    use cli::task::read_data;
     match command {
         TaskCommand::Add {
             target,
@@ -224,15 +252,13 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             data,
             timespec,
         } => {
-            let client = Nodes::new(&target.url)?;
-            let body = add_request(
-                client_id(writer.client_id),
-                group,
-                read_data(data.as_deref())?,
+            let add = AddJson {
+                data: read_data(data.as_deref())?,
                 timespec,
-                writer.request_id,
-            );
-            print_tasks(&written(client.write("/update", &body).await?), target.json)
+                ..AddJson::in_group(group)
+            };
+            let written = writer.write(&target, writer.update().with_add(add)).await?;
+            print_tasks(&written, target.json)
         }
         TaskCommand::Claim {
             target,
@@ -240,20 +266,15 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             group,
             duration_ms,
         } => {
-            let client = Nodes::new(&target.url)?;
-            let body = claim_request(
-                client_id(writer.client_id),
-                group,
-                duration_ms,
-                writer.request_id,
-            );
-            print_tasks(&written(client.write("/claim", &body).await?), target.json)
+            let written = writer
+                .write(&target, writer.claim(group, duration_ms))
+                .await?;
+            print_tasks(&written, target.json)
         }
         TaskCommand::Get { target, ids } => {
             let client = Nodes::new(&target.url)?;
             let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-            let tasks: Vec<Option<rpc::worker::TaskJson>> =
-                client.get_json(&format!("/tasks/{list}")).await?;
+            let tasks: Vec<Option<TaskJson>> = client.get_json(&format!("/tasks/{list}")).await?;
             print_tasks(&tasks, target.json)
         }
         TaskCommand::List {
@@ -267,8 +288,9 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             if let Some(limit) = limit {
                 path.push_str(&format!("&limit={limit}"));
             }
-            let tasks: Vec<rpc::worker::TaskJson> = client.get_json(&path).await?;
-            print_tasks(&written(tasks), target.json)
+            let tasks: Vec<TaskJson> = client.get_json(&path).await?;
+            let listed: Vec<Option<TaskJson>> = tasks.into_iter().map(Some).collect();
+            print_tasks(&listed, target.json)
         }
         TaskCommand::Update {
             target,
@@ -277,24 +299,24 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             data,
             timespec,
         } => {
-            let client = Nodes::new(&target.url)?;
-            let body = update_request(
-                client_id(writer.client_id),
-                id,
-                read_data(data.as_deref())?,
+            let change = ChangeJson {
+                data: read_data(data.as_deref())?,
                 timespec,
-                writer.request_id,
-            );
-            print_tasks(&written(client.write("/update", &body).await?), target.json)
+                ..ChangeJson::of_task(id)
+            };
+            let written = writer
+                .write(&target, writer.update().with_change(change))
+                .await?;
+            print_tasks(&written, target.json)
         }
         TaskCommand::Delete {
             target,
             writer,
             ids,
         } => {
-            let client = Nodes::new(&target.url)?;
-            let body = delete_request(client_id(writer.client_id), ids, writer.request_id);
-            client.write("/update", &body).await?;
+            writer
+                .write(&target, writer.update().with_deletes(ids))
+                .await?;
             if target.json {
                 println!("[]");
             } else {

@@ -6,10 +6,14 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use rpc::admin::AddLearnerJson;
+use rpc::admin::CAUGHT_UP_ENTRIES_MAX;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::InitRequestJson;
 use rpc::admin::MemberJson;
+use rpc::admin::NewLearner;
 use rpc::admin::NodeIdJson;
+use rpc::admin::check_new_learner;
+use rpc::admin::id_list;
 use rpc::client::HttpClient;
 use rpc::client::HttpMethod;
 use serde::Serialize;
@@ -18,13 +22,9 @@ use tokio::time::Instant;
 use crate::CliError;
 use crate::nodes::Nodes;
 use crate::nodes::PROBE_TIMEOUT;
-
-/// A learner is caught up when it is at most this many entries behind the leader's log:
-/// close enough that, once it votes, the next commits do not wait on it.
-pub const CAUGHT_UP_LAG: u64 = 100;
-
-/// How often a wait looks again.
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+use crate::wait::Look;
+use crate::wait::POLL_INTERVAL;
+use crate::wait::poll_until;
 
 /// Deadline of an admin call; membership changes commit through the log.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -41,12 +41,13 @@ pub struct ChangeReport {
 /// Talks to the cluster behind `--url` and to its members.
 pub struct Admin {
     nodes: Nodes,
-    /// How long a wait (leader, catch-up, transfer) may take in all.
+    /// How long one wait (leader, catch-up, transfer, snapshot) may take, leader
+    /// elections during it included.
     timeout: Duration,
 }
 
 impl Admin {
-    /// An admin session over the nodes of `--url`; waits give up after `timeout`.
+    /// An admin session over the nodes of `--url`; each wait gives up after `timeout`.
     pub fn new(urls: &[String], timeout: Duration) -> Result<Self, CliError> {
         Ok(Self {
             nodes: Nodes::new(urls)?,
@@ -70,26 +71,32 @@ impl Admin {
         status_of(self.client(), addr).await
     }
 
+    /// When a wait that starts now gives up.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
     /// The leader's view of the cluster, waiting for a leader if there is none yet.
     pub async fn leader_view(&self) -> Result<ClusterStatusJson, CliError> {
-        self.leader_view_by(Instant::now() + self.timeout).await
+        self.leader_view_by(self.deadline()).await
     }
 
     /// [`Admin::leader_view`], giving up at `deadline`.
     async fn leader_view_by(&self, deadline: Instant) -> Result<ClusterStatusJson, CliError> {
-        loop {
+        let look = async || {
             let seen: ClusterStatusJson = self.nodes.get_json("/cluster").await?;
-            if let Some(view) = self.view_of_leader(&seen).await {
-                return Ok(view);
-            }
-            if Instant::now() >= deadline {
-                return Err(CliError::Unreachable(format!(
-                    "no leader answered within {:?} (node {} sees leader {:?}); check `rota cluster status` and that a majority of voters runs",
-                    self.timeout, seen.id, seen.leader
-                )));
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+            Ok(match self.view_of_leader(&seen).await {
+                Some(view) => Look::Done(view),
+                None => Look::NotYet(seen),
+            })
+        };
+        poll_until(deadline, POLL_INTERVAL, look, |seen| {
+            CliError::Unreachable(format!(
+                "no leader answered within {:?} (node {} sees leader {:?}); check `rota cluster status` and that a majority of voters runs",
+                self.timeout, seen.id, seen.leader
+            ))
+        })
+        .await
     }
 
     /// `/cluster` as answered by the leader that `seen` names, if it answers as leader.
@@ -104,42 +111,20 @@ impl Admin {
             .filter(|view| view.leader == Some(view.id))
     }
 
-    /// Refuses to start a change while another is in flight.
-    fn refuse_if_changing(view: &ClusterStatusJson) -> Result<(), CliError> {
-        if view.joint || !view.membership_committed {
-            return Err(CliError::Failed(format!(
-                "a membership change is in flight (configuration at log index {} is {}); wait for it to finish, then check `rota cluster status`",
-                view.membership_index.map_or("?".into(), |i| i.to_string()),
-                if view.joint {
-                    "joint"
-                } else {
-                    "not yet committed"
-                }
-            )));
-        }
-        Ok(())
-    }
-
-    async fn post(&self, path: &str, body: Vec<u8>) -> Result<ClusterStatusJson, CliError> {
-        let (addr, response) = self
-            .nodes
-            .send(HttpMethod::POST, path, body, CHANGE_TIMEOUT)
-            .await?;
+    /// Posts an admin change (`body` is one of rpc's admin types) through the nodes of
+    /// `--url`; the answering node's view of the cluster.
+    async fn change<T: Serialize>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<ClusterStatusJson, CliError> {
+        let (addr, response) = self.nodes.post_json(path, body, CHANGE_TIMEOUT).await?;
         let response = response
             .success(&addr)
             .map_err(|e| CliError::Failed(format!("refused: {e}")))?;
         response
             .json(&addr)
             .map_err(|e| CliError::Failed(e.to_string()))
-    }
-
-    async fn post_json<T: Serialize>(
-        &self,
-        path: &str,
-        body: &T,
-    ) -> Result<ClusterStatusJson, CliError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
-        self.post(path, bytes).await
     }
 
     /// Waits until `done` holds for the leader's view; `what` names the wait in errors.
@@ -149,26 +134,28 @@ impl Admin {
         mut done: impl FnMut(&ClusterStatusJson) -> bool,
     ) -> Result<ClusterStatusJson, CliError> {
         // One deadline for the whole wait, leader elections included.
-        let deadline = Instant::now() + self.timeout;
-        loop {
+        let deadline = self.deadline();
+        let look = async || {
             let view = self.leader_view_by(deadline).await?;
-            if done(&view) {
-                return Ok(view);
-            }
-            if Instant::now() >= deadline {
-                return Err(CliError::Unreachable(format!(
-                    "gave up after {:?} waiting for {what}; see `rota cluster status`, or pass a longer --timeout",
-                    self.timeout
-                )));
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+            Ok(if done(&view) {
+                Look::Done(view)
+            } else {
+                Look::NotYet(())
+            })
+        };
+        poll_until(deadline, POLL_INTERVAL, look, |()| {
+            CliError::Unreachable(format!(
+                "gave up after {:?} waiting for {what}; see `rota cluster status`, or pass a longer --timeout",
+                self.timeout
+            ))
+        })
+        .await
     }
 
-    /// Waits until `id` is at most [`CAUGHT_UP_LAG`] entries behind the leader.
+    /// Waits until `id` is at most [`CAUGHT_UP_ENTRIES_MAX`] entries behind the leader.
     async fn wait_caught_up(&self, id: u64) -> Result<ClusterStatusJson, CliError> {
         self.wait_for(&format!("node {id} to catch up"), |view| {
-            lag_of(view, id).is_some_and(|lag| lag <= CAUGHT_UP_LAG)
+            lag_of(view, id).is_some_and(|lag| lag <= CAUGHT_UP_ENTRIES_MAX)
         })
         .await
     }
@@ -182,7 +169,7 @@ impl Admin {
         }
         check_empty_members(self.client(), &members).await?;
         let wanted: Vec<u64> = members.iter().map(|m| m.id).collect();
-        self.post_json("/admin/init", &InitRequestJson { members })
+        self.change("/admin/init", &InitRequestJson { members })
             .await?;
         let cluster = self
             .wait_for("the new cluster to elect a leader", |view| {
@@ -192,7 +179,7 @@ impl Admin {
         Ok(ChangeReport {
             summary: format!(
                 "initialised a cluster of {}; node {} leads",
-                ids(&cluster.voters),
+                id_list(&cluster.voters),
                 cluster.id
             ),
             cluster,
@@ -206,36 +193,13 @@ impl Admin {
         wait: bool,
     ) -> Result<ChangeReport, CliError> {
         let view = self.leader_view().await?;
-        Self::refuse_if_changing(&view)?;
+        refuse_if_changing(&view)?;
         let id = member.id;
-        refuse_taken_id(&view, &member)?;
-        match self.status_of(&member.api_addr).await {
-            None => {
-                return Err(CliError::Unreachable(format!(
-                    "the new node does not answer at {}; start it (with --id {id}, an empty data directory and no --initial-cluster) first",
-                    member.api_addr
-                )));
-            }
-            Some(new) if new.id != id => {
-                return Err(CliError::Failed(format!(
-                    "{} is node {}, not node {id}; check --id and --api-addr",
-                    member.api_addr, new.id
-                )));
-            }
-            Some(new) if !new.voters.is_empty() && !view.learners.contains(&id) => {
-                return Err(CliError::Failed(format!(
-                    "node {id} already belongs to a cluster (voters {}); give the new node an empty data directory",
-                    ids(&new.voters)
-                )));
-            }
-            Some(_) => {}
-        }
-        let request = AddLearnerJson {
-            id,
-            api_addr: member.api_addr.clone(),
-            raft_addr: member.raft_addr.clone(),
-        };
-        self.post_json("/admin/add-learner", &request).await?;
+        let new_learner =
+            check_new_learner(&view, &member).map_err(|e| CliError::Failed(e.to_string()))?;
+        self.check_new_node(&member, new_learner).await?;
+        let request: &AddLearnerJson = &member;
+        self.change("/admin/add-learner", request).await?;
         let cluster = if wait {
             self.wait_caught_up(id).await?
         } else {
@@ -255,10 +219,61 @@ impl Admin {
         })
     }
 
+    /// Checks that the node to add runs at its API address as the id given, and belongs
+    /// to no cluster (unless this is a retry and it is the learner already).
+    async fn check_new_node(
+        &self,
+        member: &MemberJson,
+        new_learner: NewLearner,
+    ) -> Result<(), CliError> {
+        let id = member.id;
+        let Some(new) = self.status_of(&member.api_addr).await else {
+            return Err(CliError::Unreachable(format!(
+                "the new node does not answer at {}; start it (with --id {id}, an empty data directory and no --initial-cluster) first",
+                member.api_addr
+            )));
+        };
+        if new.id != id {
+            return Err(CliError::Failed(format!(
+                "{} is node {}, not node {id}; check --id and --api-addr",
+                member.api_addr, new.id
+            )));
+        }
+        if !new.voters.is_empty() && new_learner != NewLearner::AlreadyAdded {
+            return Err(CliError::Failed(format!(
+                "node {id} already belongs to a cluster (voters {}); give the new node an empty data directory",
+                id_list(&new.voters)
+            )));
+        }
+        Ok(())
+    }
+
     /// Makes a caught-up learner a voter.
     pub async fn promote(&self, id: u64) -> Result<ChangeReport, CliError> {
         let view = self.leader_view().await?;
-        Self::refuse_if_changing(&view)?;
+        refuse_if_changing(&view)?;
+        self.check_promotable(&view, id).await?;
+        self.wait_caught_up(id).await?;
+        self.change("/admin/promote", &NodeIdJson { id }).await?;
+        let cluster = self
+            .wait_for(&format!("node {id} to be a voter"), |view| {
+                view.voters.contains(&id) && !view.joint && view.membership_committed
+            })
+            .await?;
+        verify(&cluster, |c| c.voters.contains(&id), "a voter", id)?;
+        Ok(ChangeReport {
+            summary: format!(
+                "node {id} is now a voter; voters {}{}",
+                id_list(&cluster.voters),
+                parity_hint(cluster.voters.len())
+            ),
+            cluster,
+        })
+    }
+
+    /// Checks that `id` is a learner that answers: a voter that is down only weakens the
+    /// quorum.
+    async fn check_promotable(&self, view: &ClusterStatusJson, id: u64) -> Result<(), CliError> {
         if view.voters.contains(&id) {
             return Err(CliError::Failed(format!(
                 "node {id} is already a voter; nothing to do"
@@ -275,52 +290,24 @@ impl Admin {
                 node.api_addr
             )));
         }
-        self.wait_caught_up(id).await?;
-        self.post_json("/admin/promote", &NodeIdJson { id }).await?;
-        let cluster = self
-            .wait_for(&format!("node {id} to be a voter"), |view| {
-                view.voters.contains(&id) && !view.joint && view.membership_committed
-            })
-            .await?;
-        verify(&cluster, |c| c.voters.contains(&id), "a voter", id)?;
-        Ok(ChangeReport {
-            summary: format!(
-                "node {id} is now a voter; voters {}{}",
-                ids(&cluster.voters),
-                parity_hint(cluster.voters.len())
-            ),
-            cluster,
-        })
+        Ok(())
     }
 
     /// Removes a voter or learner, refusing (unless `force`) what would leave the old, the
     /// joint or the new configuration without a reachable majority.
     pub async fn remove(&self, id: u64, force: bool) -> Result<ChangeReport, CliError> {
         let view = self.leader_view().await?;
-        Self::refuse_if_changing(&view)?;
+        refuse_if_changing(&view)?;
         if !view.nodes.iter().any(|n| n.id == id) {
             return Err(CliError::Failed(format!(
                 "node {id} is not a member (members {}); nothing to remove",
-                ids(&view.nodes.iter().map(|n| n.id).collect::<Vec<_>>())
+                id_list(&view.nodes.iter().map(|n| n.id).collect::<Vec<_>>())
             )));
         }
         if view.voters.contains(&id) {
-            let mut reachable = BTreeSet::new();
-            for node in view.nodes.iter().filter(|n| view.voters.contains(&n.id)) {
-                if self.answers(&node.api_addr).await {
-                    reachable.insert(node.id);
-                }
-            }
-            if let Err(reason) = quorum_check(&view.voters, id, &reachable) {
-                if !force {
-                    return Err(CliError::Failed(format!(
-                        "refusing to remove node {id}: {reason}; bring the down nodes back first, or pass --force if the cluster may stop accepting writes"
-                    )));
-                }
-                eprintln!("rota: warning: --force: {reason}");
-            }
+            self.check_quorum_after_removal(&view, id, force).await?;
         }
-        self.post_json("/admin/remove", &NodeIdJson { id }).await?;
+        self.change("/admin/remove", &NodeIdJson { id }).await?;
         let cluster = self
             .wait_for(&format!("node {id} to leave"), |view| {
                 !view.nodes.iter().any(|n| n.id == id) && !view.joint && view.membership_committed
@@ -330,12 +317,38 @@ impl Admin {
         Ok(ChangeReport {
             summary: format!(
                 "removed node {id}; voters {}, learners {}{}; its id is retired for good: stop the process and wipe its data directory",
-                ids(&cluster.voters),
-                ids(&cluster.learners),
+                id_list(&cluster.voters),
+                id_list(&cluster.learners),
                 parity_hint(cluster.voters.len())
             ),
             cluster,
         })
+    }
+
+    /// Probes every voter and applies [`quorum_check`] to the removal of voter `id`;
+    /// refuses, or with `force` only warns.
+    async fn check_quorum_after_removal(
+        &self,
+        view: &ClusterStatusJson,
+        id: u64,
+        force: bool,
+    ) -> Result<(), CliError> {
+        let mut reachable = BTreeSet::new();
+        for node in view.nodes.iter().filter(|n| view.voters.contains(&n.id)) {
+            if self.answers(&node.api_addr).await {
+                reachable.insert(node.id);
+            }
+        }
+        let Err(reason) = quorum_check(&view.voters, id, &reachable) else {
+            return Ok(());
+        };
+        if !force {
+            return Err(CliError::Failed(format!(
+                "refusing to remove node {id}: {reason}; bring the down nodes back first, or pass --force if the cluster may stop accepting writes"
+            )));
+        }
+        eprintln!("rota: warning: --force: {reason}");
+        Ok(())
     }
 
     /// Hands leadership to voter `id` and waits until it leads.
@@ -350,10 +363,10 @@ impl Admin {
         if !view.voters.contains(&id) {
             return Err(CliError::Failed(format!(
                 "node {id} is not a voter (voters {}); leadership can only go to a voter",
-                ids(&view.voters)
+                id_list(&view.voters)
             )));
         }
-        self.post_json("/admin/transfer-leader", &NodeIdJson { id })
+        self.change("/admin/transfer-leader", &NodeIdJson { id })
             .await?;
         let cluster = self
             .wait_for(&format!("node {id} to lead"), |view| {
@@ -371,46 +384,65 @@ impl Admin {
     pub async fn snapshot(&self) -> Result<Vec<SnapshotReport>, CliError> {
         let mut reports = Vec::new();
         for addr in self.nodes.addrs() {
-            let Some(before) = self.status_of(addr).await else {
-                return Err(CliError::Unreachable(format!("{addr} does not answer")));
-            };
-            let response = self
-                .client()
-                .send(
-                    addr,
-                    HttpMethod::POST,
-                    "/admin/snapshot",
-                    &[],
-                    Vec::new().into(),
-                    CHANGE_TIMEOUT,
-                )
-                .await
-                .map_err(|e| CliError::Unreachable(e.to_string()))?;
-            response
-                .success(addr)
-                .map_err(|e| CliError::Failed(format!("refused: {e}")))?;
-            let deadline = Instant::now() + self.timeout;
-            loop {
-                let now = self.status_of(addr).await;
-                if let Some(now) = now.filter(|s| s.snapshot_index >= before.applied_index) {
-                    reports.push(SnapshotReport {
-                        node: now.id,
-                        snapshot_index: now.snapshot_index,
-                        purged_index: now.purged_index,
-                    });
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(CliError::Unreachable(format!(
-                        "node {} at {addr} did not finish its snapshot within {:?}",
-                        before.id, self.timeout
-                    )));
-                }
-                tokio::time::sleep(POLL_INTERVAL).await;
-            }
+            reports.push(self.snapshot_one(addr).await?);
         }
         Ok(reports)
     }
+
+    /// [`Admin::snapshot`] of the node at `addr`.
+    async fn snapshot_one(&self, addr: &str) -> Result<SnapshotReport, CliError> {
+        let Some(before) = self.status_of(addr).await else {
+            return Err(CliError::Unreachable(format!("{addr} does not answer")));
+        };
+        // No body: the node snapshots what it has applied.
+        self.client()
+            .send(
+                addr,
+                HttpMethod::POST,
+                "/admin/snapshot",
+                &[],
+                Vec::new().into(),
+                CHANGE_TIMEOUT,
+            )
+            .await
+            .map_err(|e| CliError::Unreachable(e.to_string()))?
+            .success(addr)
+            .map_err(|e| CliError::Failed(format!("refused: {e}")))?;
+        let look = async || {
+            let now = self.status_of(addr).await;
+            Ok(Look::from(
+                now.filter(|s| s.snapshot_index >= before.applied_index),
+            ))
+        };
+        let now = poll_until(self.deadline(), POLL_INTERVAL, look, |()| {
+            CliError::Unreachable(format!(
+                "node {} at {addr} did not finish its snapshot within {:?}",
+                before.id, self.timeout
+            ))
+        })
+        .await?;
+        Ok(SnapshotReport {
+            node: now.id,
+            snapshot_index: now.snapshot_index,
+            purged_index: now.purged_index,
+        })
+    }
+}
+
+/// Refuses to start a change while another is in flight.
+fn refuse_if_changing(view: &ClusterStatusJson) -> Result<(), CliError> {
+    if view.joint || !view.membership_committed {
+        return Err(CliError::Failed(format!(
+            "a membership change is in flight (configuration at log index {} is {}); wait for it to finish, then check `rota cluster status`",
+            view.membership_index.map_or("?".into(), |i| i.to_string()),
+            if view.joint {
+                "joint"
+            } else {
+                "not yet committed"
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// `/cluster` as node `addr` answers it, or `None` if it does not.
@@ -443,7 +475,7 @@ pub async fn check_empty_members(
                 "node {} at {} already holds a cluster's state (voters {}); a new cluster needs nodes with empty data directories",
                 member.id,
                 member.api_addr,
-                ids(&view.voters)
+                id_list(&view.voters)
             )));
         }
     }
@@ -466,31 +498,6 @@ fn lag_of(view: &ClusterStatusJson, id: u64) -> Option<u64> {
     view.nodes.iter().find(|n| n.id == id).and_then(|n| n.lag)
 }
 
-/// Refuses an id that is a member with other addresses, a voter, or retired.
-fn refuse_taken_id(view: &ClusterStatusJson, member: &MemberJson) -> Result<(), CliError> {
-    let id = member.id;
-    if view.retired.contains(&id) {
-        return Err(CliError::Failed(format!(
-            "node id {id} was a member before and ids are never reused; start the new node with a new --id and an empty data directory (retired ids: {})",
-            ids(&view.retired)
-        )));
-    }
-    if view.voters.contains(&id) {
-        return Err(CliError::Failed(format!(
-            "node {id} is already a voter; choose a new id"
-        )));
-    }
-    if let Some(current) = view.nodes.iter().find(|n| n.id == id)
-        && (current.api_addr != member.api_addr || current.raft_addr != member.raft_addr)
-    {
-        return Err(CliError::Failed(format!(
-            "node {id} is already a learner at {} / {}; choose a new id",
-            current.api_addr, current.raft_addr
-        )));
-    }
-    Ok(())
-}
-
 /// Whether removing voter `id` leaves the old, joint and new configurations each with
 /// a majority among the `reachable` voters; if not, why.
 pub fn quorum_check(voters: &[u64], id: u64, reachable: &BTreeSet<u64>) -> Result<(), String> {
@@ -504,7 +511,7 @@ pub fn quorum_check(voters: &[u64], id: u64, reachable: &BTreeSet<u64>) -> Resul
         if up < majority {
             return Err(format!(
                 "{name} the voters would be {} of which {up} answer, fewer than the majority of {majority} that every write needs",
-                ids(config)
+                id_list(config)
             ));
         }
     }
@@ -522,8 +529,8 @@ fn verify(
     } else {
         Err(CliError::Failed(format!(
             "the change was accepted but node {id} is not {what} in the leader's configuration (voters {}, learners {}); check `rota cluster status`",
-            ids(&cluster.voters),
-            ids(&cluster.learners)
+            id_list(&cluster.voters),
+            id_list(&cluster.learners)
         )))
     }
 }
@@ -534,14 +541,6 @@ fn parity_hint(voters: usize) -> &'static str {
     } else {
         ""
     }
-}
-
-/// `1,2,3`, or `none`.
-pub fn ids(ids: &[u64]) -> String {
-    if ids.is_empty() {
-        return "none".into();
-    }
-    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]

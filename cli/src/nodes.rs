@@ -9,6 +9,7 @@ use rpc::client::HttpClient;
 use rpc::client::HttpMethod;
 use rpc::client::HttpResponse;
 use rpc::worker::TaskJson;
+use rpc::worker::WriteRequestJson;
 use rpc::worker::WriteResultJson;
 
 use crate::CliError;
@@ -68,18 +69,15 @@ impl Nodes {
 
     /// Sends to each node in turn until one answers without a server error; returns
     /// that node's address and answer.
-    pub async fn send(
+    async fn send(
         &self,
         method: HttpMethod,
         path: &str,
+        headers: &[(HeaderName, HeaderValue)],
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(String, HttpResponse), CliError> {
         let mut failures = Vec::new();
-        let headers = [(
-            HeaderName::from_static("content-type"),
-            HeaderValue::from_static("application/json"),
-        )];
         for addr in &self.addrs {
             let sent = self
                 .client
@@ -87,7 +85,7 @@ impl Nodes {
                     addr,
                     method.clone(),
                     path,
-                    &headers,
+                    headers,
                     body.clone().into(),
                     timeout,
                 )
@@ -106,14 +104,39 @@ impl Nodes {
         )))
     }
 
+    /// `GET path` from the first node that answers; its address and answer.
+    pub async fn get(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(String, HttpResponse), CliError> {
+        self.send(HttpMethod::GET, path, &[], Vec::new(), timeout)
+            .await
+    }
+
+    /// `POST path` with `body` (one of rpc's types) as JSON to the first node that
+    /// answers; its address and answer.
+    pub async fn post_json<T: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &T,
+        timeout: Duration,
+    ) -> Result<(String, HttpResponse), CliError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
+        let content_type = (
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("application/json"),
+        );
+        self.send(HttpMethod::POST, path, &[content_type], bytes, timeout)
+            .await
+    }
+
     /// `GET path`, parsed as JSON; a 4xx is a refusal (exit 1).
     pub async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
     ) -> Result<T, CliError> {
-        let (addr, response) = self
-            .send(HttpMethod::GET, path, Vec::new(), CALL_TIMEOUT)
-            .await?;
+        let (addr, response) = self.get(path, CALL_TIMEOUT).await?;
         let response = response
             .success(&addr)
             .map_err(|e| CliError::Failed(e.to_string()))?;
@@ -122,15 +145,10 @@ impl Nodes {
             .map_err(|e| CliError::Failed(e.to_string()))
     }
 
-    /// `POST path` with a JSON body; the written tasks, or a refusal (exit 1).
-    pub async fn write<B: serde::Serialize>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<Vec<TaskJson>, CliError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
+    /// Sends a worker write; the written tasks, or a refusal (exit 1).
+    pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
         let (addr, response) = self
-            .send(HttpMethod::POST, path, bytes, CALL_TIMEOUT)
+            .post_json(request.path(), request, CALL_TIMEOUT)
             .await?;
         let response = response
             .success(&addr)

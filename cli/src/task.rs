@@ -1,13 +1,10 @@
 //! `rota task add | claim | get | list | update | delete` and `rota groups`: the worker
-//! API from the command line, with tables for people and `--json` for scripts.
+//! API from the command line, with tables for people and `--json` for scripts. The
+//! request bodies are rpc's types, built where each command is parsed.
 
 use std::io::Read;
 
-use rpc::worker::AddJson;
-use rpc::worker::ChangeJson;
-use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
-use rpc::worker::UpdateRequestJson;
 
 use crate::CliError;
 
@@ -69,72 +66,4 @@ pub fn render_tasks(tasks: &[Option<TaskJson>]) -> String {
         }
     }
     out
-}
-
-/// The body of `rota task add`.
-pub fn add_request(
-    client: i64,
-    group: String,
-    data: Option<String>,
-    timespec: Option<i64>,
-    request_id: Option<String>,
-) -> UpdateRequestJson {
-    UpdateRequestJson {
-        clientid: client,
-        adds: vec![AddJson {
-            group: Some(group),
-            data,
-            timespec,
-            ..Default::default()
-        }],
-        requestid: request_id,
-        ..Default::default()
-    }
-}
-
-/// The body of `rota task update`.
-pub fn update_request(
-    client: i64,
-    id: u64,
-    data: Option<String>,
-    timespec: Option<i64>,
-    request_id: Option<String>,
-) -> UpdateRequestJson {
-    UpdateRequestJson {
-        clientid: client,
-        updates: vec![ChangeJson {
-            id,
-            data,
-            timespec,
-            ..Default::default()
-        }],
-        requestid: request_id,
-        ..Default::default()
-    }
-}
-
-/// The body of `rota task delete`.
-pub fn delete_request(client: i64, ids: Vec<u64>, request_id: Option<String>) -> UpdateRequestJson {
-    UpdateRequestJson {
-        clientid: client,
-        deletes: ids,
-        requestid: request_id,
-        ..Default::default()
-    }
-}
-
-/// The body of `rota task claim`.
-pub fn claim_request(
-    client: i64,
-    group: String,
-    duration_ms: i64,
-    request_id: Option<String>,
-) -> ClaimRequestJson {
-    ClaimRequestJson {
-        clientid: client,
-        group,
-        duration: duration_ms,
-        depends: vec![],
-        requestid: request_id,
-    }
 }

@@ -17,11 +17,6 @@ use crate::config::NodeConfig;
 use crate::metrics::requests::HttpMetrics;
 use crate::types::NodeRaft;
 
-/// A ready node has applied all but at most this many of the entries it knows are
-/// committed: a node replaying its log after a restart is far behind, a busy one only a
-/// few entries.
-pub const READY_APPLY_LAG_MAX: u64 = 100;
-
 /// How long a forwarded request or a linearizable read may take.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -137,6 +137,109 @@ pub const BACKUP_HASH_HEADER: &str = "x-rota-state-hash";
 /// a node holds in memory. A larger body is refused with 413 before it is read.
 pub const RESTORE_BYTES_MAX: usize = 4 << 30;
 
+/// How far behind a node may be and still count as caught up, in log entries: a learner
+/// this close to the leader's log may be promoted (the next commits will not wait on it),
+/// and a node whose applied index is this close to its commit index is ready.
+pub const CAUGHT_UP_ENTRIES_MAX: u64 = 100;
+
+/// An id that may be added as a learner, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewLearner {
+    /// No member has or had the id: add the node.
+    New,
+    /// The node is a learner already, with the same addresses: this is a retry of the
+    /// same add and passes.
+    AlreadyAdded,
+}
+
+/// Why an id cannot become a learner: an id names one data directory for the life of the
+/// cluster, and a reused id could vote with another node's history.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LearnerIdError {
+    /// Node ids start at 1 (0 stands for no node).
+    #[error("node ids start at 1")]
+    Zero,
+    /// The id is a voter's.
+    #[error("node {id} is already a voter; nothing to add, and a new node needs a new id")]
+    Voter {
+        /// The id.
+        id: u64,
+    },
+    /// The id is a learner's, at other addresses.
+    #[error(
+        "node {id} is already a learner at {api_addr} / {raft_addr}; remove it first or choose a new id"
+    )]
+    OtherLearner {
+        /// The id.
+        id: u64,
+        /// The learner's API address.
+        api_addr: String,
+        /// The learner's Raft address.
+        raft_addr: String,
+    },
+    /// The id was a member once.
+    #[error(
+        "node id {id} was a member before and ids are never reused; start the new node with a new --id and an empty data directory (retired ids: {})",
+        id_list(retired)
+    )]
+    Retired {
+        /// The id.
+        id: u64,
+        /// Every retired id, so the operator sees which to avoid.
+        retired: Vec<u64>,
+    },
+}
+
+impl LearnerIdError {
+    /// Whether the request itself is malformed (HTTP 400) rather than in conflict with
+    /// the cluster's members (HTTP 409).
+    pub fn is_malformed(&self) -> bool {
+        matches!(self, Self::Zero)
+    }
+}
+
+/// Node ids as messages show them: `1,2,3`, or `none`.
+pub fn id_list(ids: &[u64]) -> String {
+    if ids.is_empty() {
+        return "none".into();
+    }
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Whether `member` may be added as a learner to the cluster that `cluster` describes
+/// (the leader's view): its id must be above 0, belong to no voter, to no learner at
+/// other addresses, and to no former member. The one rule for the node's
+/// `/admin/add-learner` and the CLI's check before it.
+pub fn check_new_learner(
+    cluster: &ClusterStatusJson,
+    member: &MemberJson,
+) -> Result<NewLearner, LearnerIdError> {
+    let id = member.id;
+    if id == 0 {
+        return Err(LearnerIdError::Zero);
+    }
+    if cluster.voters.contains(&id) {
+        return Err(LearnerIdError::Voter { id });
+    }
+    if let Some(current) = cluster.nodes.iter().find(|n| n.id == id) {
+        if current.api_addr == member.api_addr && current.raft_addr == member.raft_addr {
+            return Ok(NewLearner::AlreadyAdded);
+        }
+        return Err(LearnerIdError::OtherLearner {
+            id,
+            api_addr: current.api_addr.clone(),
+            raft_addr: current.raft_addr.clone(),
+        });
+    }
+    if cluster.retired.contains(&id) {
+        return Err(LearnerIdError::Retired {
+            id,
+            retired: cluster.retired.clone(),
+        });
+    }
+    Ok(NewLearner::New)
+}
+
 /// Parses a member list `ID=API_HOST:PORT/RAFT_HOST:PORT,...` (the `--initial-cluster`
 /// syntax of `rota-node` and `rota`), or says what is wrong with it.
 pub fn parse_members(list: &str) -> Result<Vec<MemberJson>, String> {
@@ -171,6 +274,88 @@ pub fn parse_members(list: &str) -> Result<Vec<MemberJson>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn member(id: u64, api_addr: &str, raft_addr: &str) -> MemberJson {
+        MemberJson {
+            id,
+            api_addr: api_addr.into(),
+            raft_addr: raft_addr.into(),
+        }
+    }
+
+    /// Voters 1 and 2, learner 3 at a:3/r:3, node 4 retired; parsed from JSON, as a
+    /// client reads it, so that fields added later with a default change nothing here.
+    fn cluster() -> ClusterStatusJson {
+        let node = |id: u64, role: &str| {
+            format!(
+                r#"{{"id":{id},"api_addr":"a:{id}","raft_addr":"r:{id}","role":"{role}","lag":0}}"#
+            )
+        };
+        let nodes = [node(1, "leader"), node(2, "follower"), node(3, "learner")].join(",");
+        let json = format!(
+            r#"{{"id":1,"leader":1,"term":2,"commit_index":9,"applied_index":9,
+                "snapshot_index":null,"purged_index":null,"applied_time_ms":0,
+                "voters":[1,2],"learners":[3],"retired":[4],"membership_index":8,
+                "membership_committed":true,"joint":false,"nodes":[{nodes}]}}"#
+        );
+        serde_json::from_str(&json).expect("a cluster status")
+    }
+
+    #[test]
+    fn a_learner_id_is_new_or_a_retry_and_never_reused() {
+        let cluster = cluster();
+        let check = |m: MemberJson| check_new_learner(&cluster, &m);
+        assert_eq!(check(member(5, "a:5", "r:5")), Ok(NewLearner::New));
+        assert_eq!(check(member(3, "a:3", "r:3")), Ok(NewLearner::AlreadyAdded));
+        assert_eq!(check(member(0, "a:0", "r:0")), Err(LearnerIdError::Zero));
+        assert_eq!(
+            check(member(2, "a:2", "r:2")),
+            Err(LearnerIdError::Voter { id: 2 })
+        );
+        assert_eq!(
+            check(member(3, "a:9", "r:3")),
+            Err(LearnerIdError::OtherLearner {
+                id: 3,
+                api_addr: "a:3".into(),
+                raft_addr: "r:3".into()
+            })
+        );
+        assert_eq!(
+            check(member(4, "a:4", "r:4")),
+            Err(LearnerIdError::Retired {
+                id: 4,
+                retired: vec![4]
+            })
+        );
+    }
+
+    #[test]
+    fn learner_id_refusals_say_what_to_do() {
+        let message = |e: LearnerIdError| (e.is_malformed(), e.to_string());
+        assert_eq!(
+            message(LearnerIdError::Zero),
+            (true, "node ids start at 1".into())
+        );
+        let (malformed, voter) = message(LearnerIdError::Voter { id: 2 });
+        assert!(
+            !malformed && voter.contains("node 2 is already a voter"),
+            "{voter}"
+        );
+        let (_, other) = message(LearnerIdError::OtherLearner {
+            id: 3,
+            api_addr: "a:3".into(),
+            raft_addr: "r:3".into(),
+        });
+        assert!(other.contains("already a learner at a:3 / r:3"), "{other}");
+        let (_, retired) = message(LearnerIdError::Retired {
+            id: 4,
+            retired: vec![4, 6],
+        });
+        assert!(
+            retired.contains("never reused") && retired.contains("retired ids: 4,6"),
+            "{retired}"
+        );
+    }
 
     #[test]
     fn member_lists_parse_or_say_what_is_wrong() {

@@ -1,9 +1,11 @@
 //! Rota's wire protocol: the serde types of the worker and admin HTTP API and the typed
 //! HTTP client used by the CLI, by node-to-node forwarding and by tests.
 //!
-//! Architecture invariant: only this crate defines JSON shapes, and it links neither
-//! RocksDB nor openraft.
+//! Architecture invariant: only this crate defines JSON shapes, and every body a client
+//! sends is one of its types serialised with serde; it links neither RocksDB nor
+//! openraft.
 
 pub mod admin;
 pub mod client;
+pub mod retry;
 pub mod worker;

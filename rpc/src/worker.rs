@@ -199,6 +199,140 @@ pub enum WriteResultJson {
     },
 }
 
+/// Path of the write of [`UpdateRequestJson`].
+pub const UPDATE_PATH: &str = "/update";
+
+/// Path of the write of [`ClaimRequestJson`].
+pub const CLAIM_PATH: &str = "/claim";
+
+impl AddJson {
+    /// A new task in `group` with an empty payload, available now; the `with_` methods
+    /// set the rest.
+    pub fn in_group(group: impl Into<String>) -> Self {
+        Self {
+            group: Some(group.into()),
+            ..Self::default()
+        }
+    }
+
+    /// The same add with payload `data`.
+    pub fn with_data(mut self, data: impl Into<String>) -> Self {
+        self.data = Some(data.into());
+        self
+    }
+}
+
+impl ChangeJson {
+    /// A new version of task `id` with an empty payload, available now (set `data` and
+    /// `timespec` for others).
+    pub fn of_task(id: u64) -> Self {
+        Self {
+            id,
+            ..Self::default()
+        }
+    }
+
+    /// The renewal of claimed task `id`: the same payload `data`, unavailable to others
+    /// (so still owned) for `duration_ms` more from now, which the seed spells as a
+    /// negative timespec.
+    pub fn renewal(id: u64, data: impl Into<String>, duration_ms: i64) -> Self {
+        Self {
+            data: Some(data.into()),
+            timespec: Some(duration_ms.saturating_neg()),
+            ..Self::of_task(id)
+        }
+    }
+}
+
+impl UpdateRequestJson {
+    /// An update by `client` that changes nothing yet; the `with_` methods add to it.
+    pub fn by(client: i64) -> Self {
+        Self {
+            clientid: client,
+            ..Self::default()
+        }
+    }
+
+    /// The same update, also creating `add`.
+    pub fn with_add(mut self, add: AddJson) -> Self {
+        self.adds.push(add);
+        self
+    }
+
+    /// The same update, also replacing a task version as `change` says.
+    pub fn with_change(mut self, change: ChangeJson) -> Self {
+        self.updates.push(change);
+        self
+    }
+
+    /// The same update, also deleting the tasks `ids`.
+    pub fn with_deletes(mut self, ids: impl IntoIterator<Item = u64>) -> Self {
+        self.deletes.extend(ids);
+        self
+    }
+
+    /// The same update, applied only if the tasks `ids` exist.
+    pub fn with_depends(mut self, ids: impl IntoIterator<Item = u64>) -> Self {
+        self.depends.extend(ids);
+        self
+    }
+}
+
+impl ClaimRequestJson {
+    /// A claim by `client` of the next available task of `group`, for `duration_ms`.
+    pub fn new(client: i64, group: impl Into<String>, duration_ms: i64) -> Self {
+        Self {
+            clientid: client,
+            group: group.into(),
+            duration: duration_ms,
+            ..Self::default()
+        }
+    }
+}
+
+/// A worker's write with the path it goes to, so that a client cannot send an update
+/// to `/claim`. Serialises as the body alone.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum WriteRequestJson {
+    /// `POST /update`.
+    Update(UpdateRequestJson),
+    /// `POST /claim`.
+    Claim(ClaimRequestJson),
+}
+
+impl WriteRequestJson {
+    /// The path the body is posted to.
+    pub fn path(&self) -> &'static str {
+        match self {
+            Self::Update(_) => UPDATE_PATH,
+            Self::Claim(_) => CLAIM_PATH,
+        }
+    }
+
+    /// The same write under a request id (or none), so that a retry applies once.
+    pub fn with_request_id(mut self, request_id: impl Into<Option<String>>) -> Self {
+        let slot = match &mut self {
+            Self::Update(update) => &mut update.requestid,
+            Self::Claim(claim) => &mut claim.requestid,
+        };
+        *slot = request_id.into();
+        self
+    }
+}
+
+impl From<UpdateRequestJson> for WriteRequestJson {
+    fn from(update: UpdateRequestJson) -> Self {
+        Self::Update(update)
+    }
+}
+
+impl From<ClaimRequestJson> for WriteRequestJson {
+    fn from(claim: ClaimRequestJson) -> Self {
+        Self::Claim(claim)
+    }
+}
+
 /// The body of every non-200 answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorJson {
@@ -383,6 +517,40 @@ mod tests {
             WriteResultJson::Errors {
                 errors: vec!["x".into()]
             }
+        );
+    }
+
+    #[test]
+    fn built_requests_serialise_as_the_seed_spells_them() {
+        let update = UpdateRequestJson::by(7)
+            .with_add(AddJson::in_group("g").with_data("x"))
+            .with_change(ChangeJson::renewal(3, "y", 500))
+            .with_deletes([4])
+            .with_depends([5]);
+        let request = WriteRequestJson::from(update).with_request_id("w7-r1".to_string());
+        let json = serde_json::to_string(&request).expect("json");
+        assert_eq!(
+            json,
+            r#"{"clientid":7,"adds":[{"group":"g","data":"x"}],"updates":[{"id":3,"data":"y","timespec":-500}],"deletes":[4],"depends":[5],"requestid":"w7-r1"}"#
+        );
+        let back: UpdateRequestJson = serde_json::from_str(&json).expect("parses");
+        assert_eq!(WriteRequestJson::from(back), request);
+
+        let claim = WriteRequestJson::from(ClaimRequestJson::new(7, "g", 1000))
+            .with_request_id("r".to_string())
+            .with_request_id(None);
+        let json = serde_json::to_string(&claim).expect("json");
+        assert_eq!(
+            json, r#"{"clientid":7,"group":"g","duration":1000,"depends":[]}"#,
+            "no request id is absent, not null"
+        );
+        assert_eq!(
+            WriteRequestJson::from(UpdateRequestJson::by(1)).path(),
+            "/update"
+        );
+        assert_eq!(
+            WriteRequestJson::from(ClaimRequestJson::new(1, "g", 1)).path(),
+            "/claim"
         );
     }
 

@@ -293,14 +293,12 @@ impl SimCluster {
         .await
     }
 
-    /// `POST path` with a JSON body to node `id` from the client host; the status and
-    /// the body, or `None` if the node does not answer.
-    pub async fn post_json(
-        &self,
-        id: u64,
-        path: &str,
-        body: serde_json::Value,
-    ) -> Option<(u16, String)> {
+    /// `POST path` with `body` (one of rpc's types) as JSON to node `id` from the client
+    /// host; the status and the body, or `None` if the node does not answer.
+    pub async fn post_json<B>(&self, id: u64, path: &str, body: B) -> Option<(u16, String)>
+    where
+        B: serde::Serialize + Send + Sync + 'static,
+    {
         let addr = self.nodes[&id].api_addr();
         let path = path.to_string();
         self.on_client(async move {

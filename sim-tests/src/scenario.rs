@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use madsim::rand::Rng;
 use madsim::rand::seq::SliceRandom;
+use rpc::admin::AddLearnerJson;
+use rpc::admin::NodeIdJson;
 use rpc::worker::TaskJson;
+use serde::Serialize;
 use sha2::Digest;
 use sha2::Sha256;
 use store_sm::planted::Bug;
@@ -550,6 +553,7 @@ impl Faults<'_> {
     async fn snapshot(&self, id: u64, trace: &mut Trace) {
         let answer = self
             .cluster
+            // The node reads no body; an empty object is what this call always sent.
             .post_json(id, "/admin/snapshot", serde_json::json!({}))
             .await;
         trace.fault(format!(
@@ -560,7 +564,10 @@ impl Faults<'_> {
 
     /// Sends an admin request to `via` until it succeeds or `tries` run out; says how
     /// it ended.
-    async fn admin(&self, path: &str, body: serde_json::Value, tries: usize) -> Result<(), String> {
+    async fn admin<B>(&self, path: &str, body: B, tries: usize) -> Result<(), String>
+    where
+        B: Serialize + Clone + Send + Sync + 'static,
+    {
         let mut last = String::new();
         for _ in 0..tries {
             let Some(via) = self.leader_or_any().await else {
@@ -753,7 +760,7 @@ async fn clocks(f: &mut Faults<'_>, trace: &mut Trace) {
                 f.restart_one(trace);
             }
             1 => {
-                let body = serde_json::json!({"id": node});
+                let body = NodeIdJson { id: node };
                 let moved = f.admin("/admin/transfer-leader", body, 3).await;
                 trace.fault(format!("move leadership to {node}: {moved:?}"));
             }
@@ -794,7 +801,7 @@ async fn membership(f: &mut Faults<'_>, trace: &mut Trace) {
     };
     if let Some(victim) = victim {
         let removed = f
-            .admin("/admin/remove", serde_json::json!({"id": victim}), 10)
+            .admin("/admin/remove", NodeIdJson { id: victim }, 10)
             .await;
         trace.fault(format!("remove voter {victim}: {removed:?}"));
         f.sync_members().await;
@@ -813,7 +820,11 @@ async fn add_voter(f: &mut Faults<'_>, id: u64, trace: &mut Trace) {
         .split_once('=')
         .and_then(|(_, addrs)| addrs.split_once('/'))
         .unwrap_or_default();
-    let body = serde_json::json!({"id": id, "api_addr": api, "raft_addr": raft});
+    let body = AddLearnerJson {
+        id,
+        api_addr: api.to_string(),
+        raft_addr: raft.to_string(),
+    };
     let added = f.admin("/admin/add-learner", body, 10).await;
     trace.fault(format!("add learner {id}: {added:?}"));
     f.sync_members().await;
@@ -821,9 +832,7 @@ async fn add_voter(f: &mut Faults<'_>, id: u64, trace: &mut Trace) {
         return;
     }
     hold(500, 1500).await;
-    let promoted = f
-        .admin("/admin/promote", serde_json::json!({"id": id}), 10)
-        .await;
+    let promoted = f.admin("/admin/promote", NodeIdJson { id }, 10).await;
     trace.fault(format!("promote {id}: {promoted:?}"));
     f.sync_members().await;
 }

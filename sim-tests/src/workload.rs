@@ -10,8 +10,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use madsim::rand::Rng;
-use rpc::client::HttpClient;
+use rpc::retry::RetryPolicy;
+use rpc::retry::RoundRobin;
+use rpc::worker::AddJson;
+use rpc::worker::ChangeJson;
+use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteRequestJson;
 use rpc::worker::WriteResultJson;
 
 use crate::history::Answer;
@@ -21,6 +27,12 @@ use crate::history::Op;
 
 /// Deadline of one call from a worker.
 pub const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How a worker retries a write until its answer is definite.
+const RETRY: RetryPolicy = RetryPolicy {
+    call_timeout: WORKER_CALL_TIMEOUT,
+    pause: Duration::from_millis(100),
+};
 
 /// The groups the workers share; few, so that they contend for the same tasks, and more
 /// than one, so that each group's linearizability search stays small.
@@ -82,13 +94,12 @@ impl Workers {
             .map(|worker| {
                 let worker_state = Worker {
                     id: worker,
-                    addrs: addrs.clone(),
-                    client: HttpClient::new(),
+                    nodes: RoundRobin::new(addrs.clone(), worker as usize)
+                        .expect("the workers are given the cluster's addresses"),
                     stop: stop.clone(),
                     drain: drain.clone(),
                     history: history.clone(),
                     started,
-                    turn: worker as usize,
                     owned: Vec::new(),
                     seen: std::collections::BTreeMap::new(),
                     sent: 0,
@@ -149,13 +160,12 @@ const EMPTY_CLAIMS_WHEN_DRY: u32 = 9;
 
 struct Worker {
     id: u64,
-    addrs: Vec<String>,
-    client: HttpClient,
+    /// The nodes, tried in turn; a failed call moves on to the next.
+    nodes: RoundRobin,
     stop: Arc<AtomicBool>,
     drain: Arc<Drain>,
     history: Arc<Mutex<History>>,
     started: madsim::time::Instant,
-    turn: usize,
     /// Task versions (id, payload, group) this worker claimed and may renew or finish.
     owned: Vec<(u64, String, &'static str)>,
     /// A task id per group from this worker's last read of it, for `depends`.
@@ -259,42 +269,32 @@ impl Worker {
         empty_claims + 1
     }
 
-    /// The endpoint and JSON body of a write; `None` for a read.
-    fn body(
-        &self,
-        group: &str,
-        call: &Call,
-        request_id: &str,
-    ) -> Option<(&'static str, serde_json::Value)> {
-        let client = self.id as i64;
-        let update = |items: serde_json::Value| {
-            let mut body = serde_json::json!({"clientid": client, "requestid": request_id});
-            if let (Some(body), Some(items)) = (body.as_object_mut(), items.as_object()) {
-                body.extend(items.clone());
+    /// The request of a write; `None` for a read.
+    fn request(&self, group: &str, call: &Call, request_id: String) -> Option<WriteRequestJson> {
+        let update = UpdateRequestJson::by(self.id as i64);
+        let request: WriteRequestJson = match call {
+            Call::Add { data, depends } => update
+                .with_add(AddJson::in_group(group).with_data(data))
+                .with_depends(depends.iter().copied())
+                .into(),
+            Call::Claim { duration_ms } => {
+                ClaimRequestJson::new(self.id as i64, group, *duration_ms).into()
             }
-            ("/update", body)
-        };
-        let written = match call {
-            Call::Add { data, depends } => update(serde_json::json!({
-                "adds": [{"group": group, "data": data}], "depends": depends})),
-            Call::Claim { duration_ms } => (
-                "/claim",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "group": group, "duration": duration_ms}),
-            ),
             Call::Renew {
                 id,
                 data,
                 duration_ms,
-            } => update(
-                serde_json::json!({"updates": [{"id": id, "data": data, "timespec": -duration_ms}]}),
-            ),
-            Call::Delete { id } => update(serde_json::json!({"deletes": [id]})),
-            Call::Finish { id, follow_up } => update(serde_json::json!({
-                "adds": [{"group": group, "data": follow_up}], "deletes": [id]})),
+            } => update
+                .with_change(ChangeJson::renewal(*id, data, *duration_ms))
+                .into(),
+            Call::Delete { id } => update.with_deletes([*id]).into(),
+            Call::Finish { id, follow_up } => update
+                .with_add(AddJson::in_group(group).with_data(follow_up))
+                .with_deletes([*id])
+                .into(),
             Call::Read => return None,
         };
-        Some(written)
+        Some(request.with_request_id(request_id))
     }
 
     /// Sends `call` with one request id until a definite answer arrives, trying the
@@ -302,69 +302,60 @@ impl Worker {
     async fn write(&mut self, group: &'static str, call: Call) {
         self.sent += 1;
         let request_id = format!("w{}-r{}", self.id, self.sent);
-        let Some((path, body)) = self.body(group, &call, &request_id) else {
+        let Some(request) = self.request(group, &call, request_id) else {
             return;
         };
         let invoked_us = self.now_us();
-        loop {
-            let addr = self.addrs[self.turn % self.addrs.len()].clone();
-            let answer = self
-                .client
-                .post_json(&addr, path, &body, WORKER_CALL_TIMEOUT)
-                .await;
-            let parsed = match answer {
-                Ok(r) if r.status.is_success() => r.json::<WriteResultJson>(&addr).ok(),
-                Ok(r) if r.status.is_client_error() => panic!(
-                    "worker {} sent a request the API rejects ({}): {body}",
-                    self.id, r.status
-                ),
-                _ => None,
-            };
-            let result = match parsed {
-                Some(WriteResultJson::Tasks { tasks }) => Answer::Tasks(tasks),
-                Some(WriteResultJson::Errors { errors }) => Answer::Refused(errors),
-                None => {
-                    self.turn += 1;
-                    self.record(|h| h.retries += 1);
-                    madsim::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            if let (Call::Claim { .. } | Call::Renew { .. }, Answer::Tasks(tasks)) =
-                (&call, &result)
-            {
-                self.owned
-                    .extend(tasks.iter().map(|t| (t.id, t.data.clone(), group)));
-            }
-            let op = Op {
-                worker: self.id,
-                group: group.to_string(),
-                invoked_us,
-                completed_us: self.now_us(),
-                call,
-                result,
-            };
-            self.record(|h| h.ops.push(op));
-            return;
+        // The simulation heals every fault in the end, so a worker never gives up.
+        let retried = self
+            .nodes
+            .write_until_definite(&request, RETRY, || false)
+            .await;
+        self.record(|h| h.retries += retried.retries);
+        let result = match retried.answer {
+            Ok(WriteResultJson::Tasks { tasks }) => Answer::Tasks(tasks),
+            Ok(WriteResultJson::Errors { errors }) => Answer::Refused(errors),
+            Err(e) => panic!(
+                "worker {} got no definite answer to {request:?}: {e}",
+                self.id
+            ),
+        };
+        if let (Call::Claim { .. } | Call::Renew { .. }, Answer::Tasks(tasks)) = (&call, &result) {
+            self.owned
+                .extend(tasks.iter().map(|t| (t.id, t.data.clone(), group)));
         }
+        let op = Op {
+            worker: self.id,
+            group: group.to_string(),
+            invoked_us,
+            completed_us: self.now_us(),
+            call,
+            result,
+        };
+        self.record(|h| h.ops.push(op));
     }
 
     /// Reads the whole group, linearizable or stale at random; a failed read is not
     /// retried (it changed nothing) and a stale one is only counted.
     async fn read(&mut self, group: &'static str) {
-        let addr = self.addrs[self.turn % self.addrs.len()].clone();
+        let addr = self.nodes.current().to_string();
         let stale = madsim::rand::thread_rng().gen_bool(0.3);
         let path = format!(
             "/group/{group}?owned=1{}",
             if stale { "&consistency=stale" } else { "" }
         );
         let invoked_us = self.now_us();
-        let tasks = match self.client.get(&addr, &path, WORKER_CALL_TIMEOUT).await {
+        let tasks = match self
+            .nodes
+            .client()
+            .get(&addr, &path, WORKER_CALL_TIMEOUT)
+            .await
+        {
             Ok(r) if r.status.is_success() => r.json::<Vec<TaskJson>>(&addr).ok(),
             _ => None,
         };
         let Some(tasks) = tasks else {
-            self.turn += 1;
+            self.nodes.next_node();
             return;
         };
         if !tasks.is_empty() {

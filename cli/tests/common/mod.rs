@@ -29,9 +29,23 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rpc::client::HttpClient;
+use rpc::retry::NotDefinite;
+use rpc::retry::RetryPolicy;
+use rpc::retry::RoundRobin;
+use rpc::worker::AddJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteRequestJson;
+use rpc::worker::WriteResultJson;
 
 /// Deadline of one HTTP call from a test.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the workers retry an add until it is acknowledged.
+#[allow(dead_code, reason = "not every test binary uses it")]
+const RETRY: RetryPolicy = RetryPolicy {
+    call_timeout: CALL_TIMEOUT,
+    pause: Duration::from_millis(50),
+};
 
 /// What one `rota` invocation did.
 #[derive(Debug)]
@@ -244,47 +258,34 @@ impl Workers {
                 let (stop, acked, addrs) = (stop.clone(), acked.clone(), addrs.clone());
                 let group = group.to_string();
                 tokio::spawn(async move {
-                    let client = HttpClient::new();
+                    let mut nodes = RoundRobin::new(addrs, worker).expect("nodes to write through");
                     let mut mine = Vec::new();
                     let mut n = 0u64;
-                    let mut turn = worker;
                     while !stop.load(Ordering::Relaxed) {
                         n += 1;
-                        let body = serde_json::json!({
-                            "clientid": worker as i64 + 1,
-                            "adds": [{"group": group, "data": format!("w{worker}-{n}")}],
-                            "requestid": format!("w{worker}-{n}"),
-                        });
+                        let update = UpdateRequestJson::by(worker as i64 + 1).with_add(
+                            AddJson::in_group(&group).with_data(format!("w{worker}-{n}")),
+                        );
+                        let add = WriteRequestJson::from(update)
+                            .with_request_id(format!("w{worker}-{n}"));
                         // Retry the same request until it is acknowledged (or we stop).
-                        loop {
-                            let addr = &addrs[turn % addrs.len()];
-                            let answer =
-                                client.post_json(addr, "/update", &body, CALL_TIMEOUT).await;
-                            let tasks = answer
-                                .ok()
-                                .filter(|r| r.status.is_success())
-                                .and_then(|r| r.json::<rpc::worker::WriteResultJson>(addr).ok());
-                            match tasks {
-                                Some(rpc::worker::WriteResultJson::Tasks { tasks }) => {
-                                    let id = tasks[0].id;
-                                    mine.push(id);
-                                    acked
-                                        .lock()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .push((id, std::time::Instant::now()));
-                                    break;
-                                }
-                                Some(rpc::worker::WriteResultJson::Errors { errors }) => {
-                                    panic!("an add was refused: {errors:?}")
-                                }
-                                None => {
-                                    turn += 1;
-                                    if stop.load(Ordering::Relaxed) {
-                                        return mine;
-                                    }
-                                    tokio::time::sleep(Duration::from_millis(50)).await;
-                                }
+                        let retried = nodes
+                            .write_until_definite(&add, RETRY, || stop.load(Ordering::Relaxed))
+                            .await;
+                        match retried.answer {
+                            Ok(WriteResultJson::Tasks { tasks }) => {
+                                let id = tasks[0].id;
+                                mine.push(id);
+                                acked
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((id, std::time::Instant::now()));
                             }
+                            Ok(WriteResultJson::Errors { errors }) => {
+                                panic!("an add was refused: {errors:?}")
+                            }
+                            Err(NotDefinite::GaveUp) => return mine,
+                            Err(rejected) => panic!("an add was rejected: {rejected}"),
                         }
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }

@@ -16,8 +16,15 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
-use rpc::client::HttpClient;
+use rpc::retry::NotDefinite;
+use rpc::retry::RetryPolicy;
+use rpc::retry::RoundRobin;
+use rpc::worker::AddJson;
+use rpc::worker::ChangeJson;
+use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteRequestJson;
 use rpc::worker::WriteResultJson;
 use sim_tests::history::IdSpan;
 use sim_tests::history::final_state_violation;
@@ -25,6 +32,12 @@ use sim_tests::history::id_order_violations;
 
 /// Deadline of one call from a worker.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How a worker retries a write until its answer is definite.
+const RETRY: RetryPolicy = RetryPolicy {
+    call_timeout: CALL_TIMEOUT,
+    pause: Duration::from_millis(50),
+};
 
 /// After the workers are told to stop, each must learn the outcome of its last write
 /// within this (the faults are healed by then).
@@ -108,14 +121,13 @@ impl Workers {
             .map(|id| {
                 let worker = Worker {
                     id,
-                    addrs: addrs.clone(),
-                    client: HttpClient::new(),
+                    nodes: RoundRobin::new(addrs.clone(), id as usize)
+                        .expect("the workers are given the nodes' addresses"),
                     stop: stop.clone(),
                     give_up: give_up.clone(),
                     acked: acked.clone(),
                     history: history.clone(),
                     started,
-                    turn: id as usize,
                     owned: Vec::new(),
                     sent: 0,
                     rng: seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
@@ -159,14 +171,13 @@ impl Workers {
 
 struct Worker {
     id: u64,
-    addrs: Vec<String>,
-    client: HttpClient,
+    /// The nodes, tried in turn; a failed call moves on to the next.
+    nodes: RoundRobin,
     stop: Arc<AtomicBool>,
     give_up: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
     history: Arc<Mutex<History>>,
     started: Instant,
-    turn: usize,
     /// Task versions (id, payload) this worker claimed and may renew or delete.
     owned: Vec<(u64, String)>,
     sent: u64,
@@ -212,30 +223,20 @@ impl Worker {
         }
     }
 
-    fn body(&self, kind: &WriteKind, request_id: &str) -> (&'static str, serde_json::Value) {
+    fn request(&self, kind: &WriteKind, request_id: String) -> WriteRequestJson {
         let client = self.id as i64;
-        match kind {
-            WriteKind::Add(data) => (
-                "/update",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "adds": [{"group": GROUP, "data": data}]}),
-            ),
-            WriteKind::Claim(duration) => (
-                "/claim",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "group": GROUP, "duration": duration}),
-            ),
-            WriteKind::Renew(id, data, duration) => (
-                "/update",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "updates": [{"id": id, "data": data, "timespec": -duration}]}),
-            ),
-            WriteKind::Delete(id) => (
-                "/update",
-                serde_json::json!({"clientid": client, "requestid": request_id,
-                    "deletes": [id]}),
-            ),
-        }
+        let update = UpdateRequestJson::by(client);
+        let request: WriteRequestJson = match kind {
+            WriteKind::Add(data) => update
+                .with_add(AddJson::in_group(GROUP).with_data(data))
+                .into(),
+            WriteKind::Claim(duration) => ClaimRequestJson::new(client, GROUP, *duration).into(),
+            WriteKind::Renew(id, data, duration) => update
+                .with_change(ChangeJson::renewal(*id, data, *duration))
+                .into(),
+            WriteKind::Delete(id) => update.with_deletes([*id]).into(),
+        };
+        request.with_request_id(request_id)
     }
 
     /// Sends `kind` with one request id until a definite answer arrives, trying the
@@ -243,34 +244,21 @@ impl Worker {
     async fn write(&mut self, kind: WriteKind) {
         self.sent += 1;
         let request_id = format!("w{}-r{}", self.id, self.sent);
-        let (path, body) = self.body(&kind, &request_id);
+        let request = self.request(&kind, request_id);
         let invoked = self.started.elapsed();
-        let result = loop {
-            if self.give_up.load(Ordering::SeqCst) {
-                break WriteResult::Unknown;
-            }
-            let addr = self.addrs[self.turn % self.addrs.len()].clone();
-            let answer = self
-                .client
-                .post_json(&addr, path, &body, CALL_TIMEOUT)
-                .await;
-            let parsed = match answer {
-                Ok(r) if r.status.is_success() => r.json::<WriteResultJson>(&addr).ok(),
-                Ok(r) if r.status.is_client_error() => panic!(
-                    "worker {} sent a request the API rejects ({}): {body}",
-                    self.id, r.status
-                ),
-                _ => None,
-            };
-            match parsed {
-                Some(WriteResultJson::Tasks { tasks }) => break WriteResult::Tasks(tasks),
-                Some(WriteResultJson::Errors { errors }) => break WriteResult::Refused(errors),
-                None => {
-                    self.turn += 1;
-                    self.record(|h| h.retries += 1);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
+        let retried = self
+            .nodes
+            .write_until_definite(&request, RETRY, || self.give_up.load(Ordering::SeqCst))
+            .await;
+        self.record(|h| h.retries += retried.retries);
+        let result = match retried.answer {
+            Ok(WriteResultJson::Tasks { tasks }) => WriteResult::Tasks(tasks),
+            Ok(WriteResultJson::Errors { errors }) => WriteResult::Refused(errors),
+            Err(NotDefinite::GaveUp) => WriteResult::Unknown,
+            Err(rejected) => panic!(
+                "worker {} sent a request the API rejects ({rejected}): {request:?}",
+                self.id
+            ),
         };
         if let (WriteKind::Claim(_) | WriteKind::Renew(..), WriteResult::Tasks(tasks)) =
             (&kind, &result)
@@ -292,15 +280,15 @@ impl Worker {
     }
 
     async fn read(&mut self) {
-        let addr = self.addrs[self.turn % self.addrs.len()].clone();
+        let addr = self.nodes.current().to_string();
         let stale = self.random(2) == 0;
         let path = format!(
             "/group/{GROUP}?owned=1&limit=20{}",
             if stale { "&consistency=stale" } else { "" }
         );
-        match self.client.get(&addr, &path, CALL_TIMEOUT).await {
+        match self.nodes.client().get(&addr, &path, CALL_TIMEOUT).await {
             Ok(r) if r.status.is_success() => self.record(|h| h.reads += 1),
-            _ => self.turn += 1,
+            _ => self.nodes.next_node(),
         }
     }
 }

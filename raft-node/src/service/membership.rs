@@ -8,6 +8,10 @@ use openraft::error::ClientWriteError;
 use openraft::error::InitializeError;
 use openraft::error::RaftError;
 use rpc::admin::ClusterStatusJson;
+use rpc::admin::MemberJson;
+use rpc::admin::NewLearner;
+use rpc::admin::check_new_learner;
+use rpc::admin::id_list;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 
@@ -68,15 +72,21 @@ impl Node {
     }
 
     /// Adds node `id` at `addrs` as a learner, without waiting for it to catch up: the
-    /// caller watches its lag in the cluster status and promotes it later. Re-adding a
-    /// current learner with the same addresses is a retry and changes nothing.
+    /// caller watches its lag in the cluster status and promotes it later. The id rules
+    /// are `rpc::admin::check_new_learner`, which the CLI checks too; re-adding a current
+    /// learner with the same addresses is a retry and changes nothing.
     pub async fn add_learner(&self, id: NodeId, addrs: RotaNode) -> Result<(), ServiceError> {
-        if id == 0 {
-            return Err(ServiceError::Invalid("node ids start at 1".into()));
-        }
         let status = self.ready_for_change()?;
-        if check_new_learner(&status, id, &addrs)? == NewLearner::AlreadyAdded {
-            return Ok(());
+        let member = MemberJson {
+            id,
+            api_addr: addrs.api_addr.clone(),
+            raft_addr: addrs.raft_addr.clone(),
+        };
+        match check_new_learner(&status, &member) {
+            Ok(NewLearner::New) => {}
+            Ok(NewLearner::AlreadyAdded) => return Ok(()),
+            Err(e) if e.is_malformed() => return Err(ServiceError::Invalid(e.to_string())),
+            Err(e) => return Err(ServiceError::Conflict(e.to_string())),
         }
         let change = self.raft.add_learner(id, addrs, false).await;
         self.membership_changed(change)
@@ -171,53 +181,4 @@ impl Node {
         self.check_member()?;
         self.raft.trigger().snapshot().await.map_err(Self::stopped)
     }
-}
-
-/// Whether a learner id is new or already added with the same addresses.
-#[derive(Debug, PartialEq, Eq)]
-enum NewLearner {
-    /// Not a member: add it.
-    New,
-    /// Already a learner at these addresses: a retry, nothing to change.
-    AlreadyAdded,
-}
-
-/// Refuses a learner id that is taken or was ever taken: an id names one data directory
-/// for the life of the cluster, and a reused id could vote with another node's history.
-fn check_new_learner(
-    status: &ClusterStatusJson,
-    id: NodeId,
-    addrs: &RotaNode,
-) -> Result<NewLearner, ServiceError> {
-    if status.voters.contains(&id) {
-        return Err(ServiceError::Conflict(format!(
-            "node {id} is already a voter; nothing to add"
-        )));
-    }
-    if let Some(current) = status.nodes.iter().find(|n| n.id == id) {
-        if current.api_addr == addrs.api_addr && current.raft_addr == addrs.raft_addr {
-            return Ok(NewLearner::AlreadyAdded);
-        }
-        return Err(ServiceError::Conflict(format!(
-            "node {id} is already a learner at {}/{}; remove it first or choose a new id",
-            current.api_addr, current.raft_addr
-        )));
-    }
-    if status.retired.contains(&id) {
-        return Err(ServiceError::Conflict(format!(
-            "node id {id} was a member before and ids are never reused; start the new node with a new --id and an empty data directory"
-        )));
-    }
-    Ok(NewLearner::New)
-}
-
-/// Ids as `1,2,3`, or `none`.
-fn id_list(ids: &[NodeId]) -> String {
-    if ids.is_empty() {
-        return "none".into();
-    }
-    ids.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }

@@ -2,13 +2,13 @@
 
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
+use rpc::admin::CAUGHT_UP_ENTRIES_MAX;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::NodeStatusJson;
 use rpc::admin::StateHashJson;
 use store_sm::raft_types::NodeId;
 
 use crate::node::Node;
-use crate::node::READY_APPLY_LAG_MAX;
 
 fn role_name(state: ServerState) -> &'static str {
     match state {
@@ -89,7 +89,7 @@ impl Node {
     }
 
     /// Whether this node has a leader and has applied nearly all it knows is committed
-    /// (within [`READY_APPLY_LAG_MAX`] entries, so that readiness does not flap under load
+    /// (within [`CAUGHT_UP_ENTRIES_MAX`] entries, so that readiness does not flap under load
     /// while apply trails commit by a few entries); the reason when it is not ready.
     pub fn readiness(&self) -> Result<(), String> {
         self.check_member().map_err(|removed| removed.to_string())?;
@@ -104,7 +104,7 @@ impl Node {
         let committed = metrics.local_committed.map(|id| id.index());
         let applied = metrics.last_applied.map(|id| id.index());
         let behind = committed.unwrap_or(0).saturating_sub(applied.unwrap_or(0));
-        if applied < committed && (applied.is_none() || behind > READY_APPLY_LAG_MAX) {
+        if applied < committed && (applied.is_none() || behind > CAUGHT_UP_ENTRIES_MAX) {
             return Err(format!(
                 "catching up: applied {applied:?} of committed {committed:?}"
             ));
