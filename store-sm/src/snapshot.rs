@@ -31,6 +31,7 @@ use crate::machine::Outcome;
 use crate::machine::Task;
 use crate::machine::TaskId;
 use crate::machine::TaskMachine;
+use crate::planted;
 
 /// First bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
@@ -354,7 +355,12 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
             input.len()
         )));
     }
-    let machine = TaskMachine::from_parts(head.next_id, head.last_time_ms, tasks, dedup, members)
+    let next_id = if planted::is_planted(planted::Bug::IdReuse) {
+        planted::next_id_after_live(&tasks)
+    } else {
+        head.next_id
+    };
+    let machine = TaskMachine::from_parts(next_id, head.last_time_ms, tasks, dedup, members)
         .map_err(SnapshotError::Invalid)?;
     Ok((machine, StateHash(hash)))
 }

@@ -158,15 +158,15 @@ impl TaskMachine {
         }
         refusals.extend(self.missing_depends(&update.depends));
         if !refusals.is_empty() {
-            if crate::planted::is_planted(crate::planted::Bug::PartialTransaction) {
-                self.insert_adds(update, add_times, &mut Vec::new());
-            }
             return Outcome::Refused(refusals);
         }
 
         // Every check passed: from here on nothing can fail, so the change is all or nothing.
         let mut written = Vec::with_capacity(update.adds.len() + update.updates.len());
-        self.insert_adds(update, add_times, &mut written);
+        for (add, at_ms) in update.adds.iter().zip(add_times) {
+            let group = self.intern_group(&add.group);
+            written.push(self.insert_new(group, add.data.clone(), at_ms, update.client));
+        }
         for (change, at_ms) in update.updates.iter().zip(update_times) {
             if let Some(old) = self.remove_task(change.id) {
                 written.push(self.insert_new(old.group, change.data.clone(), at_ms, update.client));
@@ -176,19 +176,6 @@ impl TaskMachine {
             self.remove_task(*id);
         }
         Outcome::Tasks(written)
-    }
-
-    /// Writes the update's adds, available at `add_times`, appending each to `written`.
-    fn insert_adds(
-        &mut self,
-        update: &UpdateRequest,
-        add_times: Vec<Millis>,
-        written: &mut Vec<Task>,
-    ) {
-        for (add, at_ms) in update.adds.iter().zip(add_times) {
-            let group = self.intern_group(&add.group);
-            written.push(self.insert_new(group, add.data.clone(), at_ms, update.client));
-        }
     }
 
     fn apply_claim(&mut self, claim: &ClaimRequest, now_ms: Millis) -> Outcome {
@@ -432,9 +419,6 @@ impl TaskMachine {
         }
         for (key, time_ms, outcome) in dedup {
             machine.dedup.insert(key, time_ms, outcome);
-        }
-        if crate::planted::is_planted(crate::planted::Bug::IdReuse) {
-            machine.next_id = machine.tasks.keys().next_back().map_or(1, |last| last + 1);
         }
         Ok(machine)
     }
