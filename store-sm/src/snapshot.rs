@@ -361,7 +361,7 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
         head.next_id
     };
     let machine = TaskMachine::from_parts(next_id, head.last_time_ms, tasks, dedup, members)
-        .map_err(SnapshotError::Invalid)?;
+        .map_err(|invalid| SnapshotError::Invalid(invalid.to_string()))?;
     Ok((machine, StateHash(hash)))
 }
 

@@ -1,12 +1,15 @@
 //! The task machine: the complete semantics of the seed's task store as a pure,
 //! deterministic function of the command log.
 //!
-//! Architecture invariant: nothing here reads a clock, a random source or the disk, and
-//! nothing here is async. "Now" is the leader's stamp in each command, never lower than
-//! the previous command's. Every collection is a persistent map, so cloning the machine
-//! is O(1) and a snapshot can be encoded from a clone while apply goes on.
+//! Architecture invariant: this crate depends on nothing but serde and imbl, so nothing
+//! here can read a clock, a random source or the disk, and nothing here is async.
+//! "Now" is the leader's stamp in each command, never lower than the previous
+//! command's. Every collection is a persistent map, so cloning the machine is O(1) and a
+//! snapshot can be encoded from a clone while apply goes on. The machine knows nothing
+//! of planted bugs: the simulation injects them around it (`store_sm::planted`).
 
 mod dedup;
+mod restore;
 mod types;
 
 use std::collections::BTreeSet;
@@ -21,6 +24,7 @@ pub use self::dedup::DEDUP_WINDOW_MS;
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
+pub use self::restore::InvalidParts;
 pub use self::types::*;
 
 /// The claim order of one group: `(available time, id)`, smallest first.
@@ -389,38 +393,6 @@ impl TaskMachine {
     /// The dedup table, for snapshots and checks.
     pub fn dedup(&self) -> &DedupTable {
         &self.dedup
-    }
-
-    /// Rebuilds a machine from a snapshot's parts; refuses parts no machine could produce.
-    pub(crate) fn from_parts(
-        next_id: TaskId,
-        last_time_ms: Millis,
-        tasks: impl IntoIterator<Item = Task>,
-        dedup: impl IntoIterator<Item = (DedupKey, Millis, Arc<Outcome>)>,
-        members_ever: impl IntoIterator<Item = MemberId>,
-    ) -> Result<Self, String> {
-        let mut machine = Self {
-            next_id,
-            last_time_ms,
-            members_ever: members_ever.into_iter().collect(),
-            ..Self::new()
-        };
-        for task in tasks {
-            if task.id >= next_id {
-                return Err(format!("task {} is not below next id {next_id}", task.id));
-            }
-            if task.group.is_empty() {
-                return Err(format!("task {} has an empty group", task.id));
-            }
-            if machine.tasks.contains_key(&task.id) {
-                return Err(format!("task {} appears twice", task.id));
-            }
-            machine.index_task(task);
-        }
-        for (key, time_ms, outcome) in dedup {
-            machine.dedup.insert(key, time_ms, outcome);
-        }
-        Ok(machine)
     }
 }
 

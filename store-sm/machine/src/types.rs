@@ -141,6 +141,25 @@ pub struct Command {
     pub request: Request,
 }
 
+/// A one-line summary for logs (openraft prints every entry it appends).
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.request {
+            Request::Update(u) => write!(
+                f,
+                "update(client={} adds={} updates={} deletes={} depends={})",
+                u.client,
+                u.adds.len(),
+                u.updates.len(),
+                u.deletes.len(),
+                u.depends.len()
+            )?,
+            Request::Claim(c) => write!(f, "claim(client={} group={:?})", c.client, c.group)?,
+        }
+        write!(f, "@{}", self.stamp_ms)
+    }
+}
+
 /// The list of a request that a refusal is about, named as in the JSON API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ListName {
