@@ -1,9 +1,9 @@
 //! Log time: the clock a leader stamps into each command.
 //!
 //! Every node runs one [`LogClock`]. It follows the monotonic clock and corrects toward
-//! the wall clock by at most [`SLEW_RATE`] of elapsed time, so a jump of the wall clock
-//! (forward or back, by any amount) changes the rate of log time, and thus any lease's
-//! length, by at most 1%. While a node follows, it moves its clock to the time of every
+//! the wall clock by at most [`LOG_CLOCK_SLEW_RATE`] (the machine's constant) of elapsed
+//! time, so a jump of the wall clock (forward or back, by any amount) changes the rate
+//! of log time, and thus any lease's length, by at most 1%. While a node follows, it moves its clock to the time of every
 //! entry it applies ([`LogClock::follow`]), so a node that becomes leader continues the
 //! cluster's time rather than starting from its own wall clock: a node whose wall clock
 //! jumped ahead and that restarted would otherwise expire every lease early the moment
@@ -19,10 +19,8 @@
 
 use std::sync::Mutex;
 
+use store_sm::machine::constants::LOG_CLOCK_SLEW_RATE;
 use tokio::time::Instant;
-
-/// Largest correction toward the wall clock, as a fraction of elapsed time.
-pub const SLEW_RATE: f64 = 0.01;
 
 /// A source of wall-clock time in milliseconds since the Unix epoch.
 pub trait WallClock: Send + Sync + 'static {
@@ -96,7 +94,7 @@ impl LogClock {
         let target_offset = self.wall.now_ms() as f64 - mono_ms;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let elapsed = (mono_ms - state.last_mono_ms).max(0.0);
-        let max_step = elapsed * SLEW_RATE;
+        let max_step = elapsed * LOG_CLOCK_SLEW_RATE;
         state.offset_ms += (target_offset - state.offset_ms).clamp(-max_step, max_step);
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
         (state.last_mono_ms + state.offset_ms) as i64

@@ -39,7 +39,7 @@ use crate::node::WriteTarget;
 use crate::node::is_forwarded;
 
 /// Most ids one `/tasks/...` request may name.
-pub const TASK_IDS_MAX: usize = 10_000;
+pub const TASK_IDS_MAX: usize = store_sm::machine::constants::REQUEST_ITEMS_MAX;
 
 /// The worker API routes.
 pub fn routes() -> Router<SharedNode> {

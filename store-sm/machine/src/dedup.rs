@@ -5,20 +5,13 @@ use std::sync::Arc;
 
 use imbl::OrdMap;
 
+use super::constants::DEDUP_BYTES_MAX;
+use super::constants::DEDUP_ENTRIES_MAX;
+use super::constants::DEDUP_WINDOW_MS;
 use super::types::ClientId;
 use super::types::Millis;
 use super::types::Outcome;
 use super::types::Refusal;
-
-/// Entries kept at most; the oldest go first.
-pub const DEDUP_ENTRIES_MAX: usize = 100_000;
-
-/// Approximate bytes of stored outcomes kept at most; the oldest go first.
-pub const DEDUP_BYTES_MAX: usize = 64 * 1024 * 1024;
-
-/// How long, in log time, an outcome is remembered. A client retrying later than this
-/// after its first attempt may apply twice; clients retry within seconds.
-pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
 
 /// Who asked: the same request id from two clients is two requests.
 pub type DedupKey = (ClientId, Arc<str>);

@@ -8,6 +8,7 @@
 //! snapshot can be encoded from a clone while apply goes on. The machine knows nothing
 //! of planted bugs: the simulation injects them around it (`store_sm::planted`).
 
+pub mod constants;
 mod dedup;
 mod restore;
 mod types;
@@ -18,9 +19,10 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use imbl::OrdSet;
 
-pub use self::dedup::DEDUP_BYTES_MAX;
-pub use self::dedup::DEDUP_ENTRIES_MAX;
-pub use self::dedup::DEDUP_WINDOW_MS;
+use self::constants::CLAIM_DURATION_MS_MAX;
+use self::constants::REQUEST_ID_BYTES_MAX;
+use self::constants::REQUEST_ITEMS_MAX;
+
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
@@ -192,19 +194,12 @@ impl TaskMachine {
         if claim.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
         }
-        let until_ms = if claim.duration_ms <= 0 {
-            refusals.push(Refusal::InvalidDuration {
-                duration_ms: claim.duration_ms,
-            });
-            None
-        } else {
-            let until_ms = now_ms.checked_add(claim.duration_ms);
-            if until_ms.is_none() {
-                refusals.push(Refusal::DurationOutOfRange {
-                    duration_ms: claim.duration_ms,
-                });
+        let until_ms = match claim_end(now_ms, claim.duration_ms) {
+            Ok(until_ms) => Some(until_ms),
+            Err(refusal) => {
+                refusals.push(refusal);
+                None
             }
-            until_ms
         };
         refusals.extend(duplicates(
             claim.depends.iter().map(|&id| (ListName::Depends, id)),
@@ -414,6 +409,20 @@ fn resolve_timespec(
         index,
         timespec: timespec.unwrap_or_default(),
     })
+}
+
+/// When a claim of `duration_ms` made at `now_ms` ends; refused unless the duration is
+/// positive, at most [`CLAIM_DURATION_MS_MAX`] and ends within representable time.
+fn claim_end(now_ms: Millis, duration_ms: Millis) -> Result<Millis, Refusal> {
+    if duration_ms <= 0 {
+        return Err(Refusal::InvalidDuration { duration_ms });
+    }
+    if duration_ms > CLAIM_DURATION_MS_MAX {
+        return Err(Refusal::DurationTooLong { duration_ms });
+    }
+    now_ms
+        .checked_add(duration_ms)
+        .ok_or(Refusal::DurationOutOfRange { duration_ms })
 }
 
 /// A refusal for each id named more than once, naming the list of its second mention.

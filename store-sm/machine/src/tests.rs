@@ -389,3 +389,18 @@ fn oversized_requests_are_refused_whole() {
         )]
     );
 }
+
+#[test]
+fn a_claim_is_granted_up_to_the_longest_duration_and_refused_beyond() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 1);
+    let longest = tasks_of(&machine.apply(&claim_cmd(T0, 2, "g", CLAIM_DURATION_MS_MAX))).to_vec();
+    assert_eq!(longest[0].at_ms, T0 + CLAIM_DURATION_MS_MAX);
+    assert_eq!(
+        refusals_of(&machine.apply(&claim_cmd(T0, 2, "g", CLAIM_DURATION_MS_MAX + 1))),
+        [format!(
+            "claim: duration {} is longer than the limit of {CLAIM_DURATION_MS_MAX} milliseconds",
+            CLAIM_DURATION_MS_MAX + 1
+        )]
+    );
+}

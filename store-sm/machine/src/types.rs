@@ -9,6 +9,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::constants::CLAIM_DURATION_MS_MAX;
+use crate::constants::REQUEST_ID_BYTES_MAX;
+use crate::constants::REQUEST_ITEMS_MAX;
+
 /// A task version's identity and fencing token; strictly increasing, never reused.
 pub type TaskId = u64;
 
@@ -23,14 +27,6 @@ pub type MemberId = u64;
 
 /// A group name, shared between a group's tasks and its index.
 pub type GroupName = Arc<str>;
-
-/// Longest request id the machine accepts, in bytes (SPEC section 2, "Retries").
-pub const REQUEST_ID_BYTES_MAX: usize = 64;
-
-/// Most task ids (adds + updates + deletes + depends) one update or claim may name.
-///
-/// The HTTP body limit already bounds requests; this bound keeps the machine total on its own.
-pub const REQUEST_ITEMS_MAX: usize = 10_000;
 
 /// One immutable task version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -250,6 +246,12 @@ pub enum Refusal {
         /// How many were named.
         items: usize,
     },
+    /// A claim longer than [`CLAIM_DURATION_MS_MAX`]. Last, so that the encoding of the
+    /// variants before it (stored in the dedup table of snapshots) is unchanged.
+    DurationTooLong {
+        /// What was asked.
+        duration_ms: Millis,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -303,6 +305,10 @@ impl fmt::Display for Refusal {
             Refusal::TooManyItems { items } => write!(
                 f,
                 "the request names {items} tasks; the limit is {REQUEST_ITEMS_MAX}, split it"
+            ),
+            Refusal::DurationTooLong { duration_ms } => write!(
+                f,
+                "claim: duration {duration_ms} is longer than the limit of {CLAIM_DURATION_MS_MAX} milliseconds"
             ),
         }
     }
