@@ -424,6 +424,39 @@ mod tests {
         assert_eq!(encode_snapshot(&restored), bytes, "canonical encoding");
     }
 
+    /// The sample with a remembered refusal (which names a task's available time) and a
+    /// member history, so that every part of the body is present.
+    fn full_sample() -> TaskMachine {
+        let mut machine = sample();
+        machine.apply(&Command {
+            stamp_ms: 2500,
+            request_id: Some("r3".into()),
+            request: Request::Update(UpdateRequest {
+                client: 5,
+                deletes: vec![machine.next_id() - 1, 999],
+                ..Default::default()
+            }),
+        });
+        machine.note_members([1, 2, 3]);
+        machine
+    }
+
+    /// Format 2's body, pinned: a change of any encoded type shows here before it
+    /// reaches a disk or a replica with another build.
+    #[test]
+    fn the_body_encoding_is_pinned() {
+        let machine = full_sample();
+        assert!(
+            matches!(&*machine.dedup().iter_oldest_first().last().expect("r3").1.outcome,
+                crate::machine::Outcome::Refused(refusals) if refusals.len() == 2),
+            "the sample remembers a refusal naming an owned and a missing task"
+        );
+        assert_eq!(
+            state_hash(&machine).to_string(),
+            "ca4c3865fedf66b0744ec7c19ec0e73eaa256c7cc7628a77a3023f5af6c827e5"
+        );
+    }
+
     #[test]
     fn member_history_survives_a_round_trip_and_changes_the_hash() {
         let plain = sample();
