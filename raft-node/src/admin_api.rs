@@ -113,7 +113,7 @@ pub fn cluster_status(node: &SharedNode) -> ClusterStatusJson {
         applied_index: metrics.last_applied.map(|id| id.index()),
         snapshot_index: metrics.snapshot.map(|id| id.index()),
         purged_index: metrics.purged.map(|id| id.index()),
-        applied_time_ms: node.state.read(|s| s.machine.last_time_ms()),
+        applied_time_ms: node.state.read(|s| s.machine.log_time().as_millis()),
         voters,
         learners,
         retired,

@@ -19,6 +19,7 @@
 
 use std::sync::Mutex;
 
+use store_sm::machine::LogTime;
 use store_sm::machine::constants::LOG_CLOCK_SLEW_RATE;
 use tokio::time::Instant;
 
@@ -75,20 +76,19 @@ impl LogClock {
         }
     }
 
-    /// Sets log time now to `log_ms`, the time of the entry this follower just applied.
+    /// Sets log time now to `log_time`, the time of the entry this follower just applied.
     /// The leader never calls it for its own entries: its stamps are the cluster's time.
-    pub fn follow(&self, log_ms: i64) {
+    pub fn follow(&self, log_time: LogTime) {
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
-        state.offset_ms = log_ms as f64 - state.last_mono_ms;
+        state.offset_ms = log_time.as_millis() as f64 - state.last_mono_ms;
     }
 
-    /// Log time now, in milliseconds since the Unix epoch; never decreases between calls
-    /// to [`LogClock::follow`].
-    pub fn now_ms(&self) -> i64 {
+    /// Log time now; never decreases between calls to [`LogClock::follow`].
+    pub fn now(&self) -> LogTime {
         if store_sm::planted::is_planted(store_sm::planted::Bug::WallClockLease) {
-            return self.wall.now_ms();
+            return LogTime::from_millis(self.wall.now_ms());
         }
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let target_offset = self.wall.now_ms() as f64 - mono_ms;
@@ -97,7 +97,7 @@ impl LogClock {
         let max_step = elapsed * LOG_CLOCK_SLEW_RATE;
         state.offset_ms += (target_offset - state.offset_ms).clamp(-max_step, max_step);
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
-        (state.last_mono_ms + state.offset_ms) as i64
+        LogTime::from_millis((state.last_mono_ms + state.offset_ms) as i64)
     }
 }
 
@@ -125,20 +125,20 @@ mod tests {
     async fn wall_clock_jumps_move_log_time_by_at_most_the_slew() {
         let jump = JumpingClock::default();
         let clock = LogClock::new(jump.clone());
-        let start = clock.now_ms();
+        let start = clock.now();
         for offset_ms in [60_000, -3_600_000] {
             jump.0.store(offset_ms, Ordering::SeqCst);
-            let before = clock.now_ms();
+            let before = clock.now();
             tokio::time::advance(Duration::from_secs(10)).await;
-            let after = clock.now_ms();
-            let moved = after - before;
+            let after = clock.now();
+            let moved = after.millis_since(before);
             // 10 s of monotonic time; the correction adds or removes at most 1% of it.
             assert!(
                 (9_899..=10_101).contains(&moved),
                 "log time moved {moved} ms in 10 s"
             );
         }
-        assert!(clock.now_ms() > start, "log time never goes back");
+        assert!(clock.now() > start, "log time never goes back");
     }
 
     #[tokio::test(start_paused = true)]
@@ -146,14 +146,14 @@ mod tests {
         let jump = JumpingClock::default();
         jump.0.store(600_000, Ordering::SeqCst);
         let clock = LogClock::new(jump.clone());
-        let log_ms = SystemClock.now_ms();
-        clock.follow(log_ms);
+        let log_time = LogTime::from_millis(SystemClock.now_ms());
+        clock.follow(log_time);
         assert!(
-            (clock.now_ms() - log_ms).abs() <= 1,
+            clock.now().millis_since(log_time).abs() <= 1,
             "follows the log, not its wall clock"
         );
         tokio::time::advance(Duration::from_secs(10)).await;
-        let moved = clock.now_ms() - log_ms;
+        let moved = clock.now().millis_since(log_time);
         assert!(
             (10_000..=10_101).contains(&moved),
             "then runs at most 1% fast toward its wall clock: moved {moved} ms in 10 s"

@@ -24,7 +24,7 @@ use openraft::error::LinearizableReadError;
 use openraft::error::RaftError;
 use rpc::client::HttpClient;
 use store_sm::machine::Command;
-use store_sm::machine::Millis;
+use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::raft_types::NodeId;
@@ -79,7 +79,7 @@ pub type SharedNode = Arc<Node>;
 /// Where a read may be served.
 pub enum ReadTarget {
     /// Here, from this applied state, judging ownership at this log time.
-    Local(Box<AppliedState>, Millis),
+    Local(Box<AppliedState>, LogTime),
     /// At the leader, whose API address this is.
     Forward(String),
 }
@@ -154,7 +154,7 @@ impl Node {
         forwarded: bool,
     ) -> Result<WriteTarget, ApiError> {
         let command = Command {
-            stamp_ms: self.clock.now_ms(),
+            stamp: self.clock.now(),
             request_id,
             request,
         };
@@ -209,7 +209,7 @@ impl Node {
     pub async fn read_target(&self, stale: bool, forwarded: bool) -> Result<ReadTarget, ApiError> {
         if stale || self.planted_follower_read() {
             let state = self.state.snapshot();
-            let now = state.machine.last_time_ms();
+            let now = state.machine.log_time();
             return Ok(ReadTarget::Local(Box::new(state), now));
         }
         let linearized = tokio::time::timeout(
@@ -223,7 +223,7 @@ impl Node {
         match linearized {
             Ok(_) => {
                 let state = self.state.snapshot();
-                let now = state.machine.last_time_ms().max(self.clock.now_ms());
+                let now = state.machine.log_time().max(self.clock.now());
                 Ok(ReadTarget::Local(Box::new(state), now))
             }
             Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => self
@@ -259,7 +259,7 @@ impl Node {
         stale: bool,
         headers: &HeaderMap,
         uri: &Uri,
-    ) -> Result<Result<(Box<AppliedState>, Millis), Response>, ApiError> {
+    ) -> Result<Result<(Box<AppliedState>, LogTime), Response>, ApiError> {
         match self.read_target(stale, is_forwarded(headers)).await? {
             ReadTarget::Local(state, now) => Ok(Ok((state, now))),
             ReadTarget::Forward(addr) => {
@@ -333,9 +333,9 @@ impl Node {
                 (stamped_here, now.last_applied)
             };
             if !stamped_here && applied.is_some() && applied != seen_applied {
-                let log_ms = self.state.read(|s| s.machine.last_time_ms());
-                if log_ms > 0 {
-                    self.clock.follow(log_ms);
+                let log_time = self.state.read(|s| s.machine.log_time());
+                if log_time > LogTime::EPOCH {
+                    self.clock.follow(log_time);
                 }
             }
             seen_applied = applied;

@@ -57,7 +57,7 @@ fn task_json(task: &Task) -> TaskJson {
         id: task.id,
         group: task.group.to_string(),
         data: task.data.clone(),
-        timespec: task.at_ms,
+        timespec: task.available_at.as_millis(),
         ownerid: task.owner,
     }
 }

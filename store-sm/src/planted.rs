@@ -121,7 +121,7 @@ pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> 
     };
     if outcome.is_refused() && !replayed && !update.adds.is_empty() {
         machine.apply(&Command {
-            stamp_ms: command.stamp_ms,
+            stamp: command.stamp,
             request_id: None,
             request: Request::Update(UpdateRequest {
                 client: update.client,

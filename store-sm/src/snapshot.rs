@@ -25,8 +25,8 @@ use sha2::Digest;
 use sha2::Sha256;
 
 use crate::machine::ClientId;
+use crate::machine::LogTime;
 use crate::machine::MemberId;
-use crate::machine::Millis;
 use crate::machine::Outcome;
 use crate::machine::Task;
 use crate::machine::TaskId;
@@ -96,10 +96,14 @@ impl fmt::Debug for StateHash {
     }
 }
 
+// The body's structs are encoded by position (bincode): a field's name is free to change,
+// its type and place are the format (`LogTime` encodes as the bare i64 it replaced).
+// `the_body_encoding_is_pinned` guards this.
+
 #[derive(Serialize, Deserialize)]
 struct Head {
     next_id: TaskId,
-    last_time_ms: Millis,
+    log_time: LogTime,
     group_count: u64,
     dedup_count: u64,
     member_count: u64,
@@ -109,7 +113,7 @@ struct Head {
 #[derive(Serialize, Deserialize)]
 struct HeadV1 {
     next_id: TaskId,
-    last_time_ms: Millis,
+    log_time: LogTime,
     group_count: u64,
     dedup_count: u64,
 }
@@ -123,7 +127,7 @@ struct GroupHead<S> {
 #[derive(Serialize, Deserialize)]
 struct TaskBody<S> {
     id: TaskId,
-    at_ms: Millis,
+    available_at: LogTime,
     owner: ClientId,
     data: S,
 }
@@ -132,7 +136,7 @@ struct TaskBody<S> {
 struct DedupBody<S, O> {
     client: ClientId,
     request_id: S,
-    time_ms: Millis,
+    applied_at: LogTime,
     outcome: O,
 }
 
@@ -178,7 +182,7 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
     put(
         &Head {
             next_id: machine.next_id(),
-            last_time_ms: machine.last_time_ms(),
+            log_time: machine.log_time(),
             group_count: groups.len() as u64,
             dedup_count: machine.dedup().len() as u64,
             member_count: members.len() as u64,
@@ -193,11 +197,11 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
             },
             &mut out,
         )?;
-        for task in machine.iter_group(group, true, Millis::MAX) {
+        for task in machine.iter_group(group, true, LogTime::MAX) {
             put(
                 &TaskBody {
                     id: task.id,
-                    at_ms: task.at_ms,
+                    available_at: task.available_at,
                     owner: task.owner,
                     data: task.data.as_str(),
                 },
@@ -210,7 +214,7 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
             &DedupBody {
                 client: *client,
                 request_id: &**request_id,
-                time_ms: entry.time_ms,
+                applied_at: entry.applied_at,
                 outcome: &*entry.outcome,
             },
             &mut out,
@@ -307,7 +311,7 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
         let v1: HeadV1 = take(&mut input)?;
         Head {
             next_id: v1.next_id,
-            last_time_ms: v1.last_time_ms,
+            log_time: v1.log_time,
             group_count: v1.group_count,
             dedup_count: v1.dedup_count,
             member_count: 0,
@@ -325,7 +329,7 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
                 id: body.id,
                 group: Arc::clone(&name),
                 data: body.data,
-                at_ms: body.at_ms,
+                available_at: body.available_at,
                 owner: body.owner,
             });
         }
@@ -335,7 +339,7 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
         let body: DedupBody<String, Outcome> = take(&mut input)?;
         dedup.push((
             (body.client, Arc::from(body.request_id)),
-            body.time_ms,
+            body.applied_at,
             Arc::new(body.outcome),
         ));
     }
@@ -360,7 +364,7 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     } else {
         head.next_id
     };
-    let machine = TaskMachine::from_parts(next_id, head.last_time_ms, tasks, dedup, members)
+    let machine = TaskMachine::from_parts(next_id, head.log_time, tasks, dedup, members)
         .map_err(|invalid| SnapshotError::Invalid(invalid.to_string()))?;
     Ok((machine, StateHash(hash)))
 }
@@ -384,7 +388,7 @@ mod tests {
             })
             .collect();
         machine.apply(&Command {
-            stamp_ms: 1000,
+            stamp: LogTime::from_millis(1000),
             request_id: Some("r1".into()),
             request: Request::Update(UpdateRequest {
                 client: 3,
@@ -393,7 +397,7 @@ mod tests {
             }),
         });
         machine.apply(&Command {
-            stamp_ms: 2000,
+            stamp: LogTime::from_millis(2000),
             request_id: Some("r2".into()),
             request: Request::Claim(ClaimRequest {
                 client: 4,
@@ -429,7 +433,7 @@ mod tests {
     fn full_sample() -> TaskMachine {
         let mut machine = sample();
         machine.apply(&Command {
-            stamp_ms: 2500,
+            stamp: LogTime::from_millis(2500),
             request_id: Some("r3".into()),
             request: Request::Update(UpdateRequest {
                 client: 5,
@@ -477,7 +481,7 @@ mod tests {
         let groups = machine.groups();
         let head = HeadV1 {
             next_id: machine.next_id(),
-            last_time_ms: machine.last_time_ms(),
+            log_time: machine.log_time(),
             group_count: groups.len() as u64,
             dedup_count: machine.dedup().len() as u64,
         };
@@ -492,13 +496,13 @@ mod tests {
                 &mut body,
             )
             .expect("vec");
-            for task in machine.iter_group(group, true, Millis::MAX) {
-                let (id, at_ms, owner, data) =
-                    (task.id, task.at_ms, task.owner, task.data.as_str());
+            for task in machine.iter_group(group, true, LogTime::MAX) {
+                let (id, available_at, owner, data) =
+                    (task.id, task.available_at, task.owner, task.data.as_str());
                 put(
                     &TaskBody {
                         id,
-                        at_ms,
+                        available_at,
                         owner,
                         data,
                     },
@@ -511,7 +515,7 @@ mod tests {
             let dedup = DedupBody {
                 client: *client,
                 request_id: &**request_id,
-                time_ms: entry.time_ms,
+                applied_at: entry.applied_at,
                 outcome: &*entry.outcome,
             };
             put(&dedup, &mut body).expect("vec");
@@ -533,7 +537,7 @@ mod tests {
         let a = sample();
         let mut b = a.clone();
         b.apply(&Command {
-            stamp_ms: 3000,
+            stamp: LogTime::from_millis(3000),
             request_id: None,
             request: Request::Claim(ClaimRequest {
                 client: 4,

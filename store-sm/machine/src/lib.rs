@@ -10,6 +10,7 @@
 
 pub mod constants;
 mod dedup;
+mod log_time;
 mod restore;
 mod types;
 
@@ -26,11 +27,12 @@ use self::constants::REQUEST_ITEMS_MAX;
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
+pub use self::log_time::LogTime;
 pub use self::restore::InvalidParts;
 pub use self::types::*;
 
 /// The claim order of one group: `(available time, id)`, smallest first.
-type GroupIndex = OrdSet<(Millis, TaskId)>;
+type GroupIndex = OrdSet<(LogTime, TaskId)>;
 
 /// The replicated task store's state. See the module documentation.
 #[derive(Clone, Debug)]
@@ -38,7 +40,7 @@ pub struct TaskMachine {
     /// The id the next written task version gets.
     next_id: TaskId,
     /// Log time of the last applied command.
-    last_time_ms: Millis,
+    log_time: LogTime,
     tasks: OrdMap<TaskId, Task>,
     groups: OrdMap<GroupName, GroupIndex>,
     dedup: DedupTable,
@@ -57,7 +59,7 @@ impl TaskMachine {
     pub fn new() -> Self {
         Self {
             next_id: 1,
-            last_time_ms: 0,
+            log_time: LogTime::EPOCH,
             tasks: OrdMap::new(),
             groups: OrdMap::new(),
             dedup: DedupTable::default(),
@@ -83,8 +85,8 @@ impl TaskMachine {
     /// Total: a command that cannot be carried out is refused with every reason, and a
     /// refused command changes nothing but the machine's time and dedup table.
     pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
-        let now_ms = self.advance_time(command.stamp_ms);
-        self.dedup.evict(now_ms);
+        let now = self.advance_time(command.stamp);
+        self.dedup.evict(now);
 
         let key = match &command.request_id {
             Some(id) if id.len() > REQUEST_ID_BYTES_MAX => {
@@ -100,23 +102,23 @@ impl TaskMachine {
         }
 
         let outcome = Arc::new(match &command.request {
-            Request::Update(update) => self.apply_update(update, now_ms),
-            Request::Claim(claim) => self.apply_claim(claim, now_ms),
+            Request::Update(update) => self.apply_update(update, now),
+            Request::Claim(claim) => self.apply_claim(claim, now),
         });
         if let Some(key) = key {
-            self.dedup.insert(key, now_ms, Arc::clone(&outcome));
+            self.dedup.insert(key, now, Arc::clone(&outcome));
         }
         outcome
     }
 
     /// Moves log time to `max(stamp, previous time)`, so time never goes back even when
     /// a new leader's clock is behind the old one's.
-    fn advance_time(&mut self, stamp_ms: Millis) -> Millis {
-        self.last_time_ms = self.last_time_ms.max(stamp_ms);
-        self.last_time_ms
+    fn advance_time(&mut self, stamp: LogTime) -> LogTime {
+        self.log_time = self.log_time.max(stamp);
+        self.log_time
     }
 
-    fn apply_update(&mut self, update: &UpdateRequest, now_ms: Millis) -> Outcome {
+    fn apply_update(&mut self, update: &UpdateRequest, now: LogTime) -> Outcome {
         let items =
             update.adds.len() + update.updates.len() + update.deletes.len() + update.depends.len();
         if items > REQUEST_ITEMS_MAX {
@@ -140,25 +142,25 @@ impl TaskMachine {
             if add.group.is_empty() {
                 refusals.push(Refusal::MissingGroup { index });
             }
-            match resolve_timespec(ListName::Adds, index, add.timespec, now_ms) {
-                Ok(at_ms) => add_times.push(at_ms),
+            match resolve_timespec(ListName::Adds, index, add.timespec, now) {
+                Ok(available_at) => add_times.push(available_at),
                 Err(refusal) => refusals.push(refusal),
             }
         }
         let mut update_times = Vec::with_capacity(update.updates.len());
         for (index, change) in update.updates.iter().enumerate() {
             refusals.extend(
-                self.check_modifiable(ListName::Updates, change.id, update.client, now_ms)
+                self.check_modifiable(ListName::Updates, change.id, update.client, now)
                     .err(),
             );
-            match resolve_timespec(ListName::Updates, index, change.timespec, now_ms) {
-                Ok(at_ms) => update_times.push(at_ms),
+            match resolve_timespec(ListName::Updates, index, change.timespec, now) {
+                Ok(available_at) => update_times.push(available_at),
                 Err(refusal) => refusals.push(refusal),
             }
         }
         for &id in &update.deletes {
             refusals.extend(
-                self.check_modifiable(ListName::Deletes, id, update.client, now_ms)
+                self.check_modifiable(ListName::Deletes, id, update.client, now)
                     .err(),
             );
         }
@@ -169,13 +171,18 @@ impl TaskMachine {
 
         // Every check passed: from here on nothing can fail, so the change is all or nothing.
         let mut written = Vec::with_capacity(update.adds.len() + update.updates.len());
-        for (add, at_ms) in update.adds.iter().zip(add_times) {
+        for (add, available_at) in update.adds.iter().zip(add_times) {
             let group = self.intern_group(&add.group);
-            written.push(self.insert_new(group, add.data.clone(), at_ms, update.client));
+            written.push(self.insert_new(group, add.data.clone(), available_at, update.client));
         }
-        for (change, at_ms) in update.updates.iter().zip(update_times) {
+        for (change, available_at) in update.updates.iter().zip(update_times) {
             if let Some(old) = self.remove_task(change.id) {
-                written.push(self.insert_new(old.group, change.data.clone(), at_ms, update.client));
+                written.push(self.insert_new(
+                    old.group,
+                    change.data.clone(),
+                    available_at,
+                    update.client,
+                ));
             }
         }
         for id in &update.deletes {
@@ -184,7 +191,7 @@ impl TaskMachine {
         Outcome::Tasks(written)
     }
 
-    fn apply_claim(&mut self, claim: &ClaimRequest, now_ms: Millis) -> Outcome {
+    fn apply_claim(&mut self, claim: &ClaimRequest, now: LogTime) -> Outcome {
         if claim.depends.len() > REQUEST_ITEMS_MAX {
             return Outcome::Refused(vec![Refusal::TooManyItems {
                 items: claim.depends.len(),
@@ -194,8 +201,8 @@ impl TaskMachine {
         if claim.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
         }
-        let until_ms = match claim_end(now_ms, claim.duration_ms) {
-            Ok(until_ms) => Some(until_ms),
+        let available_at = match claim_end(now, claim.duration_ms) {
+            Ok(available_at) => Some(available_at),
             Err(refusal) => {
                 refusals.push(refusal);
                 None
@@ -205,26 +212,26 @@ impl TaskMachine {
             claim.depends.iter().map(|&id| (ListName::Depends, id)),
         ));
         refusals.extend(self.missing_depends(&claim.depends));
-        let Some(until_ms) = until_ms.filter(|_| refusals.is_empty()) else {
+        let Some(available_at) = available_at.filter(|_| refusals.is_empty()) else {
             return Outcome::Refused(refusals);
         };
 
-        let Some(id) = self.first_available(&claim.group, now_ms, &claim.depends) else {
+        let Some(id) = self.first_available(&claim.group, now, &claim.depends) else {
             return Outcome::Tasks(Vec::new());
         };
         let Some(old) = self.remove_task(id) else {
             debug_assert!(false, "group index names task {id} that does not exist");
             return Outcome::Tasks(Vec::new());
         };
-        let claimed = self.insert_new(old.group, old.data, until_ms, claim.client);
+        let claimed = self.insert_new(old.group, old.data, available_at, claim.client);
         Outcome::Tasks(vec![claimed])
     }
 
     /// The oldest available task of `group` that the claim does not depend on.
-    fn first_available(&self, group: &str, now_ms: Millis, depends: &[TaskId]) -> Option<TaskId> {
+    fn first_available(&self, group: &str, now: LogTime, depends: &[TaskId]) -> Option<TaskId> {
         let index = self.groups.get(group)?;
         index
-            .range(..=(now_ms, TaskId::MAX))
+            .range(..=(now, TaskId::MAX))
             .map(|&(_, id)| id)
             .find(|id| !depends.contains(id))
     }
@@ -234,15 +241,15 @@ impl TaskMachine {
         list: ListName,
         id: TaskId,
         client: ClientId,
-        now_ms: Millis,
+        now: LogTime,
     ) -> Result<(), Refusal> {
         match self.tasks.get(&id) {
             None => Err(Refusal::Missing { list, id }),
-            Some(task) if !task.modifiable_by(client, now_ms) => Err(Refusal::Owned {
+            Some(task) if !task.modifiable_by(client, now) => Err(Refusal::Owned {
                 list,
                 id,
                 owner: task.owner,
-                until_ms: task.at_ms,
+                available_at: task.available_at,
             }),
             Some(_) => Ok(()),
         }
@@ -270,7 +277,7 @@ impl TaskMachine {
         &mut self,
         group: GroupName,
         data: String,
-        at_ms: Millis,
+        available_at: LogTime,
         owner: ClientId,
     ) -> Task {
         let id = self.next_id;
@@ -280,7 +287,7 @@ impl TaskMachine {
             id,
             group,
             data,
-            at_ms,
+            available_at,
             owner,
         };
         self.index_task(task.clone());
@@ -290,11 +297,13 @@ impl TaskMachine {
     fn index_task(&mut self, task: Task) {
         match self.groups.get_mut(&*task.group) {
             Some(index) => {
-                index.insert((task.at_ms, task.id));
+                index.insert((task.available_at, task.id));
             }
             None => {
-                self.groups
-                    .insert(Arc::clone(&task.group), OrdSet::unit((task.at_ms, task.id)));
+                self.groups.insert(
+                    Arc::clone(&task.group),
+                    OrdSet::unit((task.available_at, task.id)),
+                );
             }
         }
         self.tasks.insert(task.id, task);
@@ -304,7 +313,7 @@ impl TaskMachine {
         let task = self.tasks.remove(&id)?;
         let now_empty = match self.groups.get_mut(&*task.group) {
             Some(index) => {
-                index.remove(&(task.at_ms, task.id));
+                index.remove(&(task.available_at, task.id));
                 index.is_empty()
             }
             None => false,
@@ -326,15 +335,15 @@ impl TaskMachine {
     }
 
     /// Tasks of `group` in claim order (available time, then id): only those available at
-    /// `now_ms` unless `include_owned`, at most `limit` of them. O(log n + returned).
+    /// `now` unless `include_owned`, at most `limit` of them. O(log n + returned).
     pub fn group_tasks(
         &self,
         group: &str,
         limit: Option<usize>,
         include_owned: bool,
-        now_ms: Millis,
+        now: LogTime,
     ) -> Vec<Task> {
-        self.iter_group(group, include_owned, now_ms)
+        self.iter_group(group, include_owned, now)
             .take(limit.unwrap_or(usize::MAX))
             .cloned()
             .collect()
@@ -345,9 +354,9 @@ impl TaskMachine {
         &'a self,
         group: &str,
         include_owned: bool,
-        now_ms: Millis,
+        now: LogTime,
     ) -> impl Iterator<Item = &'a Task> + 'a {
-        let upper = if include_owned { Millis::MAX } else { now_ms };
+        let upper = if include_owned { LogTime::MAX } else { now };
         self.groups
             .get(group)
             .into_iter()
@@ -371,8 +380,8 @@ impl TaskMachine {
     }
 
     /// Log time of the last applied command.
-    pub fn last_time_ms(&self) -> Millis {
-        self.last_time_ms
+    pub fn log_time(&self) -> LogTime {
+        self.log_time
     }
 
     /// Number of live tasks.
@@ -397,12 +406,12 @@ fn resolve_timespec(
     list: ListName,
     index: usize,
     timespec: Option<Millis>,
-    now_ms: Millis,
-) -> Result<Millis, Refusal> {
+    now: LogTime,
+) -> Result<LogTime, Refusal> {
     let resolved = match timespec {
-        None => Some(now_ms),
-        Some(t) if t < 0 => t.checked_neg().and_then(|ahead| now_ms.checked_add(ahead)),
-        Some(t) => Some(t),
+        None => Some(now),
+        Some(t) if t < 0 => t.checked_neg().and_then(|ahead| now.checked_add(ahead)),
+        Some(t) => Some(LogTime::from_millis(t)),
     };
     resolved.ok_or(Refusal::TimespecOutOfRange {
         list,
@@ -411,17 +420,16 @@ fn resolve_timespec(
     })
 }
 
-/// When a claim of `duration_ms` made at `now_ms` ends; refused unless the duration is
+/// When a claim of `duration_ms` made at `now` ends; refused unless the duration is
 /// positive, at most [`CLAIM_DURATION_MS_MAX`] and ends within representable time.
-fn claim_end(now_ms: Millis, duration_ms: Millis) -> Result<Millis, Refusal> {
+fn claim_end(now: LogTime, duration_ms: Millis) -> Result<LogTime, Refusal> {
     if duration_ms <= 0 {
         return Err(Refusal::InvalidDuration { duration_ms });
     }
     if duration_ms > CLAIM_DURATION_MS_MAX {
         return Err(Refusal::DurationTooLong { duration_ms });
     }
-    now_ms
-        .checked_add(duration_ms)
+    now.checked_add(duration_ms)
         .ok_or(Refusal::DurationOutOfRange { duration_ms })
 }
 

@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::DedupKey;
+use super::LogTime;
 use super::MemberId;
-use super::Millis;
 use super::Outcome;
 use super::Task;
 use super::TaskId;
@@ -51,14 +51,14 @@ impl TaskMachine {
     /// Rebuilds a machine from a snapshot's parts; refuses parts no machine could produce.
     pub fn from_parts(
         next_id: TaskId,
-        last_time_ms: Millis,
+        log_time: LogTime,
         tasks: impl IntoIterator<Item = Task>,
-        dedup: impl IntoIterator<Item = (DedupKey, Millis, Arc<Outcome>)>,
+        dedup: impl IntoIterator<Item = (DedupKey, LogTime, Arc<Outcome>)>,
         members_ever: impl IntoIterator<Item = MemberId>,
     ) -> Result<Self, InvalidParts> {
         let mut machine = Self {
             next_id,
-            last_time_ms,
+            log_time,
             members_ever: members_ever.into_iter().collect(),
             ..Self::new()
         };
@@ -77,8 +77,8 @@ impl TaskMachine {
             }
             machine.index_task(task);
         }
-        for (key, time_ms, outcome) in dedup {
-            machine.dedup.insert(key, time_ms, outcome);
+        for (key, applied_at, outcome) in dedup {
+            machine.dedup.insert(key, applied_at, outcome);
         }
         Ok(machine)
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::LogTime;
 use crate::constants::CLAIM_DURATION_MS_MAX;
 use crate::constants::REQUEST_ID_BYTES_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
@@ -19,7 +20,8 @@ pub type TaskId = u64;
 /// The numeric identity a worker chooses for itself (the seed's `clientid`).
 pub type ClientId = i64;
 
-/// Milliseconds since the Unix epoch, in log time.
+/// A count of milliseconds: a duration, or a time as a request states it, before the
+/// machine resolves it to a [`LogTime`].
 pub type Millis = i64;
 
 /// A cluster node's id, as the machine records membership history.
@@ -37,22 +39,23 @@ pub struct Task {
     pub group: GroupName,
     /// Opaque payload.
     pub data: String,
-    /// Available time: the task is owned by `owner` until then.
-    pub at_ms: Millis,
+    /// When the task becomes available to every client; until then `owner` holds it.
+    /// The seed's JSON calls it `timespec`.
+    pub available_at: LogTime,
     /// The client that wrote this version.
     pub owner: ClientId,
 }
 
 impl Task {
-    /// Whether `client` may update or delete this task at log time `now_ms`
+    /// Whether `client` may update or delete this task at log time `now`
     /// (`canModify = at <= now || owner == client`).
-    pub fn modifiable_by(&self, client: ClientId, now_ms: Millis) -> bool {
-        self.at_ms <= now_ms || self.owner == client
+    pub fn modifiable_by(&self, client: ClientId, now: LogTime) -> bool {
+        self.available_at <= now || self.owner == client
     }
 
-    /// Whether some client owns this task at log time `now_ms`.
-    pub fn is_owned_at(&self, now_ms: Millis) -> bool {
-        self.at_ms > now_ms
+    /// Whether some client owns this task at log time `now`.
+    pub fn is_owned_at(&self, now: LogTime) -> bool {
+        self.available_at > now
     }
 }
 
@@ -129,8 +132,9 @@ impl Request {
 /// client request id for deduplication.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Command {
-    /// Wall-clock time the leader stamped on the entry; the machine never lets time go back.
-    pub stamp_ms: Millis,
+    /// The leader's log clock when it proposed the entry; the machine never lets time go
+    /// back, so the command applies at `max(stamp, previous log time)`.
+    pub stamp: LogTime,
     /// A retried command with the same `(client, request_id)` returns its first outcome.
     pub request_id: Option<String>,
     /// The work itself.
@@ -152,7 +156,7 @@ impl fmt::Display for Command {
             )?,
             Request::Claim(c) => write!(f, "claim(client={} group={:?})", c.client, c.group)?,
         }
-        write!(f, "@{}", self.stamp_ms)
+        write!(f, "@{}", self.stamp)
     }
 }
 
@@ -198,8 +202,8 @@ pub enum Refusal {
         id: TaskId,
         /// Its owner.
         owner: ClientId,
-        /// Until when, in log time.
-        until_ms: Millis,
+        /// Until when: the task's available time.
+        available_at: LogTime,
     },
     /// An id is named more than once across updates, deletes and depends.
     Duplicate {
@@ -262,10 +266,10 @@ impl fmt::Display for Refusal {
                 list,
                 id,
                 owner,
-                until_ms,
+                available_at,
             } => write!(
                 f,
-                "{list}: task {id} is owned by client {owner} until {until_ms}"
+                "{list}: task {id} is owned by client {owner} until {available_at}"
             ),
             Refusal::Duplicate { list, id } => write!(
                 f,
