@@ -10,6 +10,8 @@
 
 pub mod constants;
 mod dedup;
+#[cfg(debug_assertions)]
+mod invariants;
 mod log_time;
 mod restore;
 mod types;
@@ -33,6 +35,17 @@ pub use self::types::*;
 
 /// The claim order of one group: `(available time, id)`, smallest first.
 type GroupIndex = OrdSet<(LogTime, TaskId)>;
+
+/// What a command did to the tasks, which the checks after apply need to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Effect {
+    /// Nothing: refused, answered from the dedup table, or a claim that found no task.
+    Unchanged,
+    /// An update that wrote its adds and updates and removed what it updated and deleted.
+    Updated,
+    /// A claim that removed the task with this id and wrote its new version.
+    Claimed(TaskId),
+}
 
 /// The replicated task store's state. See the module documentation.
 #[derive(Clone, Debug)]
@@ -83,32 +96,51 @@ impl TaskMachine {
     /// Applies one command at its log time and returns its outcome.
     ///
     /// Total: a command that cannot be carried out is refused with every reason, and a
-    /// refused command changes nothing but the machine's time and dedup table.
+    /// refused command changes nothing but the machine's time and dedup table. Debug and
+    /// simulation builds assert the machine's invariants after every command.
     pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
+        #[cfg(debug_assertions)]
+        let before = invariants::Before::of(self);
+        let (outcome, effect) = self.apply_unchecked(command);
+        #[cfg(debug_assertions)]
+        self.assert_invariants(&before, command, &outcome, effect);
+        #[cfg(not(debug_assertions))]
+        let _ = effect;
+        outcome
+    }
+
+    fn apply_unchecked(&mut self, command: &Command) -> (Arc<Outcome>, Effect) {
         let now = self.advance_time(command.stamp);
         self.dedup.evict(now);
 
         let key = match &command.request_id {
             Some(id) if id.len() > REQUEST_ID_BYTES_MAX => {
-                return Arc::new(Outcome::Refused(vec![Refusal::RequestIdTooLong {
-                    bytes: id.len(),
-                }]));
+                let refusal = Refusal::RequestIdTooLong { bytes: id.len() };
+                return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
             }
             Some(id) => Some((command.request.client(), Arc::<str>::from(id.as_str()))),
             None => None,
         };
         if let Some(first) = key.as_ref().and_then(|key| self.dedup.get(key)) {
-            return Arc::clone(first);
+            return (Arc::clone(first), Effect::Unchanged);
         }
 
-        let outcome = Arc::new(match &command.request {
-            Request::Update(update) => self.apply_update(update, now),
+        let (outcome, effect) = match &command.request {
+            Request::Update(update) => {
+                let outcome = self.apply_update(update, now);
+                let effect = match outcome {
+                    Outcome::Refused(_) => Effect::Unchanged,
+                    Outcome::Tasks(_) => Effect::Updated,
+                };
+                (outcome, effect)
+            }
             Request::Claim(claim) => self.apply_claim(claim, now),
-        });
+        };
+        let outcome = Arc::new(outcome);
         if let Some(key) = key {
             self.dedup.insert(key, now, Arc::clone(&outcome));
         }
-        outcome
+        (outcome, effect)
     }
 
     /// Moves log time to `max(stamp, previous time)`, so time never goes back even when
@@ -191,11 +223,12 @@ impl TaskMachine {
         Outcome::Tasks(written)
     }
 
-    fn apply_claim(&mut self, claim: &ClaimRequest, now: LogTime) -> Outcome {
+    fn apply_claim(&mut self, claim: &ClaimRequest, now: LogTime) -> (Outcome, Effect) {
+        let unchanged = |outcome| (outcome, Effect::Unchanged);
         if claim.depends.len() > REQUEST_ITEMS_MAX {
-            return Outcome::Refused(vec![Refusal::TooManyItems {
+            return unchanged(Outcome::Refused(vec![Refusal::TooManyItems {
                 items: claim.depends.len(),
-            }]);
+            }]));
         }
         let mut refusals = Vec::new();
         if claim.group.is_empty() {
@@ -213,18 +246,18 @@ impl TaskMachine {
         ));
         refusals.extend(self.missing_depends(&claim.depends));
         let Some(available_at) = available_at.filter(|_| refusals.is_empty()) else {
-            return Outcome::Refused(refusals);
+            return unchanged(Outcome::Refused(refusals));
         };
 
         let Some(id) = self.first_available(&claim.group, now, &claim.depends) else {
-            return Outcome::Tasks(Vec::new());
+            return unchanged(Outcome::Tasks(Vec::new()));
         };
         let Some(old) = self.remove_task(id) else {
             debug_assert!(false, "group index names task {id} that does not exist");
-            return Outcome::Tasks(Vec::new());
+            return unchanged(Outcome::Tasks(Vec::new()));
         };
         let claimed = self.insert_new(old.group, old.data, available_at, claim.client);
-        Outcome::Tasks(vec![claimed])
+        (Outcome::Tasks(vec![claimed]), Effect::Claimed(id))
     }
 
     /// The oldest available task of `group` that the claim does not depend on.

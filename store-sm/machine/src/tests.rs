@@ -416,3 +416,15 @@ fn a_claim_is_granted_up_to_the_longest_duration_and_refused_beyond() {
         )]
     );
 }
+
+/// The checks after apply run in debug builds: a machine whose group index lost its
+/// tasks is caught at the next command.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "the group indexes name 0 tasks, the task map holds 2")]
+fn apply_asserts_that_the_indexes_hold_every_task() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 2);
+    machine.groups = OrdMap::new();
+    machine.apply(&claim_cmd(T0, 1, "g", 10));
+}
