@@ -1,9 +1,9 @@
 //! Log time: the clock a leader stamps into each command.
 //!
 //! Every node runs one [`LogClock`]. It follows the monotonic clock and corrects toward
-//! the wall clock by at most [`SLEW_RATE`] of elapsed time, so a jump of the wall clock
-//! (forward or back, by any amount) changes the rate of log time, and thus any lease's
-//! length, by at most 1%. While a node follows, it moves its clock to the time of every
+//! the wall clock by at most [`LOG_CLOCK_SLEW_RATE`] (the machine's constant) of elapsed
+//! time, so a jump of the wall clock (forward or back, by any amount) changes the rate
+//! of log time, and thus any lease's length, by at most 1%. While a node follows, it moves its clock to the time of every
 //! entry it applies ([`LogClock::follow`]), so a node that becomes leader continues the
 //! cluster's time rather than starting from its own wall clock: a node whose wall clock
 //! jumped ahead and that restarted would otherwise expire every lease early the moment
@@ -19,10 +19,9 @@
 
 use std::sync::Mutex;
 
+use store_sm::machine::LogTime;
+use store_sm::machine::constants::LOG_CLOCK_SLEW_RATE;
 use tokio::time::Instant;
-
-/// Largest correction toward the wall clock, as a fraction of elapsed time.
-pub const SLEW_RATE: f64 = 0.01;
 
 /// A source of wall-clock time in milliseconds since the Unix epoch.
 pub trait WallClock: Send + Sync + 'static {
@@ -77,29 +76,28 @@ impl LogClock {
         }
     }
 
-    /// Sets log time now to `log_ms`, the time of the entry this follower just applied.
+    /// Sets log time now to `log_time`, the time of the entry this follower just applied.
     /// The leader never calls it for its own entries: its stamps are the cluster's time.
-    pub fn follow(&self, log_ms: i64) {
+    pub fn follow(&self, log_time: LogTime) {
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
-        state.offset_ms = log_ms as f64 - state.last_mono_ms;
+        state.offset_ms = log_time.as_millis() as f64 - state.last_mono_ms;
     }
 
-    /// Log time now, in milliseconds since the Unix epoch; never decreases between calls
-    /// to [`LogClock::follow`].
-    pub fn now_ms(&self) -> i64 {
+    /// Log time now; never decreases between calls to [`LogClock::follow`].
+    pub fn now(&self) -> LogTime {
         if store_sm::planted::is_planted(store_sm::planted::Bug::WallClockLease) {
-            return self.wall.now_ms();
+            return LogTime::from_millis(self.wall.now_ms());
         }
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let target_offset = self.wall.now_ms() as f64 - mono_ms;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let elapsed = (mono_ms - state.last_mono_ms).max(0.0);
-        let max_step = elapsed * SLEW_RATE;
+        let max_step = elapsed * LOG_CLOCK_SLEW_RATE;
         state.offset_ms += (target_offset - state.offset_ms).clamp(-max_step, max_step);
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
-        (state.last_mono_ms + state.offset_ms) as i64
+        LogTime::from_millis((state.last_mono_ms + state.offset_ms) as i64)
     }
 }
 
@@ -127,20 +125,20 @@ mod tests {
     async fn wall_clock_jumps_move_log_time_by_at_most_the_slew() {
         let jump = JumpingClock::default();
         let clock = LogClock::new(jump.clone());
-        let start = clock.now_ms();
+        let start = clock.now();
         for offset_ms in [60_000, -3_600_000] {
             jump.0.store(offset_ms, Ordering::SeqCst);
-            let before = clock.now_ms();
+            let before = clock.now();
             tokio::time::advance(Duration::from_secs(10)).await;
-            let after = clock.now_ms();
-            let moved = after - before;
+            let after = clock.now();
+            let moved = after.millis_since(before);
             // 10 s of monotonic time; the correction adds or removes at most 1% of it.
             assert!(
                 (9_899..=10_101).contains(&moved),
                 "log time moved {moved} ms in 10 s"
             );
         }
-        assert!(clock.now_ms() > start, "log time never goes back");
+        assert!(clock.now() > start, "log time never goes back");
     }
 
     #[tokio::test(start_paused = true)]
@@ -148,14 +146,14 @@ mod tests {
         let jump = JumpingClock::default();
         jump.0.store(600_000, Ordering::SeqCst);
         let clock = LogClock::new(jump.clone());
-        let log_ms = SystemClock.now_ms();
-        clock.follow(log_ms);
+        let log_time = LogTime::from_millis(SystemClock.now_ms());
+        clock.follow(log_time);
         assert!(
-            (clock.now_ms() - log_ms).abs() <= 1,
+            clock.now().millis_since(log_time).abs() <= 1,
             "follows the log, not its wall clock"
         );
         tokio::time::advance(Duration::from_secs(10)).await;
-        let moved = clock.now_ms() - log_ms;
+        let moved = clock.now().millis_since(log_time);
         assert!(
             (10_000..=10_101).contains(&moved),
             "then runs at most 1% fast toward its wall clock: moved {moved} ms in 10 s"

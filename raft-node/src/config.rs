@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
+use store_sm::machine::constants::CLAIM_DURATION_MS_MAX;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::SyncMode;
@@ -16,6 +17,7 @@ use crate::http::ConnectionLimits;
 
 /// Default longest claim: one day.
 pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
+const _: () = assert!(CLAIM_DURATION_MAX_MS_DEFAULT <= CLAIM_DURATION_MS_MAX);
 /// Default request body limit: 1 MiB.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 
@@ -121,7 +123,7 @@ pub struct Flags {
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, env = "ROTA_BODY_BYTES_MAX")]
     pub body_bytes_max: Option<usize>,
-    /// Longest claim `duration` accepted, in milliseconds.
+    /// Longest claim `duration` accepted, in milliseconds; at most a year.
     #[arg(long, env = "ROTA_CLAIM_DURATION_MAX_MS")]
     pub claim_duration_max_ms: Option<i64>,
     /// Most connections each listener holds open; more get 503 and are closed.
@@ -317,15 +319,7 @@ impl NodeConfig {
                 ),
             });
         }
-        let claim_duration_max_ms = flags
-            .claim_duration_max_ms
-            .unwrap_or(CLAIM_DURATION_MAX_MS_DEFAULT);
-        if claim_duration_max_ms <= 0 {
-            return Err(ConfigError::Invalid {
-                name: "claim-duration-max-ms",
-                problem: "must be a positive number of milliseconds".into(),
-            });
-        }
+        let claim_duration_max_ms = claim_duration_max_ms(flags.claim_duration_max_ms)?;
         let connection_limits =
             connection_limits(flags.connections_max, flags.connections_per_peer_max)?;
         let snapshot_every_entries = flags
@@ -386,6 +380,27 @@ fn connection_limits(
         });
     }
     Ok(limits)
+}
+
+/// The edge's bound on a claim's duration: positive, and at most the machine's own
+/// bound, so that a claim this node accepts is never refused by the machine.
+fn claim_duration_max_ms(flag: Option<i64>) -> Result<i64, ConfigError> {
+    let max_ms = flag.unwrap_or(CLAIM_DURATION_MAX_MS_DEFAULT);
+    if max_ms <= 0 {
+        return Err(ConfigError::Invalid {
+            name: "claim-duration-max-ms",
+            problem: "must be a positive number of milliseconds".into(),
+        });
+    }
+    if max_ms > CLAIM_DURATION_MS_MAX {
+        return Err(ConfigError::Invalid {
+            name: "claim-duration-max-ms",
+            problem: format!(
+                "{max_ms} ms is longer than any claim the task machine grants; use at most {CLAIM_DURATION_MS_MAX} (a year)"
+            ),
+        });
+    }
+    Ok(max_ms)
 }
 
 fn advertised(
@@ -482,6 +497,24 @@ mod tests {
             ..flags()
         };
         assert!(message(not_listed).contains("does not name this node (1)"));
+    }
+
+    #[test]
+    fn the_longest_claim_is_bounded_by_the_machine() {
+        let with_max = |max_ms| Flags {
+            claim_duration_max_ms: Some(max_ms),
+            ..flags()
+        };
+        let config = NodeConfig::validate(with_max(CLAIM_DURATION_MS_MAX)).expect("the bound");
+        assert_eq!(config.claim_duration_max_ms, CLAIM_DURATION_MS_MAX);
+        let message = NodeConfig::validate(with_max(CLAIM_DURATION_MS_MAX + 1))
+            .expect_err("beyond the bound")
+            .to_string();
+        assert!(
+            message.contains("--claim-duration-max-ms")
+                && message.contains(&format!("use at most {CLAIM_DURATION_MS_MAX}")),
+            "{message}"
+        );
     }
 
     #[test]

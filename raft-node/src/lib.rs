@@ -30,6 +30,7 @@ use axum::Router;
 use openraft::storage::RaftLogStorage;
 use rpc::client::HttpClient;
 use store_sm::log_stats::LogStats;
+use store_sm::machine::LogTime;
 use store_sm::state_machine::TaskStateMachine;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -203,9 +204,9 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     // A restarted node takes its time from what it applied, not from its wall clock,
     // which may have jumped while it was down; only a new cluster starts from the wall.
     let clock = LogClock::new(wall);
-    let applied_ms = state.read(|s| s.machine.last_time_ms());
-    if applied_ms > 0 {
-        clock.follow(applied_ms);
+    let applied_at = state.read(|s| s.machine.log_time());
+    if applied_at > LogTime::EPOCH {
+        clock.follow(applied_at);
     }
     let node = Arc::new(Node::new(config, raft, state, clock, client, log_stats));
     let (shutdown, shutdown_rx) = watch::channel(false);

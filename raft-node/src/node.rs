@@ -9,6 +9,7 @@ use std::time::Duration;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use rpc::client::HttpClient;
+use store_sm::machine::LogTime;
 use store_sm::raft_types::NodeId;
 use store_sm::state_machine::StateReader;
 
@@ -111,9 +112,9 @@ impl Node {
                 (stamped_here, now.last_applied)
             };
             if !stamped_here && applied.is_some() && applied != seen_applied {
-                let log_ms = self.state.read(|s| s.machine.last_time_ms());
-                if log_ms > 0 {
-                    self.clock.follow(log_ms);
+                let log_time = self.state.read(|s| s.machine.log_time());
+                if log_time > LogTime::EPOCH {
+                    self.clock.follow(log_time);
                 }
             }
             seen_applied = applied;

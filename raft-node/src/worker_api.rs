@@ -37,7 +37,7 @@ use crate::service::Consistency;
 use crate::service::ReadView;
 
 /// Most ids one `/tasks/...` request may name.
-pub const TASK_IDS_MAX: usize = 10_000;
+pub const TASK_IDS_MAX: usize = store_sm::machine::constants::REQUEST_ITEMS_MAX;
 
 /// The worker API routes.
 pub fn routes() -> Router<SharedNode> {
@@ -55,7 +55,7 @@ fn task_json(task: &Task) -> TaskJson {
         id: task.id,
         group: task.group.to_string(),
         data: task.data.clone(),
-        timespec: task.at_ms,
+        timespec: task.available_at.as_millis(),
         ownerid: task.owner,
     }
 }
@@ -199,7 +199,7 @@ async fn get_group(
         let tasks: Vec<TaskJson> = view
             .state
             .machine
-            .iter_group(&name, owned, view.now_ms)
+            .iter_group(&name, owned, view.now)
             .take(limit.unwrap_or(usize::MAX))
             .map(task_json)
             .collect();

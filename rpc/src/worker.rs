@@ -11,9 +11,7 @@ use serde::Deserialize;
 use serde::Deserializer;
 use serde::Serialize;
 use serde::de;
-
-/// Longest `requestid` accepted, in bytes.
-pub const REQUEST_ID_BYTES_MAX: usize = 64;
+use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 /// A task as the API shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,10 +7,11 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use rpc::worker::TaskJson;
+use store_sm::machine::constants::LOG_CLOCK_SLEW_RATE;
 
 /// Largest correction of log time toward a node's wall clock, as a fraction of elapsed
-/// time (the node's `SLEW_RATE`), doubled for the two leaders a lease may span.
-pub const LEASE_SLEW: f64 = 0.02;
+/// time, doubled for the two leaders a lease may span.
+pub const LEASE_SLEW: f64 = 2.0 * LOG_CLOCK_SLEW_RATE;
 
 /// Scheduling slack in the real-time lease check: how far a lease may seem to end early
 /// because a stamp is taken a little after the request was sent.

@@ -20,6 +20,7 @@ use rpc::worker::TaskJson;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
+use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::Task;
@@ -216,7 +217,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
     };
     let mut next = state.clone();
     let outcome = next.machine.apply(&Command {
-        stamp_ms,
+        stamp: LogTime::from_millis(stamp_ms),
         request_id: None,
         request,
     });
@@ -238,7 +239,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
 
 fn same_task(model: &Task, observed: &TaskJson) -> bool {
     model.data == observed.data
-        && model.at_ms == observed.timespec
+        && model.available_at.as_millis() == observed.timespec
         && model.owner == observed.ownerid
 }
 
@@ -257,7 +258,7 @@ fn read_matches(group: &str, state: &ModelState, answer: &Answer) -> bool {
     observed_ids.sort_unstable();
     let mut model_ids: Vec<u64> = state
         .machine
-        .iter_group(group, true, 0)
+        .iter_group(group, true, LogTime::EPOCH)
         .map(|t| t.id)
         .collect();
     model_ids.sort_unstable();

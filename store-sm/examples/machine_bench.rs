@@ -10,6 +10,7 @@ use std::time::Instant;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
+use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::TaskMachine;
@@ -39,7 +40,7 @@ fn rss_bytes() -> u64 {
 
 fn command(i: u64, request: Request) -> Command {
     Command {
-        stamp_ms: T0 + (i / 1000) as i64,
+        stamp: LogTime::from_millis(T0 + (i / 1000) as i64),
         request_id: Some(format!("req-{i}")),
         request,
     }

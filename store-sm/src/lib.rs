@@ -1,6 +1,7 @@
 //! Rota's task state machine and everything that persists it.
 //!
-//! - [`machine`]: the pure, deterministic task machine (the seed's semantics).
+//! - [`machine`]: the pure, deterministic task machine (the seed's semantics), which is
+//!   its own crate, `task-machine`, so that its purity is a compile-time fact.
 //! - [`snapshot`]: its versioned, checksummed snapshot format and state hash.
 //! - [`raft_types`]: the openraft types the storage is written for.
 //! - [`state_machine`]: openraft's state machine around the task machine.
@@ -11,13 +12,15 @@
 
 pub mod codec;
 pub mod log_stats;
-pub mod machine;
 pub mod memory;
 pub mod planted;
 pub mod raft_types;
 pub mod snapshot;
 pub mod snapshot_dir;
 pub mod state_machine;
+
+/// The task machine, re-exported so that `store_sm::machine::...` names it everywhere.
+pub use task_machine as machine;
 
 #[cfg(feature = "rocksdb")]
 pub mod rocks;

@@ -4,9 +4,22 @@
 //! enables; without it [`is_planted`] is `false` and compiles away. A bug is planted per
 //! thread because madsim runs a whole simulated cluster on one thread, and the `sim`
 //! runner runs several seeds side by side on different threads.
+//!
+//! The pure machine knows nothing of planted bugs: the two that concern it are injected
+//! around it, by the openraft adapter ([`apply_with_planted_bugs`]) and by the snapshot
+//! decoder ([`next_id_after_live`]).
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::machine::Command;
+use crate::machine::Outcome;
+use crate::machine::Request;
+use crate::machine::Task;
+use crate::machine::TaskId;
+use crate::machine::TaskMachine;
+use crate::machine::UpdateRequest;
 
 /// A bug the simulation can plant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,4 +105,48 @@ pub fn is_planted(bug: Bug) -> bool {
         let _ = bug;
         false
     }
+}
+
+/// Applies `command` to `machine`; with [`Bug::PartialTransaction`] planted, a refused
+/// update's adds are then applied alone, as a store without all-or-nothing transactions
+/// would. A retry answered from the dedup table adds nothing again.
+pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
+    if !is_planted(Bug::PartialTransaction) {
+        return machine.apply(command);
+    }
+    let replayed = is_remembered(machine, command);
+    let outcome = machine.apply(command);
+    let Request::Update(update) = &command.request else {
+        return outcome;
+    };
+    if outcome.is_refused() && !replayed && !update.adds.is_empty() {
+        machine.apply(&Command {
+            stamp: command.stamp,
+            request_id: None,
+            request: Request::Update(UpdateRequest {
+                client: update.client,
+                adds: update.adds.clone(),
+                ..UpdateRequest::default()
+            }),
+        });
+    }
+    outcome
+}
+
+/// Whether the dedup table already holds `command`'s first outcome.
+fn is_remembered(machine: &TaskMachine, command: &Command) -> bool {
+    command.request_id.as_deref().is_some_and(|id| {
+        let key = (command.request.client(), Arc::<str>::from(id));
+        machine.dedup().get(&key).is_some()
+    })
+}
+
+/// The next id [`Bug::IdReuse`] restores from a snapshot: one past the highest live id,
+/// so ids of tasks deleted at the top are handed out again.
+pub fn next_id_after_live(tasks: &[Task]) -> TaskId {
+    tasks
+        .iter()
+        .map(|task| task.id)
+        .max()
+        .map_or(1, |last| last + 1)
 }

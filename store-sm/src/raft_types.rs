@@ -12,7 +12,6 @@ use serde::Serialize;
 
 use crate::machine::Command;
 use crate::machine::Outcome;
-use crate::machine::Request;
 
 /// A node's identity; never reused once it has been a member.
 pub type NodeId = u64;
@@ -63,24 +62,6 @@ pub struct RotaNode {
 impl fmt::Display for RotaNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "api={} raft={}", self.api_addr, self.raft_addr)
-    }
-}
-
-impl fmt::Display for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.request {
-            Request::Update(u) => write!(
-                f,
-                "update(client={} adds={} updates={} deletes={} depends={})",
-                u.client,
-                u.adds.len(),
-                u.updates.len(),
-                u.deletes.len(),
-                u.depends.len()
-            )?,
-            Request::Claim(c) => write!(f, "claim(client={} group={:?})", c.client, c.group)?,
-        }
-        write!(f, "@{}", self.stamp_ms)
     }
 }
 

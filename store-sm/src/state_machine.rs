@@ -23,6 +23,7 @@ use openraft::storage::RaftStateMachine;
 
 use crate::machine::Outcome;
 use crate::machine::TaskMachine;
+use crate::planted;
 use crate::raft_types::RotaConfig;
 use crate::raft_types::RotaLogId;
 use crate::raft_types::RotaSnapshot;
@@ -210,7 +211,9 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
                 state.applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => empty_response(),
-                    EntryPayload::Normal(command) => state.machine.apply(&command),
+                    EntryPayload::Normal(command) => {
+                        planted::apply_with_planted_bugs(&mut state.machine, &command)
+                    }
                     EntryPayload::Membership(membership) => {
                         state
                             .machine

@@ -29,7 +29,7 @@ impl Model {
     }
 
     fn apply(&mut self, command: &Command) -> Outcome {
-        self.time_ms = self.time_ms.max(command.stamp_ms);
+        self.time_ms = self.time_ms.max(command.stamp.as_millis());
         let now = self.time_ms;
         let client = match &command.request {
             Request::Update(u) => u.client,
@@ -60,12 +60,14 @@ impl Model {
     fn modifiable(&self, list: ListName, id: u64, client: i64, now: i64) -> Option<Refusal> {
         match self.tasks.get(&id) {
             None => Some(Refusal::Missing { list, id }),
-            Some(t) if t.at_ms > now && t.owner != client => Some(Refusal::Owned {
-                list,
-                id,
-                owner: t.owner,
-                until_ms: t.at_ms,
-            }),
+            Some(t) if t.available_at.as_millis() > now && t.owner != client => {
+                Some(Refusal::Owned {
+                    list,
+                    id,
+                    owner: t.owner,
+                    available_at: t.available_at,
+                })
+            }
             Some(_) => None,
         }
     }
@@ -86,7 +88,7 @@ impl Model {
             id: self.next_id,
             group: Arc::from(group),
             data: data.to_string(),
-            at_ms,
+            available_at: LogTime::from_millis(at_ms),
             owner,
         };
         self.next_id += 1;
@@ -157,8 +159,12 @@ impl Model {
         let pick = self
             .tasks
             .values()
-            .filter(|t| *t.group == *c.group && t.at_ms <= now && !c.depends.contains(&t.id))
-            .min_by_key(|t| (t.at_ms, t.id))
+            .filter(|t| {
+                *t.group == *c.group
+                    && t.available_at.as_millis() <= now
+                    && !c.depends.contains(&t.id)
+            })
+            .min_by_key(|t| (t.available_at, t.id))
             .cloned();
         match pick {
             None => Outcome::Tasks(vec![]),
@@ -257,7 +263,7 @@ fn commands_strategy() -> impl Strategy<Value = Vec<Command>> {
             .map(|(delta, request_id, request)| {
                 stamp += delta;
                 Command {
-                    stamp_ms: stamp,
+                    stamp: LogTime::from_millis(stamp),
                     request_id,
                     request,
                 }
@@ -272,7 +278,7 @@ fn check_state(machine: &TaskMachine, model: &Model) -> Result<(), TestCaseError
     let expected: Vec<Task> = model.tasks.values().cloned().collect();
     prop_assert_eq!(tasks, expected);
     prop_assert_eq!(machine.next_id(), model.next_id);
-    prop_assert_eq!(machine.last_time_ms(), model.time_ms);
+    prop_assert_eq!(machine.log_time().as_millis(), model.time_ms);
     let groups: BTreeSet<String> = model.tasks.values().map(|t| t.group.to_string()).collect();
     let machine_groups: Vec<String> = machine.groups().iter().map(|g| g.to_string()).collect();
     prop_assert_eq!(machine_groups, groups.iter().cloned().collect::<Vec<_>>());
@@ -283,17 +289,17 @@ fn check_state(machine: &TaskMachine, model: &Model) -> Result<(), TestCaseError
             .filter(|t| &*t.group == group)
             .cloned()
             .collect();
-        in_group.sort_by_key(|t| (t.at_ms, t.id));
+        in_group.sort_by_key(|t| (t.available_at, t.id));
         prop_assert_eq!(
-            machine.group_tasks(group, None, true, model.time_ms),
+            machine.group_tasks(group, None, true, LogTime::from_millis(model.time_ms)),
             in_group.clone()
         );
         let available: Vec<Task> = in_group
             .into_iter()
-            .filter(|t| t.at_ms <= model.time_ms)
+            .filter(|t| t.available_at.as_millis() <= model.time_ms)
             .collect();
         prop_assert_eq!(
-            machine.group_tasks(group, None, false, model.time_ms),
+            machine.group_tasks(group, None, false, LogTime::from_millis(model.time_ms)),
             available
         );
     }

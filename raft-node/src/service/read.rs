@@ -3,7 +3,7 @@
 use openraft::ReadPolicy;
 use openraft::error::LinearizableReadError;
 use openraft::error::RaftError;
-use store_sm::machine::Millis;
+use store_sm::machine::LogTime;
 use store_sm::state_machine::AppliedState;
 
 use super::ServiceError;
@@ -37,7 +37,7 @@ pub struct ReadView {
     /// The applied state (an O(1) clone: reading it never holds up apply).
     pub state: Box<AppliedState>,
     /// The log time at which ownership is judged.
-    pub now_ms: Millis,
+    pub now: LogTime,
 }
 
 impl Node {
@@ -48,10 +48,10 @@ impl Node {
         self.check_member()?;
         if consistency == Consistency::Stale || self.planted_follower_read() {
             let state = self.state.snapshot();
-            let now_ms = state.machine.last_time_ms();
+            let now = state.machine.log_time();
             return Ok(ReadView {
                 state: Box::new(state),
-                now_ms,
+                now,
             });
         }
         let linearized = tokio::time::timeout(
@@ -67,10 +67,10 @@ impl Node {
         match linearized {
             Ok(_) => {
                 let state = self.state.snapshot();
-                let now_ms = state.machine.last_time_ms().max(self.clock.now_ms());
+                let now = state.machine.log_time().max(self.clock.now());
                 Ok(ReadView {
                     state: Box::new(state),
-                    now_ms,
+                    now,
                 })
             }
             Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {

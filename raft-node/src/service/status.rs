@@ -71,7 +71,7 @@ impl Node {
             applied_index: metrics.last_applied.map(|id| id.index()),
             snapshot_index: metrics.snapshot.map(|id| id.index()),
             purged_index: metrics.purged.map(|id| id.index()),
-            applied_time_ms: self.state.read(|s| s.machine.last_time_ms()),
+            applied_time_ms: self.state.read(|s| s.machine.log_time().as_millis()),
             voters,
             learners,
             retired,

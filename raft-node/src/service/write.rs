@@ -22,7 +22,7 @@ impl Node {
     ) -> Result<Arc<Outcome>, ServiceError> {
         self.check_member()?;
         let command = Command {
-            stamp_ms: self.clock.now_ms(),
+            stamp: self.clock.now(),
             request_id,
             request,
         };

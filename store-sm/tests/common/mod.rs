@@ -10,6 +10,7 @@ use openraft::storage::RaftStateMachine;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
+use store_sm::machine::LogTime;
 use store_sm::machine::Request;
 use store_sm::machine::UpdateRequest;
 use store_sm::raft_types::Response;
@@ -62,7 +63,7 @@ pub fn workload_command(i: u64) -> Command {
         })
     };
     Command {
-        stamp_ms,
+        stamp: LogTime::from_millis(stamp_ms),
         request_id: Some(format!("r{i}")),
         request,
     }

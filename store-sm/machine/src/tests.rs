@@ -13,9 +13,14 @@ fn add(group: &str, data: &str, timespec: Option<Millis>) -> AddTask {
     }
 }
 
+/// Log time `ms` milliseconds after the epoch.
+fn at(ms: Millis) -> LogTime {
+    LogTime::from_millis(ms)
+}
+
 fn update_cmd(stamp_ms: Millis, update: UpdateRequest) -> Command {
     Command {
-        stamp_ms,
+        stamp: at(stamp_ms),
         request_id: None,
         request: Request::Update(update),
     }
@@ -23,7 +28,7 @@ fn update_cmd(stamp_ms: Millis, update: UpdateRequest) -> Command {
 
 fn claim_cmd(stamp_ms: Millis, client: ClientId, group: &str, duration_ms: Millis) -> Command {
     Command {
-        stamp_ms,
+        stamp: at(stamp_ms),
         request_id: None,
         request: Request::Claim(ClaimRequest {
             client,
@@ -72,13 +77,17 @@ fn adds_get_increasing_ids_and_defaults() {
     let outcome = machine.apply(&update_cmd(T0, update));
     let tasks = tasks_of(&outcome);
     assert_eq!(tasks.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 2, 3]);
-    assert_eq!(tasks[0].at_ms, T0, "missing timespec is now");
     assert_eq!(
-        tasks[1].at_ms,
+        tasks[0].available_at.as_millis(),
+        T0,
+        "missing timespec is now"
+    );
+    assert_eq!(
+        tasks[1].available_at.as_millis(),
         T0 + 60_000,
         "negative timespec is now + |t|"
     );
-    assert_eq!(tasks[2].at_ms, 0, "zero is the epoch");
+    assert_eq!(tasks[2].available_at.as_millis(), 0, "zero is the epoch");
     assert!(tasks.iter().all(|t| t.owner == 7 && &*t.group == "map"));
     assert_eq!(machine.next_id(), 4);
 }
@@ -103,7 +112,7 @@ fn update_replaces_the_task_with_a_new_id_in_the_same_group() {
     assert_eq!(&*tasks[0].group, "other");
     assert_eq!(&*tasks[1].group, "g", "an update never changes the group");
     assert_eq!(tasks[1].data, "new");
-    assert_eq!(tasks[1].at_ms, T0 + 5 + 1000);
+    assert_eq!(tasks[1].available_at.as_millis(), T0 + 5 + 1000);
     assert_eq!(tasks[1].owner, 2);
     assert!(tasks[1].id > tasks[0].id);
     assert!(machine.task(old.id).is_none(), "the old version is gone");
@@ -115,7 +124,7 @@ fn owned_tasks_refuse_other_clients_until_they_expire() {
     adds(&mut machine, 1, "g", 1);
     let claimed = tasks_of(&machine.apply(&claim_cmd(T0, 5, "g", 1000)))[0].clone();
     assert_eq!(claimed.owner, 5);
-    assert_eq!(claimed.at_ms, T0 + 1000);
+    assert_eq!(claimed.available_at.as_millis(), T0 + 1000);
 
     let delete = |client| UpdateRequest {
         client,
@@ -158,7 +167,7 @@ fn the_owner_may_renew_its_claim() {
         ..Default::default()
     };
     let renewed = tasks_of(&machine.apply(&update_cmd(T0 + 500, renew.clone())))[0].clone();
-    assert_eq!(renewed.at_ms, T0 + 1500);
+    assert_eq!(renewed.available_at.as_millis(), T0 + 1500);
     let stale = machine.apply(&update_cmd(T0 + 600, renew));
     assert_eq!(
         refusals_of(&stale),
@@ -252,7 +261,7 @@ fn claim_takes_the_oldest_available_task_and_skips_its_depends() {
     tasks_of(&machine.apply(&update_cmd(T0, update)));
     let claim = |machine: &mut TaskMachine, depends: Vec<TaskId>| {
         let command = Command {
-            stamp_ms: T0,
+            stamp: at(T0),
             request_id: None,
             request: Request::Claim(ClaimRequest {
                 client: 3,
@@ -283,7 +292,7 @@ fn claim_refusals() {
         ]
     );
     let command = Command {
-        stamp_ms: T0,
+        stamp: at(T0),
         request_id: None,
         request: Request::Claim(ClaimRequest {
             client: 1,
@@ -315,7 +324,7 @@ fn groups_exist_only_while_they_hold_tasks() {
     };
     tasks_of(&machine.apply(&update_cmd(T0, delete)));
     assert_eq!(machine.groups(), [Arc::from("a")]);
-    assert_eq!(machine.group_tasks("b", None, true, T0), []);
+    assert_eq!(machine.group_tasks("b", None, true, at(T0)), []);
 }
 
 #[test]
@@ -323,11 +332,11 @@ fn group_listing_honours_owned_and_limit() {
     let mut machine = TaskMachine::new();
     adds(&mut machine, 1, "g", 3);
     tasks_of(&machine.apply(&claim_cmd(T0, 2, "g", 1000)));
-    assert_eq!(machine.group_tasks("g", None, false, T0).len(), 2);
-    assert_eq!(machine.group_tasks("g", None, true, T0).len(), 3);
-    assert_eq!(machine.group_tasks("g", Some(1), true, T0).len(), 1);
+    assert_eq!(machine.group_tasks("g", None, false, at(T0)).len(), 2);
+    assert_eq!(machine.group_tasks("g", None, true, at(T0)).len(), 3);
+    assert_eq!(machine.group_tasks("g", Some(1), true, at(T0)).len(), 1);
     assert_eq!(
-        machine.group_tasks("g", None, false, T0 + 1000).len(),
+        machine.group_tasks("g", None, false, at(T0 + 1000)).len(),
         3,
         "expired"
     );
@@ -338,11 +347,11 @@ fn time_never_goes_back() {
     let mut machine = TaskMachine::new();
     adds(&mut machine, 1, "g", 1);
     let claimed = tasks_of(&machine.apply(&claim_cmd(T0 + 50, 1, "g", 10)))[0].clone();
-    assert_eq!(claimed.at_ms, T0 + 60);
+    assert_eq!(claimed.available_at.as_millis(), T0 + 60);
     // A new leader whose clock is behind stamps an earlier time: log time stays.
     let again = machine.apply(&claim_cmd(T0, 2, "g", 10));
     assert_eq!(tasks_of(&again), []);
-    assert_eq!(machine.last_time_ms(), T0 + 50);
+    assert_eq!(machine.log_time().as_millis(), T0 + 50);
 }
 
 #[test]
@@ -355,7 +364,7 @@ fn a_retried_request_returns_its_first_outcome_and_applies_once() {
     let second = machine.apply(&command);
     assert_eq!(first, second);
     assert_eq!(
-        machine.group_tasks("g", None, false, T0).len(),
+        machine.group_tasks("g", None, false, at(T0)).len(),
         1,
         "claimed once"
     );
@@ -388,4 +397,34 @@ fn oversized_requests_are_refused_whole() {
             REQUEST_ITEMS_MAX + 1
         )]
     );
+}
+
+#[test]
+fn a_claim_is_granted_up_to_the_longest_duration_and_refused_beyond() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 1);
+    let longest = tasks_of(&machine.apply(&claim_cmd(T0, 2, "g", CLAIM_DURATION_MS_MAX))).to_vec();
+    assert_eq!(
+        longest[0].available_at.as_millis(),
+        T0 + CLAIM_DURATION_MS_MAX
+    );
+    assert_eq!(
+        refusals_of(&machine.apply(&claim_cmd(T0, 2, "g", CLAIM_DURATION_MS_MAX + 1))),
+        [format!(
+            "claim: duration {} is longer than the limit of {CLAIM_DURATION_MS_MAX} milliseconds",
+            CLAIM_DURATION_MS_MAX + 1
+        )]
+    );
+}
+
+/// The checks after apply run in debug builds: a machine whose group index lost its
+/// tasks is caught at the next command.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "the group indexes name 0 tasks, the task map holds 2")]
+fn apply_asserts_that_the_indexes_hold_every_task() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 2);
+    machine.groups = OrdMap::new();
+    machine.apply(&claim_cmd(T0, 1, "g", 10));
 }

@@ -1,12 +1,19 @@
 //! The task machine: the complete semantics of the seed's task store as a pure,
 //! deterministic function of the command log.
 //!
-//! Architecture invariant: nothing here reads a clock, a random source or the disk, and
-//! nothing here is async. "Now" is the leader's stamp in each command, never lower than
-//! the previous command's. Every collection is a persistent map, so cloning the machine
-//! is O(1) and a snapshot can be encoded from a clone while apply goes on.
+//! Architecture invariant: this crate depends on nothing but serde and imbl, so nothing
+//! here can read a clock, a random source or the disk, and nothing here is async.
+//! "Now" is the leader's stamp in each command, never lower than the previous
+//! command's. Every collection is a persistent map, so cloning the machine is O(1) and a
+//! snapshot can be encoded from a clone while apply goes on. The machine knows nothing
+//! of planted bugs: the simulation injects them around it (`store_sm::planted`).
 
+pub mod constants;
 mod dedup;
+#[cfg(debug_assertions)]
+mod invariants;
+mod log_time;
+mod restore;
 mod types;
 
 use std::collections::BTreeSet;
@@ -15,16 +22,30 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use imbl::OrdSet;
 
-pub use self::dedup::DEDUP_BYTES_MAX;
-pub use self::dedup::DEDUP_ENTRIES_MAX;
-pub use self::dedup::DEDUP_WINDOW_MS;
+use self::constants::CLAIM_DURATION_MS_MAX;
+use self::constants::REQUEST_ID_BYTES_MAX;
+use self::constants::REQUEST_ITEMS_MAX;
+
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
+pub use self::log_time::LogTime;
+pub use self::restore::InvalidParts;
 pub use self::types::*;
 
 /// The claim order of one group: `(available time, id)`, smallest first.
-type GroupIndex = OrdSet<(Millis, TaskId)>;
+type GroupIndex = OrdSet<(LogTime, TaskId)>;
+
+/// What a command did to the tasks, which the checks after apply need to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Effect {
+    /// Nothing: refused, answered from the dedup table, or a claim that found no task.
+    Unchanged,
+    /// An update that wrote its adds and updates and removed what it updated and deleted.
+    Updated,
+    /// A claim that removed the task with this id and wrote its new version.
+    Claimed(TaskId),
+}
 
 /// The replicated task store's state. See the module documentation.
 #[derive(Clone, Debug)]
@@ -32,7 +53,7 @@ pub struct TaskMachine {
     /// The id the next written task version gets.
     next_id: TaskId,
     /// Log time of the last applied command.
-    last_time_ms: Millis,
+    log_time: LogTime,
     tasks: OrdMap<TaskId, Task>,
     groups: OrdMap<GroupName, GroupIndex>,
     dedup: DedupTable,
@@ -51,7 +72,7 @@ impl TaskMachine {
     pub fn new() -> Self {
         Self {
             next_id: 1,
-            last_time_ms: 0,
+            log_time: LogTime::EPOCH,
             tasks: OrdMap::new(),
             groups: OrdMap::new(),
             dedup: DedupTable::default(),
@@ -75,42 +96,61 @@ impl TaskMachine {
     /// Applies one command at its log time and returns its outcome.
     ///
     /// Total: a command that cannot be carried out is refused with every reason, and a
-    /// refused command changes nothing but the machine's time and dedup table.
+    /// refused command changes nothing but the machine's time and dedup table. Debug and
+    /// simulation builds assert the machine's invariants after every command.
     pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
-        let now_ms = self.advance_time(command.stamp_ms);
-        self.dedup.evict(now_ms);
+        #[cfg(debug_assertions)]
+        let before = invariants::Before::of(self);
+        let (outcome, effect) = self.apply_unchecked(command);
+        #[cfg(debug_assertions)]
+        self.assert_invariants(&before, command, &outcome, effect);
+        #[cfg(not(debug_assertions))]
+        let _ = effect;
+        outcome
+    }
+
+    fn apply_unchecked(&mut self, command: &Command) -> (Arc<Outcome>, Effect) {
+        let now = self.advance_time(command.stamp);
+        self.dedup.evict(now);
 
         let key = match &command.request_id {
             Some(id) if id.len() > REQUEST_ID_BYTES_MAX => {
-                return Arc::new(Outcome::Refused(vec![Refusal::RequestIdTooLong {
-                    bytes: id.len(),
-                }]));
+                let refusal = Refusal::RequestIdTooLong { bytes: id.len() };
+                return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
             }
             Some(id) => Some((command.request.client(), Arc::<str>::from(id.as_str()))),
             None => None,
         };
         if let Some(first) = key.as_ref().and_then(|key| self.dedup.get(key)) {
-            return Arc::clone(first);
+            return (Arc::clone(first), Effect::Unchanged);
         }
 
-        let outcome = Arc::new(match &command.request {
-            Request::Update(update) => self.apply_update(update, now_ms),
-            Request::Claim(claim) => self.apply_claim(claim, now_ms),
-        });
+        let (outcome, effect) = match &command.request {
+            Request::Update(update) => {
+                let outcome = self.apply_update(update, now);
+                let effect = match outcome {
+                    Outcome::Refused(_) => Effect::Unchanged,
+                    Outcome::Tasks(_) => Effect::Updated,
+                };
+                (outcome, effect)
+            }
+            Request::Claim(claim) => self.apply_claim(claim, now),
+        };
+        let outcome = Arc::new(outcome);
         if let Some(key) = key {
-            self.dedup.insert(key, now_ms, Arc::clone(&outcome));
+            self.dedup.insert(key, now, Arc::clone(&outcome));
         }
-        outcome
+        (outcome, effect)
     }
 
     /// Moves log time to `max(stamp, previous time)`, so time never goes back even when
     /// a new leader's clock is behind the old one's.
-    fn advance_time(&mut self, stamp_ms: Millis) -> Millis {
-        self.last_time_ms = self.last_time_ms.max(stamp_ms);
-        self.last_time_ms
+    fn advance_time(&mut self, stamp: LogTime) -> LogTime {
+        self.log_time = self.log_time.max(stamp);
+        self.log_time
     }
 
-    fn apply_update(&mut self, update: &UpdateRequest, now_ms: Millis) -> Outcome {
+    fn apply_update(&mut self, update: &UpdateRequest, now: LogTime) -> Outcome {
         let items =
             update.adds.len() + update.updates.len() + update.deletes.len() + update.depends.len();
         if items > REQUEST_ITEMS_MAX {
@@ -134,42 +174,47 @@ impl TaskMachine {
             if add.group.is_empty() {
                 refusals.push(Refusal::MissingGroup { index });
             }
-            match resolve_timespec(ListName::Adds, index, add.timespec, now_ms) {
-                Ok(at_ms) => add_times.push(at_ms),
+            match resolve_timespec(ListName::Adds, index, add.timespec, now) {
+                Ok(available_at) => add_times.push(available_at),
                 Err(refusal) => refusals.push(refusal),
             }
         }
         let mut update_times = Vec::with_capacity(update.updates.len());
         for (index, change) in update.updates.iter().enumerate() {
             refusals.extend(
-                self.check_modifiable(ListName::Updates, change.id, update.client, now_ms)
+                self.check_modifiable(ListName::Updates, change.id, update.client, now)
                     .err(),
             );
-            match resolve_timespec(ListName::Updates, index, change.timespec, now_ms) {
-                Ok(at_ms) => update_times.push(at_ms),
+            match resolve_timespec(ListName::Updates, index, change.timespec, now) {
+                Ok(available_at) => update_times.push(available_at),
                 Err(refusal) => refusals.push(refusal),
             }
         }
         for &id in &update.deletes {
             refusals.extend(
-                self.check_modifiable(ListName::Deletes, id, update.client, now_ms)
+                self.check_modifiable(ListName::Deletes, id, update.client, now)
                     .err(),
             );
         }
         refusals.extend(self.missing_depends(&update.depends));
         if !refusals.is_empty() {
-            if crate::planted::is_planted(crate::planted::Bug::PartialTransaction) {
-                self.insert_adds(update, add_times, &mut Vec::new());
-            }
             return Outcome::Refused(refusals);
         }
 
         // Every check passed: from here on nothing can fail, so the change is all or nothing.
         let mut written = Vec::with_capacity(update.adds.len() + update.updates.len());
-        self.insert_adds(update, add_times, &mut written);
-        for (change, at_ms) in update.updates.iter().zip(update_times) {
+        for (add, available_at) in update.adds.iter().zip(add_times) {
+            let group = self.intern_group(&add.group);
+            written.push(self.insert_new(group, add.data.clone(), available_at, update.client));
+        }
+        for (change, available_at) in update.updates.iter().zip(update_times) {
             if let Some(old) = self.remove_task(change.id) {
-                written.push(self.insert_new(old.group, change.data.clone(), at_ms, update.client));
+                written.push(self.insert_new(
+                    old.group,
+                    change.data.clone(),
+                    available_at,
+                    update.client,
+                ));
             }
         }
         for id in &update.deletes {
@@ -178,67 +223,48 @@ impl TaskMachine {
         Outcome::Tasks(written)
     }
 
-    /// Writes the update's adds, available at `add_times`, appending each to `written`.
-    fn insert_adds(
-        &mut self,
-        update: &UpdateRequest,
-        add_times: Vec<Millis>,
-        written: &mut Vec<Task>,
-    ) {
-        for (add, at_ms) in update.adds.iter().zip(add_times) {
-            let group = self.intern_group(&add.group);
-            written.push(self.insert_new(group, add.data.clone(), at_ms, update.client));
-        }
-    }
-
-    fn apply_claim(&mut self, claim: &ClaimRequest, now_ms: Millis) -> Outcome {
+    fn apply_claim(&mut self, claim: &ClaimRequest, now: LogTime) -> (Outcome, Effect) {
+        let unchanged = |outcome| (outcome, Effect::Unchanged);
         if claim.depends.len() > REQUEST_ITEMS_MAX {
-            return Outcome::Refused(vec![Refusal::TooManyItems {
+            return unchanged(Outcome::Refused(vec![Refusal::TooManyItems {
                 items: claim.depends.len(),
-            }]);
+            }]));
         }
         let mut refusals = Vec::new();
         if claim.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
         }
-        let until_ms = if claim.duration_ms <= 0 {
-            refusals.push(Refusal::InvalidDuration {
-                duration_ms: claim.duration_ms,
-            });
-            None
-        } else {
-            let until_ms = now_ms.checked_add(claim.duration_ms);
-            if until_ms.is_none() {
-                refusals.push(Refusal::DurationOutOfRange {
-                    duration_ms: claim.duration_ms,
-                });
+        let available_at = match claim_end(now, claim.duration_ms) {
+            Ok(available_at) => Some(available_at),
+            Err(refusal) => {
+                refusals.push(refusal);
+                None
             }
-            until_ms
         };
         refusals.extend(duplicates(
             claim.depends.iter().map(|&id| (ListName::Depends, id)),
         ));
         refusals.extend(self.missing_depends(&claim.depends));
-        let Some(until_ms) = until_ms.filter(|_| refusals.is_empty()) else {
-            return Outcome::Refused(refusals);
+        let Some(available_at) = available_at.filter(|_| refusals.is_empty()) else {
+            return unchanged(Outcome::Refused(refusals));
         };
 
-        let Some(id) = self.first_available(&claim.group, now_ms, &claim.depends) else {
-            return Outcome::Tasks(Vec::new());
+        let Some(id) = self.first_available(&claim.group, now, &claim.depends) else {
+            return unchanged(Outcome::Tasks(Vec::new()));
         };
         let Some(old) = self.remove_task(id) else {
             debug_assert!(false, "group index names task {id} that does not exist");
-            return Outcome::Tasks(Vec::new());
+            return unchanged(Outcome::Tasks(Vec::new()));
         };
-        let claimed = self.insert_new(old.group, old.data, until_ms, claim.client);
-        Outcome::Tasks(vec![claimed])
+        let claimed = self.insert_new(old.group, old.data, available_at, claim.client);
+        (Outcome::Tasks(vec![claimed]), Effect::Claimed(id))
     }
 
     /// The oldest available task of `group` that the claim does not depend on.
-    fn first_available(&self, group: &str, now_ms: Millis, depends: &[TaskId]) -> Option<TaskId> {
+    fn first_available(&self, group: &str, now: LogTime, depends: &[TaskId]) -> Option<TaskId> {
         let index = self.groups.get(group)?;
         index
-            .range(..=(now_ms, TaskId::MAX))
+            .range(..=(now, TaskId::MAX))
             .map(|&(_, id)| id)
             .find(|id| !depends.contains(id))
     }
@@ -248,15 +274,15 @@ impl TaskMachine {
         list: ListName,
         id: TaskId,
         client: ClientId,
-        now_ms: Millis,
+        now: LogTime,
     ) -> Result<(), Refusal> {
         match self.tasks.get(&id) {
             None => Err(Refusal::Missing { list, id }),
-            Some(task) if !task.modifiable_by(client, now_ms) => Err(Refusal::Owned {
+            Some(task) if !task.modifiable_by(client, now) => Err(Refusal::Owned {
                 list,
                 id,
                 owner: task.owner,
-                until_ms: task.at_ms,
+                available_at: task.available_at,
             }),
             Some(_) => Ok(()),
         }
@@ -284,7 +310,7 @@ impl TaskMachine {
         &mut self,
         group: GroupName,
         data: String,
-        at_ms: Millis,
+        available_at: LogTime,
         owner: ClientId,
     ) -> Task {
         let id = self.next_id;
@@ -294,7 +320,7 @@ impl TaskMachine {
             id,
             group,
             data,
-            at_ms,
+            available_at,
             owner,
         };
         self.index_task(task.clone());
@@ -304,11 +330,13 @@ impl TaskMachine {
     fn index_task(&mut self, task: Task) {
         match self.groups.get_mut(&*task.group) {
             Some(index) => {
-                index.insert((task.at_ms, task.id));
+                index.insert((task.available_at, task.id));
             }
             None => {
-                self.groups
-                    .insert(Arc::clone(&task.group), OrdSet::unit((task.at_ms, task.id)));
+                self.groups.insert(
+                    Arc::clone(&task.group),
+                    OrdSet::unit((task.available_at, task.id)),
+                );
             }
         }
         self.tasks.insert(task.id, task);
@@ -318,7 +346,7 @@ impl TaskMachine {
         let task = self.tasks.remove(&id)?;
         let now_empty = match self.groups.get_mut(&*task.group) {
             Some(index) => {
-                index.remove(&(task.at_ms, task.id));
+                index.remove(&(task.available_at, task.id));
                 index.is_empty()
             }
             None => false,
@@ -340,15 +368,15 @@ impl TaskMachine {
     }
 
     /// Tasks of `group` in claim order (available time, then id): only those available at
-    /// `now_ms` unless `include_owned`, at most `limit` of them. O(log n + returned).
+    /// `now` unless `include_owned`, at most `limit` of them. O(log n + returned).
     pub fn group_tasks(
         &self,
         group: &str,
         limit: Option<usize>,
         include_owned: bool,
-        now_ms: Millis,
+        now: LogTime,
     ) -> Vec<Task> {
-        self.iter_group(group, include_owned, now_ms)
+        self.iter_group(group, include_owned, now)
             .take(limit.unwrap_or(usize::MAX))
             .cloned()
             .collect()
@@ -359,9 +387,9 @@ impl TaskMachine {
         &'a self,
         group: &str,
         include_owned: bool,
-        now_ms: Millis,
+        now: LogTime,
     ) -> impl Iterator<Item = &'a Task> + 'a {
-        let upper = if include_owned { Millis::MAX } else { now_ms };
+        let upper = if include_owned { LogTime::MAX } else { now };
         self.groups
             .get(group)
             .into_iter()
@@ -385,8 +413,8 @@ impl TaskMachine {
     }
 
     /// Log time of the last applied command.
-    pub fn last_time_ms(&self) -> Millis {
-        self.last_time_ms
+    pub fn log_time(&self) -> LogTime {
+        self.log_time
     }
 
     /// Number of live tasks.
@@ -403,41 +431,6 @@ impl TaskMachine {
     pub fn dedup(&self) -> &DedupTable {
         &self.dedup
     }
-
-    /// Rebuilds a machine from a snapshot's parts; refuses parts no machine could produce.
-    pub(crate) fn from_parts(
-        next_id: TaskId,
-        last_time_ms: Millis,
-        tasks: impl IntoIterator<Item = Task>,
-        dedup: impl IntoIterator<Item = (DedupKey, Millis, Arc<Outcome>)>,
-        members_ever: impl IntoIterator<Item = MemberId>,
-    ) -> Result<Self, String> {
-        let mut machine = Self {
-            next_id,
-            last_time_ms,
-            members_ever: members_ever.into_iter().collect(),
-            ..Self::new()
-        };
-        for task in tasks {
-            if task.id >= next_id {
-                return Err(format!("task {} is not below next id {next_id}", task.id));
-            }
-            if task.group.is_empty() {
-                return Err(format!("task {} has an empty group", task.id));
-            }
-            if machine.tasks.contains_key(&task.id) {
-                return Err(format!("task {} appears twice", task.id));
-            }
-            machine.index_task(task);
-        }
-        for (key, time_ms, outcome) in dedup {
-            machine.dedup.insert(key, time_ms, outcome);
-        }
-        if crate::planted::is_planted(crate::planted::Bug::IdReuse) {
-            machine.next_id = machine.tasks.keys().next_back().map_or(1, |last| last + 1);
-        }
-        Ok(machine)
-    }
 }
 
 /// `None` is now; negative is now + |t|; anything else is absolute. Refused if the result
@@ -446,18 +439,31 @@ fn resolve_timespec(
     list: ListName,
     index: usize,
     timespec: Option<Millis>,
-    now_ms: Millis,
-) -> Result<Millis, Refusal> {
+    now: LogTime,
+) -> Result<LogTime, Refusal> {
     let resolved = match timespec {
-        None => Some(now_ms),
-        Some(t) if t < 0 => t.checked_neg().and_then(|ahead| now_ms.checked_add(ahead)),
-        Some(t) => Some(t),
+        None => Some(now),
+        Some(t) if t < 0 => t.checked_neg().and_then(|ahead| now.checked_add(ahead)),
+        Some(t) => Some(LogTime::from_millis(t)),
     };
     resolved.ok_or(Refusal::TimespecOutOfRange {
         list,
         index,
         timespec: timespec.unwrap_or_default(),
     })
+}
+
+/// When a claim of `duration_ms` made at `now` ends; refused unless the duration is
+/// positive, at most [`CLAIM_DURATION_MS_MAX`] and ends within representable time.
+fn claim_end(now: LogTime, duration_ms: Millis) -> Result<LogTime, Refusal> {
+    if duration_ms <= 0 {
+        return Err(Refusal::InvalidDuration { duration_ms });
+    }
+    if duration_ms > CLAIM_DURATION_MS_MAX {
+        return Err(Refusal::DurationTooLong { duration_ms });
+    }
+    now.checked_add(duration_ms)
+        .ok_or(Refusal::DurationOutOfRange { duration_ms })
 }
 
 /// A refusal for each id named more than once, naming the list of its second mention.

@@ -5,20 +5,13 @@ use std::sync::Arc;
 
 use imbl::OrdMap;
 
+use super::LogTime;
+use super::constants::DEDUP_BYTES_MAX;
+use super::constants::DEDUP_ENTRIES_MAX;
+use super::constants::DEDUP_WINDOW_MS;
 use super::types::ClientId;
-use super::types::Millis;
 use super::types::Outcome;
 use super::types::Refusal;
-
-/// Entries kept at most; the oldest go first.
-pub const DEDUP_ENTRIES_MAX: usize = 100_000;
-
-/// Approximate bytes of stored outcomes kept at most; the oldest go first.
-pub const DEDUP_BYTES_MAX: usize = 64 * 1024 * 1024;
-
-/// How long, in log time, an outcome is remembered. A client retrying later than this
-/// after its first attempt may apply twice; clients retry within seconds.
-pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
 
 /// Who asked: the same request id from two clients is two requests.
 pub type DedupKey = (ClientId, Arc<str>);
@@ -27,7 +20,7 @@ pub type DedupKey = (ClientId, Arc<str>);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DedupEntry {
     /// Log time of the first application.
-    pub time_ms: Millis,
+    pub applied_at: LogTime,
     /// What the first application answered.
     pub outcome: Arc<Outcome>,
     seq: u64,
@@ -50,12 +43,12 @@ impl DedupTable {
     }
 
     /// Remembers the first outcome of `key` and evicts what the limits require.
-    pub fn insert(&mut self, key: DedupKey, time_ms: Millis, outcome: Arc<Outcome>) {
+    pub fn insert(&mut self, key: DedupKey, applied_at: LogTime, outcome: Arc<Outcome>) {
         let bytes = approximate_bytes(&key, &outcome);
         let seq = self.next_seq;
         self.next_seq += 1;
         let entry = DedupEntry {
-            time_ms,
+            applied_at,
             outcome,
             seq,
             bytes,
@@ -67,18 +60,18 @@ impl DedupTable {
         }
         self.by_seq.insert(seq, key);
         self.bytes += bytes;
-        self.evict(time_ms);
+        self.evict(applied_at);
     }
 
     /// Drops entries beyond the count and byte limits, and those older than the window.
-    pub fn evict(&mut self, now_ms: Millis) {
+    pub fn evict(&mut self, now: LogTime) {
         while let Some((seq, key)) = self.by_seq.get_min().cloned() {
             let Some(entry) = self.by_key.get(&key) else {
                 debug_assert!(false, "dedup order names a missing key");
                 self.by_seq.remove(&seq);
                 continue;
             };
-            let too_old = now_ms.saturating_sub(entry.time_ms) > DEDUP_WINDOW_MS;
+            let too_old = now.millis_since(entry.applied_at) > DEDUP_WINDOW_MS;
             let too_many = self.by_key.len() > DEDUP_ENTRIES_MAX;
             let too_big = self.bytes > DEDUP_BYTES_MAX;
             if !(too_old || too_many || too_big) {
@@ -134,7 +127,11 @@ mod tests {
     #[test]
     fn remembers_per_client() {
         let mut table = DedupTable::default();
-        table.insert(key(1, "a"), 0, Arc::new(Outcome::Tasks(vec![])));
+        table.insert(
+            key(1, "a"),
+            LogTime::EPOCH,
+            Arc::new(Outcome::Tasks(vec![])),
+        );
         assert!(table.get(&key(1, "a")).is_some());
         assert!(table.get(&key(2, "a")).is_none());
     }
@@ -142,10 +139,14 @@ mod tests {
     #[test]
     fn forgets_after_the_window() {
         let mut table = DedupTable::default();
-        table.insert(key(1, "a"), 0, Arc::new(Outcome::Tasks(vec![])));
-        table.evict(DEDUP_WINDOW_MS);
+        table.insert(
+            key(1, "a"),
+            LogTime::EPOCH,
+            Arc::new(Outcome::Tasks(vec![])),
+        );
+        table.evict(LogTime::from_millis(DEDUP_WINDOW_MS));
         assert_eq!(table.len(), 1, "kept for the whole window");
-        table.evict(DEDUP_WINDOW_MS + 1);
+        table.evict(LogTime::from_millis(DEDUP_WINDOW_MS + 1));
         assert!(table.is_empty());
     }
 
@@ -153,7 +154,11 @@ mod tests {
     fn keeps_at_most_the_entry_limit_dropping_the_oldest() {
         let mut table = DedupTable::default();
         for i in 0..DEDUP_ENTRIES_MAX + 10 {
-            table.insert(key(1, &i.to_string()), 0, Arc::new(Outcome::Tasks(vec![])));
+            table.insert(
+                key(1, &i.to_string()),
+                LogTime::EPOCH,
+                Arc::new(Outcome::Tasks(vec![])),
+            );
         }
         assert_eq!(table.len(), DEDUP_ENTRIES_MAX);
         assert!(table.get(&key(1, "0")).is_none());

@@ -9,13 +9,19 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::LogTime;
+use crate::constants::CLAIM_DURATION_MS_MAX;
+use crate::constants::REQUEST_ID_BYTES_MAX;
+use crate::constants::REQUEST_ITEMS_MAX;
+
 /// A task version's identity and fencing token; strictly increasing, never reused.
 pub type TaskId = u64;
 
 /// The numeric identity a worker chooses for itself (the seed's `clientid`).
 pub type ClientId = i64;
 
-/// Milliseconds since the Unix epoch, in log time.
+/// A count of milliseconds: a duration, or a time as a request states it, before the
+/// machine resolves it to a [`LogTime`].
 pub type Millis = i64;
 
 /// A cluster node's id, as the machine records membership history.
@@ -23,14 +29,6 @@ pub type MemberId = u64;
 
 /// A group name, shared between a group's tasks and its index.
 pub type GroupName = Arc<str>;
-
-/// Longest request id the machine accepts, in bytes (SPEC section 2, "Retries").
-pub const REQUEST_ID_BYTES_MAX: usize = 64;
-
-/// Most task ids (adds + updates + deletes + depends) one update or claim may name.
-///
-/// The HTTP body limit already bounds requests; this bound keeps the machine total on its own.
-pub const REQUEST_ITEMS_MAX: usize = 10_000;
 
 /// One immutable task version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,22 +39,23 @@ pub struct Task {
     pub group: GroupName,
     /// Opaque payload.
     pub data: String,
-    /// Available time: the task is owned by `owner` until then.
-    pub at_ms: Millis,
+    /// When the task becomes available to every client; until then `owner` holds it.
+    /// The seed's JSON calls it `timespec`.
+    pub available_at: LogTime,
     /// The client that wrote this version.
     pub owner: ClientId,
 }
 
 impl Task {
-    /// Whether `client` may update or delete this task at log time `now_ms`
+    /// Whether `client` may update or delete this task at log time `now`
     /// (`canModify = at <= now || owner == client`).
-    pub fn modifiable_by(&self, client: ClientId, now_ms: Millis) -> bool {
-        self.at_ms <= now_ms || self.owner == client
+    pub fn modifiable_by(&self, client: ClientId, now: LogTime) -> bool {
+        self.available_at <= now || self.owner == client
     }
 
-    /// Whether some client owns this task at log time `now_ms`.
-    pub fn is_owned_at(&self, now_ms: Millis) -> bool {
-        self.at_ms > now_ms
+    /// Whether some client owns this task at log time `now`.
+    pub fn is_owned_at(&self, now: LogTime) -> bool {
+        self.available_at > now
     }
 }
 
@@ -133,12 +132,32 @@ impl Request {
 /// client request id for deduplication.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Command {
-    /// Wall-clock time the leader stamped on the entry; the machine never lets time go back.
-    pub stamp_ms: Millis,
+    /// The leader's log clock when it proposed the entry; the machine never lets time go
+    /// back, so the command applies at `max(stamp, previous log time)`.
+    pub stamp: LogTime,
     /// A retried command with the same `(client, request_id)` returns its first outcome.
     pub request_id: Option<String>,
     /// The work itself.
     pub request: Request,
+}
+
+/// A one-line summary for logs (openraft prints every entry it appends).
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.request {
+            Request::Update(u) => write!(
+                f,
+                "update(client={} adds={} updates={} deletes={} depends={})",
+                u.client,
+                u.adds.len(),
+                u.updates.len(),
+                u.deletes.len(),
+                u.depends.len()
+            )?,
+            Request::Claim(c) => write!(f, "claim(client={} group={:?})", c.client, c.group)?,
+        }
+        write!(f, "@{}", self.stamp)
+    }
 }
 
 /// The list of a request that a refusal is about, named as in the JSON API.
@@ -183,8 +202,8 @@ pub enum Refusal {
         id: TaskId,
         /// Its owner.
         owner: ClientId,
-        /// Until when, in log time.
-        until_ms: Millis,
+        /// Until when: the task's available time.
+        available_at: LogTime,
     },
     /// An id is named more than once across updates, deletes and depends.
     Duplicate {
@@ -231,6 +250,12 @@ pub enum Refusal {
         /// How many were named.
         items: usize,
     },
+    /// A claim longer than [`CLAIM_DURATION_MS_MAX`]. Last, so that the encoding of the
+    /// variants before it (stored in the dedup table of snapshots) is unchanged.
+    DurationTooLong {
+        /// What was asked.
+        duration_ms: Millis,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -241,10 +266,10 @@ impl fmt::Display for Refusal {
                 list,
                 id,
                 owner,
-                until_ms,
+                available_at,
             } => write!(
                 f,
-                "{list}: task {id} is owned by client {owner} until {until_ms}"
+                "{list}: task {id} is owned by client {owner} until {available_at}"
             ),
             Refusal::Duplicate { list, id } => write!(
                 f,
@@ -284,6 +309,10 @@ impl fmt::Display for Refusal {
             Refusal::TooManyItems { items } => write!(
                 f,
                 "the request names {items} tasks; the limit is {REQUEST_ITEMS_MAX}, split it"
+            ),
+            Refusal::DurationTooLong { duration_ms } => write!(
+                f,
+                "claim: duration {duration_ms} is longer than the limit of {CLAIM_DURATION_MS_MAX} milliseconds"
             ),
         }
     }

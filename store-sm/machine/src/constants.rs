@@ -1,0 +1,36 @@
+//! Every limit and domain rule of Rota in one place, in the spirit of TigerBeetle's
+//! `constants.zig`: the machine enforces them, and rpc, the node and the simulation
+//! import them from here, so no number is written twice.
+//!
+//! A name ends in its unit, then in the kind of bound (`CLAIM_DURATION_MS_MAX`).
+
+use crate::Millis;
+
+/// Longest request id the machine accepts, in bytes (SPEC section 2, "Retries").
+pub const REQUEST_ID_BYTES_MAX: usize = 64;
+
+/// Most task ids (adds + updates + deletes + depends) one update or claim may name, and
+/// most ids one read may ask for.
+///
+/// The HTTP body limit already bounds requests; this bound keeps the machine total on its own.
+pub const REQUEST_ITEMS_MAX: usize = 10_000;
+
+/// Longest claim the machine grants, in milliseconds: a year, far beyond any real lease
+/// and far from overflowing log time. A node's configured `claim-duration-max-ms` (the
+/// edge's bound) may not exceed it, so a claim the edge accepts is never refused here.
+pub const CLAIM_DURATION_MS_MAX: Millis = 365 * 24 * 60 * 60 * 1000;
+
+/// Dedup entries kept at most; the oldest go first.
+pub const DEDUP_ENTRIES_MAX: usize = 100_000;
+
+/// Approximate bytes of stored outcomes the dedup table keeps at most; the oldest go first.
+pub const DEDUP_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// How long, in log time, an outcome is remembered. A client retrying later than this
+/// after its first attempt may apply twice; clients retry within seconds.
+pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
+
+/// Largest correction of a node's log clock toward its wall clock, as a fraction of
+/// elapsed time: log time runs at most this much faster or slower than real time, so a
+/// lease lasts within this fraction of its length in real time under one leader.
+pub const LOG_CLOCK_SLEW_RATE: f64 = 0.01;

@@ -1,0 +1,161 @@
+//! Invariants asserted after every apply in debug and simulation builds (the `sim`
+//! profile keeps debug assertions), in TigerBeetle's habit of checking state after
+//! each change. Each check costs what the command touched, or O(groups); none walks
+//! every task.
+
+use imbl::OrdMap;
+
+use super::Command;
+use super::Effect;
+use super::GroupIndex;
+use super::GroupName;
+use super::LogTime;
+use super::Outcome;
+use super::Request;
+use super::Task;
+use super::TaskId;
+use super::TaskMachine;
+
+/// The state before a command, as far as the checks need it. O(1) to take: the maps are
+/// persistent, so these are shared copies.
+pub(crate) struct Before {
+    log_time: LogTime,
+    next_id: TaskId,
+    tasks: OrdMap<TaskId, Task>,
+    groups: OrdMap<GroupName, GroupIndex>,
+}
+
+impl Before {
+    pub(crate) fn of(machine: &TaskMachine) -> Self {
+        Self {
+            log_time: machine.log_time,
+            next_id: machine.next_id,
+            tasks: machine.tasks.clone(),
+            groups: machine.groups.clone(),
+        }
+    }
+}
+
+impl TaskMachine {
+    /// Panics, naming the broken invariant, unless the machine is consistent after
+    /// `command` moved it from `before` to now with `outcome` and `effect`.
+    pub(crate) fn assert_invariants(
+        &self,
+        before: &Before,
+        command: &Command,
+        outcome: &Outcome,
+        effect: Effect,
+    ) {
+        assert!(
+            self.log_time >= before.log_time,
+            "log time went back from {} to {}",
+            before.log_time,
+            self.log_time
+        );
+        self.assert_indexes_count_every_task();
+        match (effect, outcome, &command.request) {
+            (Effect::Unchanged, _, _) => self.assert_unchanged(before),
+            (Effect::Updated, Outcome::Tasks(written), Request::Update(update)) => {
+                let removed = update.updates.iter().map(|change| change.id);
+                let removed = removed.chain(update.deletes.iter().copied());
+                self.assert_written(before, written);
+                self.assert_removed(before, removed);
+            }
+            (Effect::Claimed(old), Outcome::Tasks(written), Request::Claim(_)) => {
+                assert_eq!(written.len(), 1, "a claim wrote {} tasks", written.len());
+                self.assert_written(before, written);
+                self.assert_removed(before, [old]);
+            }
+            (effect, outcome, _) => {
+                panic!("effect {effect:?} does not match the command or its outcome {outcome:?}")
+            }
+        }
+    }
+
+    /// The group indexes hold as many entries as there are tasks. O(groups).
+    fn assert_indexes_count_every_task(&self) {
+        let indexed: usize = self.groups.values().map(GroupIndex::len).sum();
+        assert_eq!(
+            indexed,
+            self.tasks.len(),
+            "the group indexes name {indexed} tasks, the task map holds {}",
+            self.tasks.len()
+        );
+    }
+
+    /// A command that changed nothing left the very same maps and next id. O(1).
+    fn assert_unchanged(&self, before: &Before) {
+        assert_eq!(
+            self.next_id, before.next_id,
+            "a command that changed nothing consumed ids"
+        );
+        assert!(
+            self.tasks.ptr_eq(&before.tasks) && self.groups.ptr_eq(&before.groups),
+            "a command that changed nothing changed tasks"
+        );
+    }
+
+    /// Every written task got a new id below the next one, and sits in the task map and
+    /// in its group's index at its available time.
+    fn assert_written(&self, before: &Before, written: &[Task]) {
+        assert!(
+            self.next_id >= before.next_id,
+            "next id went back from {} to {}",
+            before.next_id,
+            self.next_id
+        );
+        let ids_used = self.next_id - before.next_id;
+        assert_eq!(
+            ids_used,
+            written.len() as u64,
+            "{} tasks written with {ids_used} new ids",
+            written.len()
+        );
+        for task in written {
+            assert!(
+                (before.next_id..self.next_id).contains(&task.id),
+                "task {} written outside the new ids {}..{}",
+                task.id,
+                before.next_id,
+                self.next_id
+            );
+            assert_eq!(
+                self.tasks.get(&task.id),
+                Some(task),
+                "written task {} is not in the task map as written",
+                task.id
+            );
+            let indexed = self
+                .groups
+                .get(&*task.group)
+                .is_some_and(|index| index.contains(&(task.available_at, task.id)));
+            assert!(
+                indexed,
+                "written task {} is not in the index of group {:?} at {}",
+                task.id, task.group, task.available_at
+            );
+        }
+    }
+
+    /// Every removed task existed before and is gone from the task map and its index.
+    fn assert_removed(&self, before: &Before, removed: impl IntoIterator<Item = TaskId>) {
+        for id in removed {
+            let Some(old) = before.tasks.get(&id) else {
+                panic!("task {id} was removed but did not exist");
+            };
+            assert!(
+                !self.tasks.contains_key(&id),
+                "removed task {id} is still in the task map"
+            );
+            let indexed = self
+                .groups
+                .get(&*old.group)
+                .is_some_and(|index| index.contains(&(old.available_at, id)));
+            assert!(
+                !indexed,
+                "removed task {id} is still in the index of group {:?}",
+                old.group
+            );
+        }
+    }
+}
