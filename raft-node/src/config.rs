@@ -13,8 +13,6 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::SyncMode;
 
-use crate::http::ConnectionLimits;
-
 /// Default longest claim: one day.
 pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
 const _: () = assert!(CLAIM_DURATION_MAX_MS_DEFAULT <= CLAIM_DURATION_MS_MAX);
@@ -197,6 +195,15 @@ impl Default for RaftTiming {
             snapshot_timeout: Duration::from_secs(300),
         }
     }
+}
+
+/// How many connections a listener holds open, in all and from one peer address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections on the listener.
+    pub total: usize,
+    /// Open connections from one IP address.
+    pub per_peer: usize,
 }
 
 /// The validated configuration of one node.

@@ -32,6 +32,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::sync::watch;
 
+use crate::config::ConnectionLimits;
 use crate::hyper_errors::JsonErrorIo;
 
 use crate::service::ServiceError;
@@ -55,15 +56,6 @@ pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connections lingering at once on one node; beyond this, an oversized body's
 /// connection is closed at once, so that lingering never starves the workers.
 pub const LINGERING_MAX: usize = 32;
-
-/// How many connections a listener holds open, in all and from one peer address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectionLimits {
-    /// Open connections on the listener.
-    pub total: usize,
-    /// Open connections from one IP address.
-    pub per_peer: usize,
-}
 
 /// Counts open connections against [`ConnectionLimits`].
 struct ConnectionGate {
