@@ -20,12 +20,12 @@ use rpc::worker::parse_id_list;
 use rpc::worker::parse_limit;
 use rpc::worker::parse_owned;
 use serde::de::DeserializeOwned;
-use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
+use store_sm::machine::LegacyAddTask;
+use store_sm::machine::LegacyUpdateRequest;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::Task;
-use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 
 use crate::http::ApiError;
@@ -67,6 +67,12 @@ fn outcome_json(outcome: &Outcome) -> WriteResultJson {
         },
         Outcome::Refused(refusals) => WriteResultJson::Errors {
             errors: refusals.iter().map(ToString::to_string).collect(),
+        },
+        // Only a settings change answers settings, and no task endpoint sends one.
+        Outcome::Settings(_) => WriteResultJson::Errors {
+            errors: vec![
+                "internal error: a task write answered group settings; report this".into(),
+            ],
         },
     }
 }
@@ -238,13 +244,15 @@ fn request_id(incoming: &Incoming, in_body: Option<String>) -> Result<Option<Str
     Ok(id)
 }
 
+/// A seed update is logged in the encoding builds before the job layer read, so a
+/// cluster in the middle of a rolling upgrade keeps applying seed traffic.
 fn update_request(json: UpdateRequestJson) -> Request {
-    Request::Update(UpdateRequest {
+    Request::LegacyUpdate(LegacyUpdateRequest {
         client: json.clientid,
         adds: json
             .adds
             .into_iter()
-            .map(|add| AddTask {
+            .map(|add| LegacyAddTask {
                 group: add.group.unwrap_or_default(),
                 data: add.data.unwrap_or_default(),
                 timespec: add.timespec,

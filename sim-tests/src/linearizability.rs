@@ -158,11 +158,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
         Call::Add { data, depends } => (
             Request::Update(UpdateRequest {
                 client,
-                adds: vec![AddTask {
-                    group: group.to_string(),
-                    data: data.clone(),
-                    timespec: None,
-                }],
+                adds: vec![AddTask::seed(group, data.clone(), None)],
                 depends: depends.iter().map(|&id| to_model(id)).collect(),
                 ..UpdateRequest::default()
             }),
@@ -204,11 +200,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
         Call::Finish { id, follow_up } => (
             Request::Update(UpdateRequest {
                 client,
-                adds: vec![AddTask {
-                    group: group.to_string(),
-                    data: follow_up.clone(),
-                    timespec: None,
-                }],
+                adds: vec![AddTask::seed(group, follow_up.clone(), None)],
                 deletes: vec![to_model(*id)],
                 ..UpdateRequest::default()
             }),

@@ -70,11 +70,11 @@ fn main() {
     for i in 0..tasks {
         let add = Request::Update(UpdateRequest {
             client: (i % 64) as i64,
-            adds: vec![AddTask {
-                group: format!("group-{}", i % GROUPS),
-                data: format!("{i:032}"),
-                timespec: Some(0),
-            }],
+            adds: vec![AddTask::seed(
+                format!("group-{}", i % GROUPS),
+                format!("{i:032}"),
+                Some(0),
+            )],
             ..Default::default()
         });
         machine.apply(&command(i, add));

@@ -116,8 +116,10 @@ pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> 
     }
     let replayed = is_remembered(machine, command);
     let outcome = machine.apply(command);
-    let Request::Update(update) = &command.request else {
-        return outcome;
+    let update = match &command.request {
+        Request::Update(update) => update.clone(),
+        Request::LegacyUpdate(legacy) => legacy.into(),
+        _ => return outcome,
     };
     if outcome.is_refused() && !replayed && !update.adds.is_empty() {
         machine.apply(&Command {

@@ -3,11 +3,14 @@
 //! ```text
 //! "ROTASNAP" | format version (u32 LE) | body (bincode, varint) | SHA-256 of body (32 bytes)
 //! body = head, then per group (name, count, tasks in claim order), then dedup entries
-//!        oldest first, then the ids of every node that was ever a member, ascending
+//!        oldest first, then the ids of every node that was ever a member, ascending,
+//!        then per group with job records (name, count, records in key order), then
+//!        the groups whose settings differ from the defaults (name, settings)
 //! ```
 //!
-//! Version 1 had no member ids (and no count for them in the head); it still decodes,
-//! with an empty member history.
+//! Version 3 added the job layer: job fields on every task, job records and settings.
+//! Version 2 (no job layer) and version 1 (no member ids either) still decode: their
+//! tasks are seed tasks, with an empty member history for version 1.
 //!
 //! The body is canonical (every collection is walked in key order), so its SHA-256 is
 //! also the machine's state hash: two replicas with equal hashes hold equal state.
@@ -25,11 +28,17 @@ use sha2::Digest;
 use sha2::Sha256;
 
 use crate::machine::ClientId;
+use crate::machine::GroupName;
+use crate::machine::GroupSettings;
+use crate::machine::JobParts;
+use crate::machine::JobRecord;
 use crate::machine::LogTime;
 use crate::machine::MemberId;
 use crate::machine::Outcome;
+use crate::machine::Refusal;
 use crate::machine::Task;
 use crate::machine::TaskId;
+use crate::machine::TaskJob;
 use crate::machine::TaskMachine;
 use crate::planted;
 
@@ -37,7 +46,7 @@ use crate::planted;
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
 /// The format this build writes. Older formats get upgrade code beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
 
 /// The oldest format this build still reads.
 pub const SNAPSHOT_FORMAT_OLDEST: u32 = 1;
@@ -107,6 +116,18 @@ struct Head {
     group_count: u64,
     dedup_count: u64,
     member_count: u64,
+    job_group_count: u64,
+    settings_count: u64,
+}
+
+/// The head of format 2, before the job layer.
+#[derive(Serialize, Deserialize)]
+struct HeadV2 {
+    next_id: TaskId,
+    log_time: LogTime,
+    group_count: u64,
+    dedup_count: u64,
+    member_count: u64,
 }
 
 /// The head of format 1, which recorded no member history.
@@ -125,11 +146,65 @@ struct GroupHead<S> {
 }
 
 #[derive(Serialize, Deserialize)]
-struct TaskBody<S> {
+struct TaskBody<S, J> {
     id: TaskId,
     available_at: LogTime,
     owner: ClientId,
     data: S,
+    job: J,
+}
+
+/// A task as formats 1 and 2 stored it in a group.
+#[derive(Serialize, Deserialize)]
+struct TaskBodyV2<S> {
+    id: TaskId,
+    available_at: LogTime,
+    owner: ClientId,
+    data: S,
+}
+
+/// A task as formats 1 and 2 stored it in a remembered outcome.
+#[derive(Serialize, Deserialize)]
+struct LegacyTask {
+    id: TaskId,
+    group: GroupName,
+    data: String,
+    available_at: LogTime,
+    owner: ClientId,
+}
+
+/// An outcome as formats 1 and 2 stored it (tasks without job fields).
+#[derive(Serialize, Deserialize)]
+enum LegacyOutcome {
+    Tasks(Vec<LegacyTask>),
+    Refused(Vec<Refusal>),
+}
+
+impl From<LegacyOutcome> for Outcome {
+    fn from(legacy: LegacyOutcome) -> Self {
+        match legacy {
+            LegacyOutcome::Refused(refusals) => Outcome::Refused(refusals),
+            LegacyOutcome::Tasks(tasks) => Outcome::Tasks(
+                tasks
+                    .into_iter()
+                    .map(|task| Task {
+                        id: task.id,
+                        group: task.group,
+                        data: task.data,
+                        available_at: task.available_at,
+                        owner: task.owner,
+                        job: TaskJob::default(),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct JobGroupHead<S> {
+    name: S,
+    record_count: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,6 +254,8 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
     );
     let groups = machine.groups();
     let members: Vec<MemberId> = machine.members_ever().collect();
+    let job_groups = machine.job_groups();
+    let settings: Vec<(&GroupName, &GroupSettings)> = machine.configured_groups().collect();
     put(
         &Head {
             next_id: machine.next_id(),
@@ -186,6 +263,8 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
             group_count: groups.len() as u64,
             dedup_count: machine.dedup().len() as u64,
             member_count: members.len() as u64,
+            job_group_count: job_groups.len() as u64,
+            settings_count: settings.len() as u64,
         },
         &mut out,
     )?;
@@ -204,6 +283,7 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
                     available_at: task.available_at,
                     owner: task.owner,
                     data: task.data.as_str(),
+                    job: &task.job,
                 },
                 &mut out,
             )?;
@@ -222,6 +302,22 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
     }
     for member in &members {
         put(member, &mut out)?;
+    }
+    for group in &job_groups {
+        let records: Vec<&JobRecord> = machine.jobs(group, None, None).collect();
+        put(
+            &JobGroupHead {
+                name: &**group,
+                record_count: records.len() as u64,
+            },
+            &mut out,
+        )?;
+        for record in records {
+            put(record, &mut out)?;
+        }
+    }
+    for (group, settings) in settings {
+        put(&(&**group, settings), &mut out)?;
     }
     let writer = out.into_inner().map_err(|e| e.into_error())?;
     let digest = StateHash(writer.hasher.finalize().into());
@@ -307,40 +403,78 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     let (version, mut input) = checked_versioned_body(bytes)?;
     let mut hash = [0; DIGEST_BYTES];
     hash.copy_from_slice(&bytes[HEADER_BYTES + input.len()..]);
-    let head: Head = if version == 1 {
-        let v1: HeadV1 = take(&mut input)?;
-        Head {
-            next_id: v1.next_id,
-            log_time: v1.log_time,
-            group_count: v1.group_count,
-            dedup_count: v1.dedup_count,
-            member_count: 0,
+    let head: Head = match version {
+        1 => {
+            let v1: HeadV1 = take(&mut input)?;
+            Head {
+                next_id: v1.next_id,
+                log_time: v1.log_time,
+                group_count: v1.group_count,
+                dedup_count: v1.dedup_count,
+                member_count: 0,
+                job_group_count: 0,
+                settings_count: 0,
+            }
         }
-    } else {
-        take(&mut input)?
+        2 => {
+            let v2: HeadV2 = take(&mut input)?;
+            Head {
+                next_id: v2.next_id,
+                log_time: v2.log_time,
+                group_count: v2.group_count,
+                dedup_count: v2.dedup_count,
+                member_count: v2.member_count,
+                job_group_count: 0,
+                settings_count: 0,
+            }
+        }
+        _ => take(&mut input)?,
     };
     let mut tasks = Vec::new();
     for _ in 0..head.group_count {
         let group: GroupHead<String> = take(&mut input)?;
         let name: Arc<str> = Arc::from(group.name);
         for _ in 0..group.task_count {
-            let body: TaskBody<String> = take(&mut input)?;
+            let body: TaskBody<String, TaskJob> = if version < 3 {
+                let v2: TaskBodyV2<String> = take(&mut input)?;
+                TaskBody {
+                    id: v2.id,
+                    available_at: v2.available_at,
+                    owner: v2.owner,
+                    data: v2.data,
+                    job: TaskJob::default(),
+                }
+            } else {
+                take(&mut input)?
+            };
             tasks.push(Task {
                 id: body.id,
                 group: Arc::clone(&name),
                 data: body.data,
                 available_at: body.available_at,
                 owner: body.owner,
+                job: body.job,
             });
         }
     }
     let mut dedup = Vec::new();
     for _ in 0..head.dedup_count {
-        let body: DedupBody<String, Outcome> = take(&mut input)?;
+        let (client, request_id, applied_at, outcome) = if version < 3 {
+            let body: DedupBody<String, LegacyOutcome> = take(&mut input)?;
+            (
+                body.client,
+                body.request_id,
+                body.applied_at,
+                body.outcome.into(),
+            )
+        } else {
+            let body: DedupBody<String, Outcome> = take(&mut input)?;
+            (body.client, body.request_id, body.applied_at, body.outcome)
+        };
         dedup.push((
-            (body.client, Arc::from(body.request_id)),
-            body.applied_at,
-            Arc::new(body.outcome),
+            (client, Arc::from(request_id)),
+            applied_at,
+            Arc::new(outcome),
         ));
     }
     let mut members = Vec::new();
@@ -353,6 +487,24 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
         }
         members.push(member);
     }
+    let mut jobs = JobParts::default();
+    for _ in 0..head.job_group_count {
+        let group: JobGroupHead<String> = take(&mut input)?;
+        for _ in 0..group.record_count {
+            let record: JobRecord = take(&mut input)?;
+            if *record.group != *group.name {
+                return Err(SnapshotError::Invalid(format!(
+                    "job {:?} of group {:?} is filed under group {:?}",
+                    record.key, record.group, group.name
+                )));
+            }
+            jobs.records.push(record);
+        }
+    }
+    for _ in 0..head.settings_count {
+        let (name, settings): (String, GroupSettings) = take(&mut input)?;
+        jobs.settings.push((Arc::from(name), settings));
+    }
     if !input.is_empty() {
         return Err(SnapshotError::Invalid(format!(
             "{} bytes left over after the last entry",
@@ -364,7 +516,7 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     } else {
         head.next_id
     };
-    let machine = TaskMachine::from_parts(next_id, head.log_time, tasks, dedup, members)
+    let machine = TaskMachine::from_parts(next_id, head.log_time, tasks, dedup, members, jobs)
         .map_err(|invalid| SnapshotError::Invalid(invalid.to_string()))?;
     Ok((machine, StateHash(hash)))
 }
@@ -378,13 +530,16 @@ mod tests {
     use crate::machine::Request;
     use crate::machine::UpdateRequest;
 
-    fn sample() -> TaskMachine {
+    /// Twenty seed tasks in three groups, added with request id r1.
+    fn added() -> TaskMachine {
         let mut machine = TaskMachine::new();
         let adds = (0..20)
-            .map(|i| AddTask {
-                group: format!("g{}", i % 3),
-                data: format!("payload {i}"),
-                timespec: Some(if i % 2 == 0 { 0 } else { -5000 }),
+            .map(|i| {
+                AddTask::seed(
+                    format!("g{}", i % 3),
+                    format!("payload {i}"),
+                    Some(if i % 2 == 0 { 0 } else { -5000 }),
+                )
             })
             .collect();
         machine.apply(&Command {
@@ -396,6 +551,11 @@ mod tests {
                 ..Default::default()
             }),
         });
+        machine
+    }
+
+    fn sample() -> TaskMachine {
+        let mut machine = added();
         machine.apply(&Command {
             stamp: LogTime::from_millis(2000),
             request_id: Some("r2".into()),
@@ -445,19 +605,19 @@ mod tests {
         machine
     }
 
-    /// Format 2's body, pinned: a change of any encoded type shows here before it
+    /// Format 3's body, pinned: a change of any encoded type shows here before it
     /// reaches a disk or a replica with another build.
     #[test]
     fn the_body_encoding_is_pinned() {
-        let machine = full_sample();
+        let machine = job_sample();
         assert!(
-            matches!(&*machine.dedup().iter_oldest_first().last().expect("r3").1.outcome,
+            matches!(&*machine.dedup().iter_oldest_first().nth(2).expect("r3").1.outcome,
                 crate::machine::Outcome::Refused(refusals) if refusals.len() == 2),
             "the sample remembers a refusal naming an owned and a missing task"
         );
         assert_eq!(
             state_hash(&machine).to_string(),
-            "ca4c3865fedf66b0744ec7c19ec0e73eaa256c7cc7628a77a3023f5af6c827e5"
+            "aeeb01206adebe0ee94446fc216589afe0a365de0e6ef4b32cfc9b191fa63780"
         );
     }
 
@@ -475,17 +635,53 @@ mod tests {
         assert_ne!(state_hash(&plain), state_hash(&with_members));
     }
 
-    /// Format 1 as it was written before member history existed.
-    fn encode_v1(machine: &TaskMachine) -> Vec<u8> {
+    /// An outcome of a seed-only machine as formats 1 and 2 stored it.
+    fn legacy_outcome(outcome: &Outcome) -> LegacyOutcome {
+        match outcome {
+            Outcome::Refused(refusals) => LegacyOutcome::Refused(refusals.clone()),
+            Outcome::Tasks(tasks) => LegacyOutcome::Tasks(
+                tasks
+                    .iter()
+                    .map(|task| {
+                        assert!(task.job == TaskJob::default(), "a seed task: {task:?}");
+                        LegacyTask {
+                            id: task.id,
+                            group: Arc::clone(&task.group),
+                            data: task.data.clone(),
+                            available_at: task.available_at,
+                            owner: task.owner,
+                        }
+                    })
+                    .collect(),
+            ),
+            Outcome::Settings(_) => panic!("formats 1 and 2 had no settings"),
+        }
+    }
+
+    /// Format 1 (before member history) or 2 (before the job layer) of a machine that
+    /// uses neither jobs nor leases, as those builds wrote it.
+    fn encode_legacy(machine: &TaskMachine, version: u32) -> Vec<u8> {
         let mut body = Vec::new();
         let groups = machine.groups();
-        let head = HeadV1 {
-            next_id: machine.next_id(),
-            log_time: machine.log_time(),
-            group_count: groups.len() as u64,
-            dedup_count: machine.dedup().len() as u64,
-        };
-        put(&head, &mut body).expect("vec");
+        let members: Vec<MemberId> = machine.members_ever().collect();
+        if version == 1 {
+            let head = HeadV1 {
+                next_id: machine.next_id(),
+                log_time: machine.log_time(),
+                group_count: groups.len() as u64,
+                dedup_count: machine.dedup().len() as u64,
+            };
+            put(&head, &mut body).expect("vec");
+        } else {
+            let head = HeadV2 {
+                next_id: machine.next_id(),
+                log_time: machine.log_time(),
+                group_count: groups.len() as u64,
+                dedup_count: machine.dedup().len() as u64,
+                member_count: members.len() as u64,
+            };
+            put(&head, &mut body).expect("vec");
+        }
         for group in &groups {
             let task_count = machine.group_len(group) as u64;
             put(
@@ -500,7 +696,7 @@ mod tests {
                 let (id, available_at, owner, data) =
                     (task.id, task.available_at, task.owner, task.data.as_str());
                 put(
-                    &TaskBody {
+                    &TaskBodyV2 {
                         id,
                         available_at,
                         owner,
@@ -516,20 +712,181 @@ mod tests {
                 client: *client,
                 request_id: &**request_id,
                 applied_at: entry.applied_at,
-                outcome: &*entry.outcome,
+                outcome: legacy_outcome(&entry.outcome),
             };
             put(&dedup, &mut body).expect("vec");
         }
+        if version == 2 {
+            for member in &members {
+                put(member, &mut body).expect("vec");
+            }
+        }
         let digest: [u8; DIGEST_BYTES] = Sha256::digest(&body).into();
-        [&SNAPSHOT_MAGIC[..], &1u32.to_le_bytes(), &body, &digest].concat()
+        [&SNAPSHOT_MAGIC[..], &version.to_le_bytes(), &body, &digest].concat()
+    }
+
+    /// Like `sample`, but its claim remembers no outcome and its lease is gone, so that
+    /// nothing in it needs the job layer (formats 1 and 2 had no leases).
+    fn seed_sample() -> TaskMachine {
+        let mut machine = added();
+        let claim = Request::Claim(ClaimRequest {
+            client: 4,
+            group: "g2".into(),
+            duration_ms: 10_000,
+            depends: vec![],
+        });
+        machine.apply(&Command {
+            stamp: LogTime::from_millis(3000),
+            request_id: None,
+            request: claim,
+        });
+        let leased: Vec<u64> = machine
+            .iter_tasks()
+            .filter(|task| task.job.leased)
+            .map(|task| task.id)
+            .collect();
+        machine.apply(&Command {
+            stamp: LogTime::from_millis(20_000),
+            request_id: Some("r4".into()),
+            request: Request::Update(UpdateRequest {
+                client: 4,
+                deletes: leased,
+                ..Default::default()
+            }),
+        });
+        machine
     }
 
     #[test]
     fn format_one_still_decodes_with_an_empty_member_history() {
-        let machine = sample();
-        let restored = decode_snapshot(&encode_v1(&machine)).expect("format 1 decodes");
+        let machine = seed_sample();
+        let restored = decode_snapshot(&encode_legacy(&machine, 1)).expect("format 1 decodes");
         assert_eq!(state_hash(&restored), state_hash(&machine));
         assert_eq!(restored.members_ever().count(), 0);
+    }
+
+    #[test]
+    fn format_two_still_decodes_as_seed_tasks() {
+        let mut machine = seed_sample();
+        machine.note_members([1, 2, 3]);
+        let restored = decode_snapshot(&encode_legacy(&machine, 2)).expect("format 2 decodes");
+        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(restored.members_ever().collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(
+            restored
+                .iter_tasks()
+                .all(|task| task.job == TaskJob::default())
+        );
+    }
+
+    /// A machine that uses every part of the job layer: keys, a dependency, a lease,
+    /// a failure, a dead letter, a cancel and group settings.
+    fn job_sample() -> TaskMachine {
+        use crate::machine::AddJob;
+        use crate::machine::CancelRequest;
+        use crate::machine::FailRequest;
+        use crate::machine::SettingsChange;
+        use crate::machine::SettingsRequest;
+        let mut machine = full_sample();
+        let keyed = |key: &str, after: &[&str]| AddTask {
+            job: AddJob {
+                key: Some(key.into()),
+                after: after.iter().map(|k| k.to_string()).collect(),
+                priority: 2,
+                max_attempts: Some(1),
+                ..AddJob::default()
+            },
+            ..AddTask::seed("jobs", format!("data {key}"), Some(0))
+        };
+        let mut step = 3000;
+        let mut run = |machine: &mut TaskMachine, request: Request| {
+            step += 100;
+            machine.apply(&Command {
+                stamp: LogTime::from_millis(step),
+                request_id: None,
+                request,
+            })
+        };
+        run(
+            &mut machine,
+            Request::Settings(SettingsRequest {
+                client: 1,
+                group: "jobs".into(),
+                change: SettingsChange {
+                    max_running: Some(4),
+                    retention_ms: Some(60_000),
+                    ..SettingsChange::default()
+                },
+            }),
+        );
+        run(
+            &mut machine,
+            Request::Update(UpdateRequest {
+                client: 1,
+                adds: vec![
+                    keyed("a", &[]),
+                    keyed("b", &["a"]),
+                    keyed("c", &[]),
+                    keyed("d", &[]),
+                ],
+                ..Default::default()
+            }),
+        );
+        let claim = |client| {
+            Request::Claim(ClaimRequest {
+                client,
+                group: "jobs".into(),
+                duration_ms: 60_000,
+                depends: vec![],
+            })
+        };
+        let failing = run(&mut machine, claim(7));
+        let Outcome::Tasks(claimed) = &*failing else {
+            panic!("claim")
+        };
+        run(
+            &mut machine,
+            Request::Fail(FailRequest {
+                client: 7,
+                id: claimed[0].id,
+                error: "boom".into(),
+                retry_in_ms: None,
+            }),
+        );
+        run(&mut machine, claim(8));
+        run(
+            &mut machine,
+            Request::Cancel(CancelRequest {
+                client: 1,
+                group: "jobs".into(),
+                keys: vec!["d".into()],
+            }),
+        );
+        machine
+    }
+
+    #[test]
+    fn job_state_survives_a_round_trip() {
+        let machine = job_sample();
+        let states: Vec<_> = machine
+            .jobs("jobs", None, None)
+            .map(|record| (record.key.to_string(), record.state))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                ("a".to_string(), crate::machine::JobState::Dead),
+                ("b".to_string(), crate::machine::JobState::Cancelled),
+                ("c".to_string(), crate::machine::JobState::Running),
+                ("d".to_string(), crate::machine::JobState::Cancelled),
+            ]
+        );
+        let bytes = encode_snapshot(&machine);
+        let restored = decode_snapshot(&bytes).expect("decodes");
+        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(encode_snapshot(&restored), bytes, "canonical encoding");
+        assert_eq!(restored.running_in_group("jobs"), 1);
+        assert_eq!(restored.group_settings("jobs").max_running, 4);
     }
 
     #[test]

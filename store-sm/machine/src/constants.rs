@@ -34,3 +34,41 @@ pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
 /// elapsed time: log time runs at most this much faster or slower than real time, so a
 /// lease lasts within this fraction of its length in real time under one leader.
 pub const LOG_CLOCK_SLEW_RATE: f64 = 0.01;
+
+/// Longest job key, in bytes (keys are at least one byte).
+pub const JOB_KEY_BYTES_MAX: usize = 256;
+
+/// Most prerequisite keys one add may name in `after`.
+pub const JOB_AFTER_KEYS_MAX: usize = 1_000;
+
+/// Largest result a finish may record (JSON text), in bytes: room for a worker's last
+/// 64 KiB of stdout and of stderr, escaped.
+pub const JOB_RESULT_BYTES_MAX: usize = 256 * 1024;
+
+/// Largest error a fail may record, in bytes.
+pub const JOB_ERROR_BYTES_MAX: usize = 64 * 1024;
+
+/// Attempts a job record keeps in its history; older ones are dropped (their count is
+/// kept).
+pub const JOB_ATTEMPT_HISTORY_MAX: usize = 10;
+
+/// Longest interval of a recurring job and longest explicit `retry_in_ms`: a year.
+pub const JOB_INTERVAL_MS_MAX: Millis = CLAIM_DURATION_MS_MAX;
+
+/// Default first retry delay after a failure.
+pub const BACKOFF_BASE_MS_DEFAULT: Millis = 1_000;
+
+/// Default growth of the retry delay per attempt, in thousandths (doubling).
+pub const BACKOFF_FACTOR_MILLI_DEFAULT: u32 = 2_000;
+
+/// Default largest retry delay: five minutes.
+pub const BACKOFF_MAX_MS_DEFAULT: Millis = 5 * 60 * 1000;
+
+/// Largest back-off factor, in thousandths (a hundredfold per attempt).
+pub const BACKOFF_FACTOR_MILLI_MAX: u32 = 100_000;
+
+/// Default retention of finished job records: a week of log time.
+pub const JOB_RETENTION_MS_DEFAULT: Millis = 7 * 24 * 60 * 60 * 1000;
+
+/// Longest retention of finished job records, and longest back-off delay: a year.
+pub const JOB_RETENTION_MS_MAX: Millis = CLAIM_DURATION_MS_MAX;

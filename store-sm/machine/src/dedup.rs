@@ -112,6 +112,7 @@ fn approximate_bytes(key: &DedupKey, outcome: &Outcome) -> usize {
             .map(|task| PER_ITEM + task.data.len())
             .sum::<usize>(),
         Outcome::Refused(refusals) => refusals.len() * std::mem::size_of::<Refusal>(),
+        Outcome::Settings(_) => PER_ITEM,
     };
     ENTRY_OVERHEAD + key.1.len() + items
 }

@@ -61,6 +61,14 @@ impl TaskMachine {
                 self.assert_written(before, written);
                 self.assert_removed(before, removed);
             }
+            (Effect::Updated, Outcome::Tasks(written), Request::LegacyUpdate(update)) => {
+                let removed = update.updates.iter().map(|change| change.id);
+                let removed = removed.chain(update.deletes.iter().copied());
+                self.assert_written(before, written);
+                self.assert_removed(before, removed);
+            }
+            (Effect::Job, Outcome::Tasks(written), _) => self.assert_written(before, written),
+            (Effect::Job, Outcome::Settings(_), Request::Settings(_)) => {}
             (Effect::Claimed(old), Outcome::Tasks(written), Request::Claim(_)) => {
                 assert_eq!(written.len(), 1, "a claim wrote {} tasks", written.len());
                 self.assert_written(before, written);
@@ -72,7 +80,8 @@ impl TaskMachine {
         }
     }
 
-    /// The group indexes hold as many entries as there are tasks. O(groups).
+    /// The group indexes hold as many entries as there are tasks, and count as many
+    /// running tasks as there are leases. O(groups).
     fn assert_indexes_count_every_task(&self) {
         let indexed: usize = self.groups.values().map(GroupIndex::len).sum();
         assert_eq!(
@@ -80,6 +89,13 @@ impl TaskMachine {
             self.tasks.len(),
             "the group indexes name {indexed} tasks, the task map holds {}",
             self.tasks.len()
+        );
+        let running: usize = self.groups.values().map(|index| index.running).sum();
+        assert_eq!(
+            running,
+            self.leases.len(),
+            "the group indexes count {running} running tasks, the lease set holds {}",
+            self.leases.len()
         );
     }
 
@@ -95,8 +111,9 @@ impl TaskMachine {
         );
     }
 
-    /// Every written task got a new id below the next one, and sits in the task map and
-    /// in its group's index at its available time.
+    /// Every written task got a new id below the next one (or is a live task an add with
+    /// `on_conflict` kept), and sits in the task map and in its group's index at its
+    /// available time; a job's record points at it.
     fn assert_written(&self, before: &Before, written: &[Task]) {
         assert!(
             self.next_id >= before.next_id,
@@ -104,10 +121,21 @@ impl TaskMachine {
             before.next_id,
             self.next_id
         );
+        let (kept, written): (Vec<&Task>, Vec<&Task>) =
+            written.iter().partition(|task| task.id < before.next_id);
+        for task in kept {
+            assert_eq!(
+                before.tasks.get(&task.id),
+                Some(task),
+                "answered task {} is neither new nor a live task as it was",
+                task.id
+            );
+        }
+        // A success can enqueue a recurring job's next run, unanswered: at least as many
+        // ids were used as tasks answered.
         let ids_used = self.next_id - before.next_id;
-        assert_eq!(
-            ids_used,
-            written.len() as u64,
+        assert!(
+            ids_used >= written.len() as u64,
             "{} tasks written with {ids_used} new ids",
             written.len()
         );
@@ -119,6 +147,23 @@ impl TaskMachine {
                 before.next_id,
                 self.next_id
             );
+            if let Some(key) = &task.job.key {
+                let record = self.job(&task.group, key);
+                if !self.tasks.contains_key(&task.id) {
+                    // The same update deleted a prerequisite, which cancelled the new job.
+                    assert!(
+                        record.is_some_and(|record| record.cancelled_task == Some(task.id)),
+                        "new task {} of job {key:?} is gone but not cancelled",
+                        task.id
+                    );
+                    continue;
+                }
+                assert!(
+                    record.is_some_and(|record| record.task == Some(task.id)),
+                    "job {key:?} does not point at its new task {}",
+                    task.id
+                );
+            }
             assert_eq!(
                 self.tasks.get(&task.id),
                 Some(task),

@@ -10,8 +10,12 @@
 
 pub mod constants;
 mod dedup;
+mod group_index;
 #[cfg(debug_assertions)]
 mod invariants;
+mod job_apply;
+pub mod jobs;
+mod legacy;
 mod log_time;
 mod restore;
 mod types;
@@ -29,12 +33,21 @@ use self::constants::REQUEST_ITEMS_MAX;
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
+use self::group_index::GroupIndex;
+pub use self::jobs::*;
+pub use self::legacy::LegacyAddTask;
+pub use self::legacy::LegacyUpdateRequest;
 pub use self::log_time::LogTime;
 pub use self::restore::InvalidParts;
+pub use self::restore::JobParts;
 pub use self::types::*;
 
-/// The claim order of one group: `(available time, id)`, smallest first.
-type GroupIndex = OrdSet<(LogTime, TaskId)>;
+/// One group's job records, by key and by state.
+#[derive(Clone, Debug, Default)]
+struct GroupJobs {
+    records: OrdMap<JobKey, Arc<JobRecord>>,
+    by_state: OrdSet<(JobState, JobKey)>,
+}
 
 /// What a command did to the tasks, which the checks after apply need to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +58,8 @@ enum Effect {
     Updated,
     /// A claim that removed the task with this id and wrote its new version.
     Claimed(TaskId),
+    /// A job command (finish, fail, cancel, retry, settings) that changed something.
+    Job,
 }
 
 /// The replicated task store's state. See the module documentation.
@@ -59,6 +74,16 @@ pub struct TaskMachine {
     dedup: DedupTable,
     /// Every node id that was ever in the cluster's membership, so that none is reused.
     members_ever: OrdSet<MemberId>,
+    /// Job records by group and key.
+    jobs: OrdMap<GroupName, GroupJobs>,
+    /// Group settings that differ from the defaults.
+    settings: OrdMap<GroupName, GroupSettings>,
+    /// Leases of claimed tasks, `(lease end, id)`, so lapses are found in order.
+    leases: OrdSet<(LogTime, TaskId)>,
+    /// Finished job records by the time they expire.
+    expiries: OrdSet<(LogTime, GroupName, JobKey)>,
+    /// Task versions a cancel removed, so their owner's next write is told why.
+    cancelled: OrdMap<TaskId, (GroupName, JobKey)>,
 }
 
 impl Default for TaskMachine {
@@ -77,6 +102,11 @@ impl TaskMachine {
             groups: OrdMap::new(),
             dedup: DedupTable::default(),
             members_ever: OrdSet::new(),
+            jobs: OrdMap::new(),
+            settings: OrdMap::new(),
+            leases: OrdSet::new(),
+            expiries: OrdSet::new(),
+            cancelled: OrdMap::new(),
         }
     }
 
@@ -99,9 +129,11 @@ impl TaskMachine {
     /// refused command changes nothing but the machine's time and dedup table. Debug and
     /// simulation builds assert the machine's invariants after every command.
     pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
+        let now = self.advance_time(command.stamp);
+        self.pass_time(now);
         #[cfg(debug_assertions)]
         let before = invariants::Before::of(self);
-        let (outcome, effect) = self.apply_unchecked(command);
+        let (outcome, effect) = self.apply_at(command, now);
         #[cfg(debug_assertions)]
         self.assert_invariants(&before, command, &outcome, effect);
         #[cfg(not(debug_assertions))]
@@ -109,10 +141,7 @@ impl TaskMachine {
         outcome
     }
 
-    fn apply_unchecked(&mut self, command: &Command) -> (Arc<Outcome>, Effect) {
-        let now = self.advance_time(command.stamp);
-        self.dedup.evict(now);
-
+    fn apply_at(&mut self, command: &Command, now: LogTime) -> (Arc<Outcome>, Effect) {
         let key = match &command.request_id {
             Some(id) if id.len() > REQUEST_ID_BYTES_MAX => {
                 let refusal = Refusal::RequestIdTooLong { bytes: id.len() };
@@ -125,16 +154,21 @@ impl TaskMachine {
             return (Arc::clone(first), Effect::Unchanged);
         }
 
+        let changed = |outcome: Outcome, effect| match outcome {
+            Outcome::Refused(_) => (outcome, Effect::Unchanged),
+            _ => (outcome, effect),
+        };
         let (outcome, effect) = match &command.request {
-            Request::Update(update) => {
-                let outcome = self.apply_update(update, now);
-                let effect = match outcome {
-                    Outcome::Refused(_) => Effect::Unchanged,
-                    Outcome::Tasks(_) => Effect::Updated,
-                };
-                (outcome, effect)
+            Request::LegacyUpdate(legacy) => {
+                changed(self.apply_update(&legacy.into(), now), Effect::Updated)
             }
+            Request::Update(update) => changed(self.apply_update(update, now), Effect::Updated),
             Request::Claim(claim) => self.apply_claim(claim, now),
+            Request::Finish(finish) => changed(self.apply_finish(finish, now), Effect::Job),
+            Request::Fail(fail) => changed(self.apply_fail(fail, now), Effect::Job),
+            Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
+            Request::Retry(retry) => changed(self.apply_retry(retry, now), Effect::Job),
+            Request::Settings(settings) => changed(self.apply_settings(settings, now), Effect::Job),
         };
         let outcome = Arc::new(outcome);
         if let Some(key) = key {
@@ -151,8 +185,12 @@ impl TaskMachine {
     }
 
     fn apply_update(&mut self, update: &UpdateRequest, now: LogTime) -> Outcome {
-        let items =
-            update.adds.len() + update.updates.len() + update.deletes.len() + update.depends.len();
+        let after_keys: usize = update.adds.iter().map(|add| add.job.after.len()).sum();
+        let items = update.adds.len()
+            + update.updates.len()
+            + update.deletes.len()
+            + update.depends.len()
+            + after_keys;
         if items > REQUEST_ITEMS_MAX {
             return Outcome::Refused(vec![Refusal::TooManyItems { items }]);
         }
@@ -179,6 +217,7 @@ impl TaskMachine {
                 Err(refusal) => refusals.push(refusal),
             }
         }
+        let plans = self.plan_adds(&update.adds, &mut refusals);
         let mut update_times = Vec::with_capacity(update.updates.len());
         for (index, change) in update.updates.iter().enumerate() {
             refusals.extend(
@@ -203,22 +242,23 @@ impl TaskMachine {
 
         // Every check passed: from here on nothing can fail, so the change is all or nothing.
         let mut written = Vec::with_capacity(update.adds.len() + update.updates.len());
-        for (add, available_at) in update.adds.iter().zip(add_times) {
-            let group = self.intern_group(&add.group);
-            written.push(self.insert_new(group, add.data.clone(), available_at, update.client));
+        for ((add, available_at), plan) in update.adds.iter().zip(add_times).zip(plans) {
+            written.extend(self.carry_out_add(add, plan, available_at, update.client, now));
         }
         for (change, available_at) in update.updates.iter().zip(update_times) {
             if let Some(old) = self.remove_task(change.id) {
-                written.push(self.insert_new(
-                    old.group,
-                    change.data.clone(),
-                    available_at,
-                    update.client,
-                ));
+                let job = self.rewritten_job(&old, available_at, now);
+                let group = Arc::clone(&old.group);
+                let task =
+                    self.insert_new(group, change.data.clone(), available_at, update.client, job);
+                self.note_new_version(&task);
+                written.push(task);
             }
         }
-        for id in &update.deletes {
-            self.remove_task(*id);
+        for &id in &update.deletes {
+            if let Some(old) = self.remove_task(id) {
+                self.job_deleted(old, update.client, now);
+            }
         }
         Outcome::Tasks(written)
     }
@@ -249,6 +289,9 @@ impl TaskMachine {
             return unchanged(Outcome::Refused(refusals));
         };
 
+        if self.claims_held_back(&claim.group) {
+            return unchanged(Outcome::Tasks(Vec::new()));
+        }
         let Some(id) = self.first_available(&claim.group, now, &claim.depends) else {
             return unchanged(Outcome::Tasks(Vec::new()));
         };
@@ -256,17 +299,18 @@ impl TaskMachine {
             debug_assert!(false, "group index names task {id} that does not exist");
             return unchanged(Outcome::Tasks(Vec::new()));
         };
-        let claimed = self.insert_new(old.group, old.data, available_at, claim.client);
+        let job = self.claimed_job(&old, claim.client, now);
+        let claimed = self.insert_new(old.group, old.data, available_at, claim.client, job);
+        self.note_new_version(&claimed);
         (Outcome::Tasks(vec![claimed]), Effect::Claimed(id))
     }
 
-    /// The oldest available task of `group` that the claim does not depend on.
+    /// The first claimable task of `group` at `now` (highest priority, then oldest) that
+    /// the claim does not depend on.
     fn first_available(&self, group: &str, now: LogTime, depends: &[TaskId]) -> Option<TaskId> {
-        let index = self.groups.get(group)?;
-        index
-            .range(..=(now, TaskId::MAX))
-            .map(|&(_, id)| id)
-            .find(|id| !depends.contains(id))
+        self.groups
+            .get(group)?
+            .first_claimable(now, |id| depends.contains(&id))
     }
 
     fn check_modifiable(
@@ -277,7 +321,7 @@ impl TaskMachine {
         now: LogTime,
     ) -> Result<(), Refusal> {
         match self.tasks.get(&id) {
-            None => Err(Refusal::Missing { list, id }),
+            None => Err(self.missing(list, id)),
             Some(task) if !task.modifiable_by(client, now) => Err(Refusal::Owned {
                 list,
                 id,
@@ -312,6 +356,7 @@ impl TaskMachine {
         data: String,
         available_at: LogTime,
         owner: ClientId,
+        job: TaskJob,
     ) -> Task {
         let id = self.next_id;
         // A u64 of ids at a million per second lasts half a million years.
@@ -322,31 +367,43 @@ impl TaskMachine {
             data,
             available_at,
             owner,
+            job,
         };
         self.index_task(task.clone());
         task
     }
 
+    /// Puts a task in the task map, its group's index (blocked while its job waits for
+    /// prerequisites) and, if it is a lease, the lease set.
     fn index_task(&mut self, task: Task) {
-        match self.groups.get_mut(&*task.group) {
-            Some(index) => {
-                index.insert((task.available_at, task.id));
-            }
-            None => {
-                self.groups.insert(
-                    Arc::clone(&task.group),
-                    OrdSet::unit((task.available_at, task.id)),
-                );
-            }
+        let blocked = self.is_blocked(&task);
+        let position = (task.available_at, task.id);
+        if task.job.leased {
+            self.leases.insert(position);
+        }
+        let index = match self.groups.get_mut(&*task.group) {
+            Some(index) => index,
+            None => self.groups.entry(Arc::clone(&task.group)).or_default(),
+        };
+        index.insert(position, task.job.priority, blocked);
+        if task.job.leased {
+            index.running += 1;
         }
         self.tasks.insert(task.id, task);
     }
 
     fn remove_task(&mut self, id: TaskId) -> Option<Task> {
         let task = self.tasks.remove(&id)?;
+        let position = (task.available_at, task.id);
+        if task.job.leased {
+            self.leases.remove(&position);
+        }
         let now_empty = match self.groups.get_mut(&*task.group) {
             Some(index) => {
-                index.remove(&(task.available_at, task.id));
+                index.remove(&position, task.job.priority);
+                if task.job.leased {
+                    index.running -= 1;
+                }
                 index.is_empty()
             }
             None => false,
@@ -393,8 +450,8 @@ impl TaskMachine {
         self.groups
             .get(group)
             .into_iter()
-            .flat_map(move |index| index.range(..=(upper, TaskId::MAX)))
-            .filter_map(|(_, id)| self.tasks.get(id))
+            .flat_map(move |index| index.in_order(upper))
+            .filter_map(|id| self.tasks.get(&id))
     }
 
     /// Names of the groups that hold tasks, sorted.
@@ -477,3 +534,6 @@ fn duplicates(named: impl Iterator<Item = (ListName, TaskId)>) -> impl Iterator<
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod job_tests;

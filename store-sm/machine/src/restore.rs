@@ -4,6 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::DedupKey;
+use super::GroupName;
+use super::GroupSettings;
+use super::JobRecord;
 use super::LogTime;
 use super::MemberId;
 use super::Outcome;
@@ -31,6 +34,20 @@ pub enum InvalidParts {
         /// The repeated id.
         id: TaskId,
     },
+    /// A job record with an empty group or key, or a keyed task without its record.
+    BadJob {
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// The job layer's parts of a snapshot: records and group settings.
+#[derive(Clone, Debug, Default)]
+pub struct JobParts {
+    /// Every job record.
+    pub records: Vec<JobRecord>,
+    /// Group settings that differ from the defaults.
+    pub settings: Vec<(GroupName, GroupSettings)>,
 }
 
 impl fmt::Display for InvalidParts {
@@ -41,6 +58,7 @@ impl fmt::Display for InvalidParts {
             }
             InvalidParts::EmptyGroup { id } => write!(f, "task {id} has an empty group"),
             InvalidParts::DuplicateTask { id } => write!(f, "task {id} appears twice"),
+            InvalidParts::BadJob { what } => f.write_str(what),
         }
     }
 }
@@ -55,14 +73,50 @@ impl TaskMachine {
         tasks: impl IntoIterator<Item = Task>,
         dedup: impl IntoIterator<Item = (DedupKey, LogTime, Arc<Outcome>)>,
         members_ever: impl IntoIterator<Item = MemberId>,
+        jobs: JobParts,
     ) -> Result<Self, InvalidParts> {
         let mut machine = Self {
             next_id,
             log_time,
             members_ever: members_ever.into_iter().collect(),
+            settings: jobs.settings.into_iter().collect(),
             ..Self::new()
         };
+        // Records first: where a task is indexed depends on its job's prerequisites.
+        for record in jobs.records {
+            if record.group.is_empty() || record.key.is_empty() {
+                return Err(InvalidParts::BadJob {
+                    what: format!(
+                        "a job record has group {:?} and key {:?}",
+                        record.group, record.key
+                    ),
+                });
+            }
+            if let Some(at) = record.expires_at {
+                machine
+                    .expiries
+                    .insert((at, Arc::clone(&record.group), Arc::clone(&record.key)));
+            }
+            if let Some(id) = record.cancelled_task {
+                machine
+                    .cancelled
+                    .insert(id, (Arc::clone(&record.group), Arc::clone(&record.key)));
+            }
+            machine.put_record(record);
+        }
         for task in tasks {
+            if let Some(key) = &task.job.key
+                && machine
+                    .job(&task.group, key)
+                    .is_none_or(|r| r.task != Some(task.id))
+            {
+                return Err(InvalidParts::BadJob {
+                    what: format!(
+                        "task {} of job {key:?} has no record that names it",
+                        task.id
+                    ),
+                });
+            }
             if task.id >= next_id {
                 return Err(InvalidParts::IdNotBelowNext {
                     id: task.id,

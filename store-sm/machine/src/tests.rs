@@ -6,11 +6,7 @@ use super::*;
 const T0: Millis = 1_700_000_000_000;
 
 fn add(group: &str, data: &str, timespec: Option<Millis>) -> AddTask {
-    AddTask {
-        group: group.into(),
-        data: data.into(),
-        timespec,
-    }
+    AddTask::seed(group, data, timespec)
 }
 
 /// Log time `ms` milliseconds after the epoch.
@@ -43,6 +39,7 @@ fn tasks_of(outcome: &Outcome) -> &[Task] {
     match outcome {
         Outcome::Tasks(tasks) => tasks,
         Outcome::Refused(refusals) => panic!("refused: {refusals:?}"),
+        Outcome::Settings(settings) => panic!("settings, not tasks: {settings:?}"),
     }
 }
 
@@ -50,6 +47,7 @@ fn refusals_of(outcome: &Outcome) -> Vec<String> {
     match outcome {
         Outcome::Refused(refusals) => refusals.iter().map(ToString::to_string).collect(),
         Outcome::Tasks(tasks) => panic!("expected a refusal, got {tasks:?}"),
+        Outcome::Settings(settings) => panic!("expected a refusal, got {settings:?}"),
     }
 }
 

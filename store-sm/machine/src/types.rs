@@ -13,6 +13,17 @@ use crate::LogTime;
 use crate::constants::CLAIM_DURATION_MS_MAX;
 use crate::constants::REQUEST_ID_BYTES_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
+use crate::jobs::AddJob;
+use crate::jobs::CancelRequest;
+use crate::jobs::FailRequest;
+use crate::jobs::FinishRequest;
+use crate::jobs::GroupSettings;
+use crate::jobs::JobKey;
+use crate::jobs::JobState;
+use crate::jobs::RetryRequest;
+use crate::jobs::SettingsRequest;
+use crate::jobs::TaskJob;
+use crate::legacy::LegacyUpdateRequest;
 
 /// A task version's identity and fencing token; strictly increasing, never reused.
 pub type TaskId = u64;
@@ -44,6 +55,8 @@ pub struct Task {
     pub available_at: LogTime,
     /// The client that wrote this version.
     pub owner: ClientId,
+    /// Job fields; default for a seed task.
+    pub job: TaskJob,
 }
 
 impl Task {
@@ -68,6 +81,24 @@ pub struct AddTask {
     pub data: String,
     /// `None` is now, negative is now + |t|, otherwise absolute.
     pub timespec: Option<Millis>,
+    /// Job fields; default for a seed add.
+    pub job: AddJob,
+}
+
+impl AddTask {
+    /// A seed add: no job fields.
+    pub fn seed(
+        group: impl Into<String>,
+        data: impl Into<String>,
+        timespec: Option<Millis>,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            data: data.into(),
+            timespec,
+            job: AddJob::default(),
+        }
+    }
 }
 
 /// A replacement of an existing task in an update's `updates`.
@@ -110,20 +141,42 @@ pub struct ClaimRequest {
 }
 
 /// What a command asks the machine to do.
+///
+/// The variants' order is their encoding in the Raft log: new ones go at the end, so
+/// entries written by earlier builds still decode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// Add, update and delete tasks atomically.
-    Update(UpdateRequest),
+    /// An update as builds before the job layer wrote it (adds without job fields);
+    /// applied exactly as [`Request::Update`].
+    LegacyUpdate(LegacyUpdateRequest),
     /// Claim the oldest available task of a group.
     Claim(ClaimRequest),
+    /// Add, update and delete tasks atomically.
+    Update(UpdateRequest),
+    /// End a claim with success.
+    Finish(FinishRequest),
+    /// End a claim with an error.
+    Fail(FailRequest),
+    /// Cancel jobs by key.
+    Cancel(CancelRequest),
+    /// Re-drive dead jobs by key.
+    Retry(RetryRequest),
+    /// Change a group's settings.
+    Settings(SettingsRequest),
 }
 
 impl Request {
     /// The client that issued the request.
     pub fn client(&self) -> ClientId {
         match self {
+            Request::LegacyUpdate(update) => update.client,
             Request::Update(update) => update.client,
             Request::Claim(claim) => claim.client,
+            Request::Finish(finish) => finish.client,
+            Request::Fail(fail) => fail.client,
+            Request::Cancel(cancel) => cancel.client,
+            Request::Retry(retry) => retry.client,
+            Request::Settings(settings) => settings.client,
         }
     }
 }
@@ -145,19 +198,54 @@ pub struct Command {
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.request {
-            Request::Update(u) => write!(
-                f,
-                "update(client={} adds={} updates={} deletes={} depends={})",
-                u.client,
-                u.adds.len(),
-                u.updates.len(),
-                u.deletes.len(),
-                u.depends.len()
-            )?,
+            Request::LegacyUpdate(u) => {
+                let lists = [
+                    u.adds.len(),
+                    u.updates.len(),
+                    u.deletes.len(),
+                    u.depends.len(),
+                ];
+                write_update(f, u.client, lists)?
+            }
+            Request::Update(u) => {
+                let lists = [
+                    u.adds.len(),
+                    u.updates.len(),
+                    u.deletes.len(),
+                    u.depends.len(),
+                ];
+                write_update(f, u.client, lists)?
+            }
             Request::Claim(c) => write!(f, "claim(client={} group={:?})", c.client, c.group)?,
+            Request::Finish(r) => write!(f, "finish(client={} id={})", r.client, r.id)?,
+            Request::Fail(r) => write!(f, "fail(client={} id={})", r.client, r.id)?,
+            Request::Cancel(r) => write!(
+                f,
+                "cancel(client={} group={:?} keys={})",
+                r.client,
+                r.group,
+                r.keys.len()
+            )?,
+            Request::Retry(r) => write!(
+                f,
+                "retry(client={} group={:?} keys={})",
+                r.client,
+                r.group,
+                r.keys.len()
+            )?,
+            Request::Settings(r) => write!(f, "settings(client={} group={:?})", r.client, r.group)?,
         }
         write!(f, "@{}", self.stamp)
     }
+}
+
+/// An update's one-line summary: its client and the lengths of its four lists.
+fn write_update(f: &mut fmt::Formatter<'_>, client: ClientId, lists: [usize; 4]) -> fmt::Result {
+    let [adds, updates, deletes, depends] = lists;
+    write!(
+        f,
+        "update(client={client} adds={adds} updates={updates} deletes={deletes} depends={depends})"
+    )
 }
 
 /// The list of a request that a refusal is about, named as in the JSON API.
@@ -171,6 +259,12 @@ pub enum ListName {
     Deletes,
     /// `depends`
     Depends,
+    /// the `id` of a `/finish`
+    Finish,
+    /// the `id` of a `/fail`
+    Fail,
+    /// the `keys` of a `/cancel` or `/retry`
+    Keys,
 }
 
 impl fmt::Display for ListName {
@@ -180,6 +274,9 @@ impl fmt::Display for ListName {
             ListName::Updates => "updates",
             ListName::Deletes => "deletes",
             ListName::Depends => "depends",
+            ListName::Finish => "finish",
+            ListName::Fail => "fail",
+            ListName::Keys => "keys",
         })
     }
 }
@@ -256,6 +353,82 @@ pub enum Refusal {
         /// What was asked.
         duration_ms: Millis,
     },
+    /// A field out of its bounds (the HTTP edge refuses most of these with a 400 first;
+    /// the machine refuses them too, to stay total).
+    InvalidField {
+        /// The field, as the JSON API names it (`adds[2].key`).
+        field: String,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
+    /// An add's key names a live task of its group, and `on_conflict` is `refuse`.
+    KeyLive {
+        /// Position in `adds`.
+        index: usize,
+        /// The key.
+        key: JobKey,
+        /// The live task.
+        id: TaskId,
+    },
+    /// A key added twice in one request.
+    KeyTwice {
+        /// Position in `adds` of the second add.
+        index: usize,
+        /// The key.
+        key: JobKey,
+    },
+    /// An add's `after` names a key that is neither a live or succeeded job of the group
+    /// nor added earlier in the same request.
+    AfterUnknown {
+        /// Position in `adds`.
+        index: usize,
+        /// The unknown key.
+        key: JobKey,
+    },
+    /// An add's `after` names a job that ended without success.
+    AfterEnded {
+        /// Position in `adds`.
+        index: usize,
+        /// The prerequisite's key.
+        key: JobKey,
+        /// How it ended.
+        state: JobState,
+    },
+    /// A finish or fail names a task its client does not hold (another owner, or the
+    /// lease lapsed).
+    NotHeld {
+        /// Where the id was named.
+        list: ListName,
+        /// The id.
+        id: TaskId,
+        /// The task's owner.
+        owner: ClientId,
+        /// When its lease ends or ended.
+        available_at: LogTime,
+    },
+    /// A write names a task version that a cancel removed: the worker should stop.
+    Cancelled {
+        /// Where the id was named.
+        list: ListName,
+        /// The id.
+        id: TaskId,
+        /// The cancelled job's key.
+        key: JobKey,
+    },
+    /// A cancel or retry names a key with no job record in the group.
+    UnknownKey {
+        /// The key.
+        key: JobKey,
+    },
+    /// A retry names a job that is not dead, or a cancel one that already succeeded.
+    WrongState {
+        /// The key.
+        key: JobKey,
+        /// Its state.
+        state: JobState,
+        /// What the request needed.
+        needed: String,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -314,6 +487,45 @@ impl fmt::Display for Refusal {
                 f,
                 "claim: duration {duration_ms} is longer than the limit of {CLAIM_DURATION_MS_MAX} milliseconds"
             ),
+            Refusal::InvalidField { field, reason } => write!(f, "{field}: {reason}"),
+            Refusal::KeyLive { index, key, id } => write!(
+                f,
+                "adds: item {index} has key {key:?}, which live task {id} of the group holds; \
+                 set on_conflict to \"keep\" or \"resubmit\" to enqueue idempotently"
+            ),
+            Refusal::KeyTwice { index, key } => {
+                write!(f, "adds: item {index} adds key {key:?} a second time")
+            }
+            Refusal::AfterUnknown { index, key } => write!(
+                f,
+                "adds: item {index} names key {key:?} in after, which is neither a live or \
+                 succeeded job of the group nor added earlier in this request"
+            ),
+            Refusal::AfterEnded { index, key, state } => write!(
+                f,
+                "adds: item {index} names key {key:?} in after, which ended {state} and \
+                 can never succeed; retry or re-add it first"
+            ),
+            Refusal::NotHeld {
+                list,
+                id,
+                owner,
+                available_at,
+            } => write!(
+                f,
+                "{list}: task {id} is not held by this client (owner {owner}, lease ends \
+                 {available_at}); claim it again"
+            ),
+            Refusal::Cancelled { list, id, key } => write!(
+                f,
+                "{list}: task {id} was cancelled (job {key:?}); stop working on it"
+            ),
+            Refusal::UnknownKey { key } => {
+                write!(f, "keys: no job with key {key:?} in the group")
+            }
+            Refusal::WrongState { key, state, needed } => {
+                write!(f, "keys: job {key:?} is {state}; {needed}")
+            }
         }
     }
 }
@@ -325,6 +537,8 @@ pub enum Outcome {
     Tasks(Vec<Task>),
     /// Refusal with every reason; nothing changed.
     Refused(Vec<Refusal>),
+    /// A group's settings after a change.
+    Settings(GroupSettings),
 }
 
 impl Outcome {

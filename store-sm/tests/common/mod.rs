@@ -54,11 +54,11 @@ pub fn workload_command(i: u64) -> Command {
     } else {
         Request::Update(UpdateRequest {
             client: (i % 5) as i64,
-            adds: vec![AddTask {
-                group: format!("g{}", i % 4),
-                data: format!("task {i}"),
-                timespec: None,
-            }],
+            adds: vec![AddTask::seed(
+                format!("g{}", i % 4),
+                format!("task {i}"),
+                None,
+            )],
             ..Default::default()
         })
     };

@@ -1,0 +1,1094 @@
+//! How the machine carries out the job layer: keyed adds, claims that count attempts,
+//! finish and fail, lapsed leases, dead letters, dependencies, cancel, retry and group
+//! settings. Everything here runs inside `apply`, at the command's log time.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::LogTime;
+use crate::TaskMachine;
+use crate::constants::BACKOFF_FACTOR_MILLI_MAX;
+use crate::constants::JOB_AFTER_KEYS_MAX;
+use crate::constants::JOB_ATTEMPT_HISTORY_MAX;
+use crate::constants::JOB_ERROR_BYTES_MAX;
+use crate::constants::JOB_INTERVAL_MS_MAX;
+use crate::constants::JOB_KEY_BYTES_MAX;
+use crate::constants::JOB_RESULT_BYTES_MAX;
+use crate::constants::JOB_RETENTION_MS_MAX;
+use crate::constants::REQUEST_ITEMS_MAX;
+use crate::jobs::*;
+use crate::types::*;
+
+/// What an add of an update will do, decided while checking the update.
+pub(crate) enum AddPlan {
+    /// A task without a key.
+    Plain,
+    /// The key is live and `on_conflict` keeps it: answer the live task.
+    Kept {
+        /// The live task.
+        id: TaskId,
+        /// Run it once more after it succeeds, if it is running.
+        resubmit: bool,
+    },
+    /// A new job (or a new run of a finished or dead one).
+    New {
+        /// Its key.
+        key: JobKey,
+        /// Prerequisites that have not succeeded yet.
+        after: Vec<JobKey>,
+    },
+}
+
+/// Refuses a key that is empty or longer than [`JOB_KEY_BYTES_MAX`].
+fn check_key(field: impl FnOnce() -> String, key: &str) -> Result<(), Refusal> {
+    if key.is_empty() || key.len() > JOB_KEY_BYTES_MAX {
+        return Err(Refusal::InvalidField {
+            field: field(),
+            reason: format!(
+                "a key is 1 to {JOB_KEY_BYTES_MAX} bytes; this one is {} bytes",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn invalid(field: &str, reason: String) -> Refusal {
+    Refusal::InvalidField {
+        field: field.to_string(),
+        reason,
+    }
+}
+
+/// The first line of `text`, at most 200 bytes, for a reason that names an error.
+fn headline(text: &str) -> &str {
+    let line = text.lines().next().unwrap_or("");
+    let mut end = line.len().min(200);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    &line[..end]
+}
+
+impl TaskMachine {
+    /// Lets log time pass to `now`: leases that ended by then lapse (a lost attempt),
+    /// finished job records past their retention go, old dedup entries go. Amortised
+    /// O(log n) per lease, record and entry, each handled once.
+    pub(crate) fn pass_time(&mut self, now: LogTime) {
+        while let Some(&(end, id)) = self.leases.get_min() {
+            if end > now {
+                break;
+            }
+            self.lapse(end, id, now);
+        }
+        while let Some((at, group, key)) = self.expiries.get_min().cloned() {
+            if at > now {
+                break;
+            }
+            self.expiries
+                .remove(&(at, Arc::clone(&group), Arc::clone(&key)));
+            self.drop_record(&group, &key);
+        }
+        self.dedup.evict(now);
+    }
+
+    /// A lease ended at `end` without a finish or fail: the attempt is lost, and the job
+    /// is dead if that was its last attempt; otherwise the task is claimable again.
+    fn lapse(&mut self, end: LogTime, id: TaskId, now: LogTime) {
+        self.leases.remove(&(end, id));
+        let Some(task) = self.tasks.get_mut(&id) else {
+            debug_assert!(false, "lease of task {id} that does not exist");
+            return;
+        };
+        task.job.leased = false;
+        let group = Arc::clone(&task.group);
+        let key = task.job.key.clone();
+        if let Some(index) = self.groups.get_mut(&*group) {
+            index.running -= 1;
+        }
+        let Some(key) = key else { return };
+        let limit = self.attempt_limit(&group, &key);
+        let lost = self.with_record(&group, &key, |record| {
+            if let Some(attempt) = record.open_attempt_mut() {
+                attempt.ended_at = Some(end);
+                attempt.end = Some(AttemptEnd::Lost);
+            }
+            let out_of_attempts = limit > 0 && record.attempts_counted() >= limit;
+            if !out_of_attempts {
+                record.state = JobState::Waiting;
+            }
+            out_of_attempts.then_some(record.attempts)
+        });
+        if let Some(Some(attempt)) = lost
+            && let Some(task) = self.remove_task(id)
+        {
+            let reason = format!("attempt {attempt} was lost: its lease lapsed at {end}");
+            self.job_dead(&group, &key, task.data, reason, now);
+        }
+    }
+
+    /// The attempt limit of a job: its own, else its group's (0: unlimited).
+    fn attempt_limit(&self, group: &str, key: &str) -> u32 {
+        self.job(group, key)
+            .and_then(|record| record.max_attempts)
+            .unwrap_or_else(|| self.group_settings(group).max_attempts)
+    }
+
+    /// Why a write naming a task that does not exist is refused: cancelled, or missing.
+    pub(crate) fn missing(&self, list: ListName, id: TaskId) -> Refusal {
+        match self.cancelled.get(&id) {
+            Some((_, key)) => Refusal::Cancelled {
+                list,
+                id,
+                key: Arc::clone(key),
+            },
+            None => Refusal::Missing { list, id },
+        }
+    }
+
+    /// Whether `task`'s job still waits for prerequisites.
+    pub(crate) fn is_blocked(&self, task: &Task) -> bool {
+        task.job
+            .key
+            .as_ref()
+            .and_then(|key| self.job(&task.group, key))
+            .is_some_and(|record| !record.after.is_empty())
+    }
+
+    /// Whether claims of `group` answer empty now: paused, or at `max_running`.
+    pub(crate) fn claims_held_back(&self, group: &str) -> bool {
+        let settings = self.group_settings(group);
+        let running = self.groups.get(group).map_or(0, |index| index.running);
+        settings.paused || (settings.max_running > 0 && running >= settings.max_running as usize)
+    }
+
+    /// Checks the job fields of an update's adds and decides what each add does.
+    pub(crate) fn plan_adds(&self, adds: &[AddTask], refusals: &mut Vec<Refusal>) -> Vec<AddPlan> {
+        let mut added: BTreeSet<(&str, &str)> = BTreeSet::new();
+        let mut plans = Vec::with_capacity(adds.len());
+        for (index, add) in adds.iter().enumerate() {
+            let job = &add.job;
+            let Some(key) = &job.key else {
+                if job.needs_key() {
+                    refusals.push(invalid(
+                        &format!("adds[{index}]"),
+                        "after, max_attempts, every_ms and on_conflict need a key; give the task a key"
+                            .to_string(),
+                    ));
+                }
+                plans.push(AddPlan::Plain);
+                continue;
+            };
+            let before = refusals.len();
+            refusals.extend(check_key(|| format!("adds[{index}].key"), key).err());
+            if let Some(every) = job.every_ms
+                && !(1..=JOB_INTERVAL_MS_MAX).contains(&every)
+            {
+                refusals.push(invalid(
+                    &format!("adds[{index}].every_ms"),
+                    format!("{every} is not between 1 and {JOB_INTERVAL_MS_MAX}"),
+                ));
+            }
+            if job.after.len() > JOB_AFTER_KEYS_MAX {
+                refusals.push(invalid(
+                    &format!("adds[{index}].after"),
+                    format!(
+                        "names {} keys; the limit is {JOB_AFTER_KEYS_MAX}",
+                        job.after.len()
+                    ),
+                ));
+            }
+            if refusals.len() > before {
+                plans.push(AddPlan::Plain);
+                continue;
+            }
+            let key_arc: JobKey = Arc::from(key.as_str());
+            if !added.insert((add.group.as_str(), key.as_str())) {
+                refusals.push(Refusal::KeyTwice {
+                    index,
+                    key: key_arc,
+                });
+                plans.push(AddPlan::Plain);
+                continue;
+            }
+            if let Some(id) = self.live_task_of(&add.group, key) {
+                plans.push(match job.on_conflict {
+                    OnConflict::Keep => AddPlan::Kept {
+                        id,
+                        resubmit: false,
+                    },
+                    OnConflict::Resubmit => AddPlan::Kept { id, resubmit: true },
+                    OnConflict::Refuse => {
+                        refusals.push(Refusal::KeyLive {
+                            index,
+                            key: key_arc,
+                            id,
+                        });
+                        AddPlan::Plain
+                    }
+                });
+                continue;
+            }
+            let after = self.pending_prerequisites(index, add, &added, refusals);
+            plans.push(AddPlan::New {
+                key: key_arc,
+                after,
+            });
+        }
+        plans
+    }
+
+    /// The prerequisites of an add that have not succeeded, refusing unknown ones, ones
+    /// that ended without success and the add's own key.
+    fn pending_prerequisites(
+        &self,
+        index: usize,
+        add: &AddTask,
+        added: &BTreeSet<(&str, &str)>,
+        refusals: &mut Vec<Refusal>,
+    ) -> Vec<JobKey> {
+        let mut pending: Vec<JobKey> = Vec::new();
+        for (n, prerequisite) in add.job.after.iter().enumerate() {
+            if add.job.key.as_deref() == Some(prerequisite.as_str()) {
+                refusals.push(invalid(
+                    &format!("adds[{index}].after[{n}]"),
+                    "names the task's own key; a task cannot wait for itself".to_string(),
+                ));
+                continue;
+            }
+            if let Err(refusal) = check_key(|| format!("adds[{index}].after[{n}]"), prerequisite) {
+                refusals.push(refusal);
+                continue;
+            }
+            if pending.iter().any(|key| **key == **prerequisite) {
+                continue;
+            }
+            let key: JobKey = Arc::from(prerequisite.as_str());
+            if added.contains(&(add.group.as_str(), prerequisite.as_str())) {
+                pending.push(key);
+                continue;
+            }
+            match self
+                .job(&add.group, prerequisite)
+                .map(|record| record.state)
+            {
+                Some(state) if state.is_live() => pending.push(key),
+                Some(JobState::Succeeded) => {}
+                Some(state) => refusals.push(Refusal::AfterEnded { index, key, state }),
+                None => refusals.push(Refusal::AfterUnknown { index, key }),
+            }
+        }
+        pending
+    }
+
+    /// The live task of job `key` in `group`, if the job is live.
+    fn live_task_of(&self, group: &str, key: &str) -> Option<TaskId> {
+        self.job(group, key)
+            .filter(|record| record.state.is_live())
+            .and_then(|record| record.task)
+    }
+
+    /// Carries out one checked add.
+    pub(crate) fn carry_out_add(
+        &mut self,
+        add: &AddTask,
+        plan: AddPlan,
+        available_at: LogTime,
+        client: ClientId,
+        now: LogTime,
+    ) -> Option<Task> {
+        let group = self.intern_group(&add.group);
+        match plan {
+            AddPlan::Plain => {
+                let job = TaskJob {
+                    priority: add.job.priority,
+                    ..TaskJob::default()
+                };
+                Some(self.insert_new(group, add.data.clone(), available_at, client, job))
+            }
+            AddPlan::Kept { id, resubmit } => {
+                if resubmit && let Some(key) = &add.job.key {
+                    self.with_record(&group, key, |record| {
+                        if record.state == JobState::Running {
+                            record.resubmit = Some(add.data.clone());
+                        }
+                    });
+                }
+                self.tasks.get(&id).cloned()
+            }
+            AddPlan::New { key, after } => {
+                self.start_run(&group, &key, add, after, now);
+                let job = TaskJob {
+                    key: Some(Arc::clone(&key)),
+                    priority: add.job.priority,
+                    attempt: 0,
+                    leased: false,
+                };
+                let task = self.insert_new(group, add.data.clone(), available_at, client, job);
+                self.note_new_version(&task);
+                Some(task)
+            }
+        }
+    }
+
+    /// Creates the record of a new job, or starts a new run of a finished or dead one,
+    /// and registers it with its prerequisites.
+    fn start_run(
+        &mut self,
+        group: &GroupName,
+        key: &JobKey,
+        add: &AddTask,
+        after: Vec<JobKey>,
+        now: LogTime,
+    ) {
+        let previous = self.job(group, key).cloned();
+        if let Some(previous) = &previous {
+            self.forget_finish(previous);
+        }
+        let record = JobRecord {
+            group: Arc::clone(group),
+            key: Arc::clone(key),
+            state: JobState::Waiting,
+            task: None,
+            data: None,
+            priority: add.job.priority,
+            max_attempts: add.job.max_attempts,
+            every_ms: add.job.every_ms,
+            run: previous.as_ref().map_or(1, |p| p.run.saturating_add(1)),
+            attempts: 0,
+            attempts_forgiven: 0,
+            history: previous.map(|p| p.history).unwrap_or_default(),
+            result: None,
+            reason: None,
+            created_at: now,
+            finished_at: None,
+            expires_at: None,
+            after: after.clone(),
+            dependants: Vec::new(),
+            resubmit: None,
+            cancelled_task: None,
+        };
+        self.put_record(record);
+        for prerequisite in &after {
+            self.with_record(group, prerequisite, |record| {
+                record.dependants.push(Arc::clone(key));
+            });
+        }
+    }
+
+    /// Removes what a finished record left behind: its expiry and its cancelled task.
+    fn forget_finish(&mut self, record: &JobRecord) {
+        if let Some(at) = record.expires_at {
+            self.expiries
+                .remove(&(at, Arc::clone(&record.group), Arc::clone(&record.key)));
+        }
+        if let Some(id) = record.cancelled_task {
+            self.cancelled.remove(&id);
+        }
+    }
+
+    /// Points a job's record at its newest task version.
+    pub(crate) fn note_new_version(&mut self, task: &Task) {
+        if let Some(key) = &task.job.key {
+            let id = task.id;
+            self.with_record(&task.group, key, |record| record.task = Some(id));
+        }
+    }
+
+    /// The job fields of a seed update's new version of `old`: a lease renewed by its
+    /// owner stays a lease; one given back ends its attempt as released.
+    pub(crate) fn rewritten_job(
+        &mut self,
+        old: &Task,
+        available_at: LogTime,
+        now: LogTime,
+    ) -> TaskJob {
+        let mut job = old.job.clone();
+        job.leased = old.job.leased && available_at > now;
+        if old.job.leased
+            && !job.leased
+            && let Some(key) = &old.job.key
+        {
+            self.with_record(&old.group, key, |record| {
+                if let Some(attempt) = record.open_attempt_mut() {
+                    attempt.ended_at = Some(now);
+                    attempt.end = Some(AttemptEnd::Released);
+                }
+                record.state = JobState::Waiting;
+            });
+        }
+        job
+    }
+
+    /// A seed delete removed `old`: for a job, the holder of its lease finished it, and
+    /// anyone else cancelled it.
+    pub(crate) fn job_deleted(&mut self, old: Task, client: ClientId, now: LogTime) {
+        let Some(key) = old.job.key.clone() else {
+            return;
+        };
+        if old.job.leased {
+            self.job_succeeded(old, None, now);
+        } else {
+            let group = Arc::clone(&old.group);
+            let reason = format!("deleted by client {client}");
+            self.cancel_cascade(&group, key, reason, Some(old), now);
+        }
+    }
+
+    /// The job fields of a claim's new version of `old`, counting the attempt.
+    pub(crate) fn claimed_job(&mut self, old: &Task, client: ClientId, now: LogTime) -> TaskJob {
+        let mut job = old.job.clone();
+        job.leased = true;
+        if let Some(key) = &old.job.key {
+            self.with_record(&old.group, key, |record| {
+                record.attempts = record.attempts.saturating_add(1);
+                record.state = JobState::Running;
+                record.history.push(Attempt {
+                    run: record.run,
+                    number: record.attempts,
+                    owner: client,
+                    started_at: now,
+                    ended_at: None,
+                    end: None,
+                });
+                let excess = record.history.len().saturating_sub(JOB_ATTEMPT_HISTORY_MAX);
+                record.history.drain(..excess);
+                job.attempt = record.attempts;
+            });
+        }
+        job
+    }
+
+    /// Refuses a finish or fail of a task that `client` does not hold at `now`.
+    fn check_held(
+        &self,
+        list: ListName,
+        id: TaskId,
+        client: ClientId,
+        now: LogTime,
+    ) -> Result<(), Refusal> {
+        match self.tasks.get(&id) {
+            None => Err(self.missing(list, id)),
+            Some(task) if task.owner != client || !task.is_owned_at(now) => Err(Refusal::NotHeld {
+                list,
+                id,
+                owner: task.owner,
+                available_at: task.available_at,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn apply_finish(&mut self, finish: &FinishRequest, now: LogTime) -> Outcome {
+        let mut refusals = Vec::new();
+        if let Some(result) = &finish.result
+            && result.len() > JOB_RESULT_BYTES_MAX
+        {
+            refusals.push(invalid(
+                "result",
+                format!(
+                    "is {} bytes; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
+                    result.len()
+                ),
+            ));
+        }
+        refusals.extend(
+            self.check_held(ListName::Finish, finish.id, finish.client, now)
+                .err(),
+        );
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        if let Some(task) = self.remove_task(finish.id)
+            && task.job.key.is_some()
+        {
+            self.job_succeeded(task, finish.result.clone(), now);
+        }
+        Outcome::Tasks(Vec::new())
+    }
+
+    pub(crate) fn apply_fail(&mut self, fail: &FailRequest, now: LogTime) -> Outcome {
+        let mut refusals = Vec::new();
+        if fail.error.len() > JOB_ERROR_BYTES_MAX {
+            refusals.push(invalid(
+                "error",
+                format!(
+                    "is {} bytes; the limit is {JOB_ERROR_BYTES_MAX}",
+                    fail.error.len()
+                ),
+            ));
+        }
+        if let Some(delay) = fail.retry_in_ms
+            && !(0..=JOB_INTERVAL_MS_MAX).contains(&delay)
+        {
+            refusals.push(invalid(
+                "retry_in_ms",
+                format!("{delay} is not between 0 and {JOB_INTERVAL_MS_MAX}"),
+            ));
+        }
+        refusals.extend(
+            self.check_held(ListName::Fail, fail.id, fail.client, now)
+                .err(),
+        );
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let Some(task) = self.remove_task(fail.id) else {
+            return Outcome::Tasks(Vec::new());
+        };
+        let group = Arc::clone(&task.group);
+        let backoff = self.group_settings(&group).backoff;
+        let seed = task.id ^ now.as_millis() as u64;
+        let Some(key) = task.job.key.clone() else {
+            let delay = fail
+                .retry_in_ms
+                .unwrap_or_else(|| backoff.jittered_ms(1, seed));
+            let at = now.checked_add(delay).unwrap_or(LogTime::MAX);
+            let job = TaskJob {
+                priority: task.job.priority,
+                ..TaskJob::default()
+            };
+            return Outcome::Tasks(vec![self.insert_new(
+                group,
+                task.data,
+                at,
+                fail.client,
+                job,
+            )]);
+        };
+        let limit = self.attempt_limit(&group, &key);
+        let counted = self.with_record(&group, &key, |record| {
+            if let Some(attempt) = record.open_attempt_mut() {
+                attempt.ended_at = Some(now);
+                attempt.end = Some(AttemptEnd::Failed(fail.error.clone()));
+            }
+            record.attempts_counted()
+        });
+        let counted = counted.unwrap_or(0);
+        if limit > 0 && counted >= limit {
+            let reason = format!(
+                "attempt {} failed: {}",
+                task.job.attempt,
+                headline(&fail.error)
+            );
+            self.job_dead(&group, &key, task.data, reason, now);
+            return Outcome::Tasks(Vec::new());
+        }
+        let delay = fail
+            .retry_in_ms
+            .unwrap_or_else(|| backoff.jittered_ms(counted.max(1), seed));
+        let at = now.checked_add(delay).unwrap_or(LogTime::MAX);
+        let job = TaskJob {
+            leased: false,
+            ..task.job.clone()
+        };
+        let retry = self.insert_new(group, task.data, at, fail.client, job);
+        let id = retry.id;
+        self.with_record(&retry.group, &key, |record| {
+            record.state = JobState::Failed;
+            record.task = Some(id);
+        });
+        Outcome::Tasks(vec![retry])
+    }
+
+    /// A job's live task (already removed) ended with success: record it, release its
+    /// dependants, and enqueue it again if it recurs or was resubmitted.
+    fn job_succeeded(&mut self, task: Task, result: Option<String>, now: LogTime) {
+        let Some(key) = task.job.key.clone() else {
+            return;
+        };
+        let group = Arc::clone(&task.group);
+        let outcome = self.with_record(&group, &key, |record| {
+            if let Some(attempt) = record.open_attempt_mut() {
+                attempt.ended_at = Some(now);
+                attempt.end = Some(AttemptEnd::Succeeded);
+            }
+            record.state = JobState::Succeeded;
+            record.task = None;
+            record.result = result;
+            record.reason = None;
+            record.finished_at = Some(now);
+            let dependants = std::mem::take(&mut record.dependants);
+            let again = match (record.resubmit.take(), record.every_ms) {
+                (Some(data), _) => Some((data, now)),
+                (None, Some(every)) => Some((
+                    task.data.clone(),
+                    now.checked_add(every).unwrap_or(LogTime::MAX),
+                )),
+                (None, None) => None,
+            };
+            (dependants, again)
+        });
+        let Some((dependants, again)) = outcome else {
+            return;
+        };
+        for dependant in dependants {
+            self.prerequisite_succeeded(&group, &dependant, &key);
+        }
+        match again {
+            Some((data, at)) => self.enqueue_again(&group, &key, data, at, task.owner, now),
+            None => self.set_expiry(&group, &key, now),
+        }
+    }
+
+    /// Job `dependant` no longer waits for `prerequisite`; claimable once it waits for none.
+    fn prerequisite_succeeded(
+        &mut self,
+        group: &GroupName,
+        dependant: &JobKey,
+        prerequisite: &str,
+    ) {
+        let released = self.with_record(group, dependant, |record| {
+            record.after.retain(|key| &**key != prerequisite);
+            record.after.is_empty().then_some(record.task).flatten()
+        });
+        if let Some(Some(id)) = released
+            && let Some(task) = self.tasks.get(&id)
+        {
+            let position = (task.available_at, id);
+            let priority = task.job.priority;
+            if let Some(index) = self.groups.get_mut(group) {
+                index.unblock(&position, priority);
+            }
+        }
+    }
+
+    /// A new run of a job that just succeeded (recurring, or resubmitted while it ran).
+    fn enqueue_again(
+        &mut self,
+        group: &GroupName,
+        key: &JobKey,
+        data: String,
+        at: LogTime,
+        owner: ClientId,
+        now: LogTime,
+    ) {
+        let priority = self.with_record(group, key, |record| {
+            record.run = record.run.saturating_add(1);
+            record.attempts = 0;
+            record.attempts_forgiven = 0;
+            record.state = JobState::Waiting;
+            record.created_at = now;
+            record.priority
+        });
+        let job = TaskJob {
+            key: Some(Arc::clone(key)),
+            priority: priority.unwrap_or(0),
+            attempt: 0,
+            leased: false,
+        };
+        let task = self.insert_new(Arc::clone(group), data, at, owner, job);
+        self.note_new_version(&task);
+    }
+
+    /// Starts the retention clock of a record that just finished.
+    fn set_expiry(&mut self, group: &GroupName, key: &JobKey, now: LogTime) {
+        let retention = self.group_settings(group).retention_ms;
+        let at = now.checked_add(retention).unwrap_or(LogTime::MAX);
+        self.with_record(group, key, |record| record.expires_at = Some(at));
+        self.expiries
+            .insert((at, Arc::clone(group), Arc::clone(key)));
+    }
+
+    /// A job (its task already removed) is out of attempts: keep its data as a dead
+    /// letter and cancel what waits for it.
+    fn job_dead(
+        &mut self,
+        group: &GroupName,
+        key: &JobKey,
+        data: String,
+        reason: String,
+        now: LogTime,
+    ) {
+        let dependants = self.with_record(group, key, |record| {
+            record.state = JobState::Dead;
+            record.task = None;
+            record.data = Some(data);
+            record.reason = Some(reason);
+            record.finished_at = Some(now);
+            std::mem::take(&mut record.dependants)
+        });
+        let because = format!("prerequisite {key:?} is dead");
+        for dependant in dependants.unwrap_or_default() {
+            self.cancel_cascade(group, dependant, because.clone(), None, now);
+        }
+    }
+
+    /// Cancels job `key` and, transitively, every job waiting for it. `removed` is its
+    /// live task if the caller already took it out of the store.
+    fn cancel_cascade(
+        &mut self,
+        group: &GroupName,
+        key: JobKey,
+        reason: String,
+        removed: Option<Task>,
+        now: LogTime,
+    ) {
+        let mut work = vec![(key, reason, removed)];
+        while let Some((key, reason, removed)) = work.pop() {
+            let Some(record) = self.job(group, &key) else {
+                continue;
+            };
+            let removed = match removed {
+                Some(task) => Some(task),
+                None if record.state.is_live() => record.task.and_then(|id| self.remove_task(id)),
+                None if record.state == JobState::Dead => None,
+                None => continue,
+            };
+            let dependants = self.job_cancelled(group, &key, reason, removed, now);
+            let because = format!("prerequisite {key:?} was cancelled");
+            work.extend(
+                dependants
+                    .into_iter()
+                    .map(|dependant| (dependant, because.clone(), None)),
+            );
+        }
+    }
+
+    /// Records the cancellation of job `key` whose live task (if any) was `removed`;
+    /// returns the jobs that waited for it.
+    fn job_cancelled(
+        &mut self,
+        group: &GroupName,
+        key: &JobKey,
+        reason: String,
+        removed: Option<Task>,
+        now: LogTime,
+    ) -> Vec<JobKey> {
+        let removed_id = removed.as_ref().map(|task| task.id);
+        let outcome = self.with_record(group, key, |record| {
+            if let Some(attempt) = record.open_attempt_mut() {
+                attempt.ended_at = Some(now);
+                attempt.end = Some(AttemptEnd::Cancelled);
+            }
+            record.state = JobState::Cancelled;
+            record.task = None;
+            if let Some(task) = removed {
+                record.data = Some(task.data);
+            }
+            record.reason = Some(reason);
+            record.finished_at = Some(now);
+            record.resubmit = None;
+            record.cancelled_task = removed_id;
+            (
+                std::mem::take(&mut record.after),
+                std::mem::take(&mut record.dependants),
+            )
+        });
+        let Some((prerequisites, dependants)) = outcome else {
+            return Vec::new();
+        };
+        for prerequisite in prerequisites {
+            self.with_record(group, &prerequisite, |record| {
+                record.dependants.retain(|dependant| dependant != key);
+            });
+        }
+        if let Some(id) = removed_id {
+            self.cancelled
+                .insert(id, (Arc::clone(group), Arc::clone(key)));
+        }
+        self.set_expiry(group, key, now);
+        dependants
+    }
+
+    /// Checks a cancel's or retry's group and keys; the keys' records, deduplicated.
+    fn named_jobs(
+        &self,
+        group: &str,
+        keys: &[String],
+        refusals: &mut Vec<Refusal>,
+    ) -> Vec<JobRecord> {
+        if group.is_empty() {
+            refusals.push(invalid("group", "is missing or empty".to_string()));
+        }
+        if keys.is_empty() {
+            refusals.push(invalid("keys", "name at least one key".to_string()));
+        }
+        if keys.len() > REQUEST_ITEMS_MAX {
+            refusals.push(Refusal::TooManyItems { items: keys.len() });
+            return Vec::new();
+        }
+        let mut seen = BTreeSet::new();
+        let mut records = Vec::new();
+        for (n, key) in keys.iter().enumerate() {
+            if let Err(refusal) = check_key(|| format!("keys[{n}]"), key) {
+                refusals.push(refusal);
+                continue;
+            }
+            if !seen.insert(key.as_str()) {
+                continue;
+            }
+            match self.job(group, key) {
+                Some(record) => records.push(record.clone()),
+                None => refusals.push(Refusal::UnknownKey {
+                    key: Arc::from(key.as_str()),
+                }),
+            }
+        }
+        records
+    }
+
+    pub(crate) fn apply_cancel(&mut self, cancel: &CancelRequest, now: LogTime) -> Outcome {
+        let mut refusals = Vec::new();
+        let records = self.named_jobs(&cancel.group, &cancel.keys, &mut refusals);
+        for record in &records {
+            if record.state == JobState::Succeeded {
+                refusals.push(Refusal::WrongState {
+                    key: Arc::clone(&record.key),
+                    state: record.state,
+                    needed: "a job that succeeded cannot be cancelled".to_string(),
+                });
+            }
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let reason = format!("cancelled by client {}", cancel.client);
+        for record in records {
+            self.cancel_cascade(&record.group, record.key, reason.clone(), None, now);
+        }
+        Outcome::Tasks(Vec::new())
+    }
+
+    pub(crate) fn apply_retry(&mut self, retry: &RetryRequest, now: LogTime) -> Outcome {
+        let mut refusals = Vec::new();
+        let records = self.named_jobs(&retry.group, &retry.keys, &mut refusals);
+        for record in &records {
+            if record.state != JobState::Dead {
+                refusals.push(Refusal::WrongState {
+                    key: Arc::clone(&record.key),
+                    state: record.state,
+                    needed: "only dead jobs can be retried".to_string(),
+                });
+            }
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let mut written = Vec::with_capacity(records.len());
+        for record in records {
+            let (group, key) = (record.group, record.key);
+            let data = self.with_record(&group, &key, |record| {
+                record.attempts_forgiven = record.attempts;
+                record.state = JobState::Waiting;
+                record.reason = None;
+                record.finished_at = None;
+                record.data.take().unwrap_or_default()
+            });
+            let job = TaskJob {
+                key: Some(Arc::clone(&key)),
+                priority: record.priority,
+                attempt: record.attempts,
+                leased: false,
+            };
+            let task = self.insert_new(group, data.unwrap_or_default(), now, retry.client, job);
+            self.note_new_version(&task);
+            written.push(task);
+        }
+        Outcome::Tasks(written)
+    }
+
+    pub(crate) fn apply_settings(&mut self, request: &SettingsRequest, _now: LogTime) -> Outcome {
+        let mut refusals = Vec::new();
+        if request.group.is_empty() {
+            refusals.push(invalid("group", "is missing or empty".to_string()));
+        }
+        let change = &request.change;
+        if let Some(backoff) = &change.backoff {
+            if !(0..=JOB_RETENTION_MS_MAX).contains(&backoff.base_ms) {
+                refusals.push(invalid(
+                    "backoff.base_ms",
+                    format!(
+                        "{} is not between 0 and {JOB_RETENTION_MS_MAX}",
+                        backoff.base_ms
+                    ),
+                ));
+            }
+            if !(backoff.base_ms.max(0)..=JOB_RETENTION_MS_MAX).contains(&backoff.max_ms) {
+                refusals.push(invalid(
+                    "backoff.max_ms",
+                    format!(
+                        "{} is not between base_ms and {JOB_RETENTION_MS_MAX}",
+                        backoff.max_ms
+                    ),
+                ));
+            }
+            if !(1000..=BACKOFF_FACTOR_MILLI_MAX).contains(&backoff.factor_milli) {
+                refusals.push(invalid(
+                    "backoff.factor",
+                    format!(
+                        "{} is not between 1 and {}",
+                        backoff.factor_milli as f64 / 1000.0,
+                        BACKOFF_FACTOR_MILLI_MAX / 1000
+                    ),
+                ));
+            }
+        }
+        if let Some(retention) = change.retention_ms
+            && !(0..=JOB_RETENTION_MS_MAX).contains(&retention)
+        {
+            refusals.push(invalid(
+                "retention_ms",
+                format!("{retention} is not between 0 and {JOB_RETENTION_MS_MAX}"),
+            ));
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let mut settings = self.group_settings(&request.group);
+        if let Some(max_running) = change.max_running {
+            settings.max_running = max_running;
+        }
+        if let Some(paused) = change.paused {
+            settings.paused = paused;
+        }
+        if let Some(max_attempts) = change.max_attempts {
+            settings.max_attempts = max_attempts;
+        }
+        if let Some(backoff) = change.backoff {
+            settings.backoff = backoff;
+        }
+        if let Some(retention) = change.retention_ms {
+            settings.retention_ms = retention;
+        }
+        if settings == GroupSettings::default() {
+            self.settings.remove(request.group.as_str());
+        } else {
+            let group = self.intern_group(&request.group);
+            self.settings.insert(group, settings);
+        }
+        Outcome::Settings(settings)
+    }
+
+    /// Stores a new record (or replaces one), keeping the state index.
+    pub(crate) fn put_record(&mut self, record: JobRecord) {
+        let jobs = self.jobs.entry(Arc::clone(&record.group)).or_default();
+        if let Some(old) = jobs.records.get(&record.key) {
+            jobs.by_state.remove(&(old.state, Arc::clone(&old.key)));
+        }
+        jobs.by_state
+            .insert((record.state, Arc::clone(&record.key)));
+        jobs.records
+            .insert(Arc::clone(&record.key), Arc::new(record));
+    }
+
+    /// Changes the record of `key` in `group` through `change`, keeping the state index;
+    /// `None` if there is no such record.
+    pub(crate) fn with_record<R>(
+        &mut self,
+        group: &str,
+        key: &str,
+        change: impl FnOnce(&mut JobRecord) -> R,
+    ) -> Option<R> {
+        let jobs = self.jobs.get_mut(group)?;
+        let record = Arc::make_mut(jobs.records.get_mut(key)?);
+        let before = record.state;
+        let answer = change(record);
+        if record.state != before {
+            jobs.by_state.remove(&(before, Arc::clone(&record.key)));
+            jobs.by_state
+                .insert((record.state, Arc::clone(&record.key)));
+        }
+        Some(answer)
+    }
+
+    /// Removes a record past its retention.
+    fn drop_record(&mut self, group: &str, key: &str) {
+        let Some(jobs) = self.jobs.get_mut(group) else {
+            return;
+        };
+        let Some(record) = jobs.records.remove(key) else {
+            return;
+        };
+        jobs.by_state
+            .remove(&(record.state, Arc::clone(&record.key)));
+        let now_empty = jobs.records.is_empty();
+        if let Some(id) = record.cancelled_task {
+            self.cancelled.remove(&id);
+        }
+        if now_empty {
+            self.jobs.remove(group);
+        }
+    }
+
+    /// The record of job `key` in `group`.
+    pub fn job(&self, group: &str, key: &str) -> Option<&JobRecord> {
+        self.jobs
+            .get(group)?
+            .records
+            .get(key)
+            .map(|record| &**record)
+    }
+
+    /// Job records of `group` in key order, only those in `state` if given, starting
+    /// after key `after` (a cursor). O(log n + returned).
+    pub fn jobs<'a>(
+        &'a self,
+        group: &str,
+        state: Option<JobState>,
+        after: Option<&str>,
+    ) -> Box<dyn Iterator<Item = &'a JobRecord> + 'a> {
+        let Some(jobs) = self.jobs.get(group) else {
+            return Box::new(std::iter::empty());
+        };
+        let after: Option<JobKey> = after.map(Arc::from);
+        match state {
+            Some(state) => {
+                let start = match after {
+                    Some(key) => Bound::Excluded((state, key)),
+                    None => Bound::Included((state, Arc::from(""))),
+                };
+                Box::new(
+                    jobs.by_state
+                        .range((start, Bound::Unbounded))
+                        .take_while(move |(s, _)| *s == state)
+                        .filter_map(|(_, key)| jobs.records.get(key).map(|r| &**r)),
+                )
+            }
+            None => {
+                let start = match after {
+                    Some(key) => Bound::Excluded(key),
+                    None => Bound::Unbounded,
+                };
+                Box::new(
+                    jobs.records
+                        .range((start, Bound::Unbounded))
+                        .map(|(_, record)| &**record),
+                )
+            }
+        }
+    }
+
+    /// Every job record, by group then key (snapshots).
+    pub fn iter_jobs(&self) -> impl Iterator<Item = &JobRecord> + '_ {
+        self.jobs
+            .values()
+            .flat_map(|jobs| jobs.records.values().map(|record| &**record))
+    }
+
+    /// Number of job records in `group` in `state`. O(returned).
+    pub fn job_count(&self, group: &str, state: JobState) -> usize {
+        self.jobs(group, Some(state), None).count()
+    }
+
+    /// The settings of `group` (the defaults unless changed).
+    pub fn group_settings(&self, group: &str) -> GroupSettings {
+        self.settings.get(group).copied().unwrap_or_default()
+    }
+
+    /// Groups whose settings differ from the defaults, by name.
+    pub fn configured_groups(&self) -> impl Iterator<Item = (&GroupName, &GroupSettings)> + '_ {
+        self.settings.iter()
+    }
+
+    /// Names of the groups that hold job records, sorted.
+    pub fn job_groups(&self) -> Vec<GroupName> {
+        self.jobs.keys().cloned().collect()
+    }
+
+    /// How many of `group`'s tasks are leases that have not lapsed.
+    pub fn running_in_group(&self, group: &str) -> usize {
+        self.groups.get(group).map_or(0, |index| index.running)
+    }
+}

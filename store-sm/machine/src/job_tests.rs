@@ -1,0 +1,428 @@
+//! Example-based tests of the job layer, one per rule of SPEC section 4 and issue 12.
+//! The property tests in store-sm's `tests/machine_model.rs` cover random sequences.
+
+use super::*;
+
+const T0: Millis = 1_700_000_000_000;
+
+struct Store {
+    machine: TaskMachine,
+    now: Millis,
+}
+
+impl Store {
+    fn new() -> Self {
+        Self {
+            machine: TaskMachine::new(),
+            now: T0,
+        }
+    }
+
+    fn run(&mut self, request: Request) -> Outcome {
+        self.now += 1;
+        let outcome = self.machine.apply(&Command {
+            stamp: LogTime::from_millis(self.now),
+            request_id: None,
+            request,
+        });
+        (*outcome).clone()
+    }
+
+    fn wait(&mut self, ms: Millis) {
+        self.now += ms;
+    }
+
+    fn add(&mut self, adds: Vec<AddTask>) -> Outcome {
+        self.run(Request::Update(UpdateRequest {
+            client: 1,
+            adds,
+            ..UpdateRequest::default()
+        }))
+    }
+
+    fn claim(&mut self, client: ClientId, group: &str) -> Option<Task> {
+        match self.run(Request::Claim(ClaimRequest {
+            client,
+            group: group.into(),
+            duration_ms: 1_000,
+            depends: vec![],
+        })) {
+            Outcome::Tasks(tasks) => tasks.into_iter().next(),
+            other => panic!("claim answered {other:?}"),
+        }
+    }
+
+    fn finish(&mut self, client: ClientId, id: TaskId, result: Option<&str>) -> Outcome {
+        self.run(Request::Finish(FinishRequest {
+            client,
+            id,
+            result: result.map(String::from),
+        }))
+    }
+
+    fn fail(&mut self, client: ClientId, id: TaskId, retry_in_ms: Option<Millis>) -> Outcome {
+        self.run(Request::Fail(FailRequest {
+            client,
+            id,
+            error: "boom\nsecond line".into(),
+            retry_in_ms,
+        }))
+    }
+
+    fn settings(&mut self, group: &str, change: SettingsChange) -> Outcome {
+        self.run(Request::Settings(SettingsRequest {
+            client: 1,
+            group: group.into(),
+            change,
+        }))
+    }
+
+    fn state(&self, group: &str, key: &str) -> JobState {
+        self.machine.job(group, key).expect("a record").state
+    }
+}
+
+fn job(key: &str) -> AddTask {
+    keyed(key, |_| {})
+}
+
+fn keyed(key: &str, tweak: impl FnOnce(&mut AddJob)) -> AddTask {
+    let mut add = AddTask::seed("g", format!("data of {key}"), None);
+    add.job.key = Some(key.into());
+    tweak(&mut add.job);
+    add
+}
+
+fn refusals(outcome: &Outcome) -> Vec<String> {
+    match outcome {
+        Outcome::Refused(refusals) => refusals.iter().map(ToString::to_string).collect(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn tasks(outcome: Outcome) -> Vec<Task> {
+    match outcome {
+        Outcome::Tasks(tasks) => tasks,
+        other => panic!("expected tasks, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_live_key_is_refused_kept_or_resubmitted() {
+    let mut store = Store::new();
+    let first = tasks(store.add(vec![job("k")])).remove(0);
+    let again = store.add(vec![job("k")]);
+    assert_eq!(
+        refusals(&again),
+        vec![format!(
+            "adds: item 0 has key \"k\", which live task {} of the group holds; set on_conflict to \"keep\" or \"resubmit\" to enqueue idempotently",
+            first.id
+        )]
+    );
+    let kept = tasks(store.add(vec![keyed("k", |j| j.on_conflict = OnConflict::Keep)]));
+    assert_eq!(kept, vec![first.clone()], "keep answers the live task");
+
+    // Resubmit while running: one more run after the success, with the new data.
+    let claimed = store.claim(7, "g").expect("claimable");
+    let mut resubmit = keyed("k", |j| j.on_conflict = OnConflict::Resubmit);
+    resubmit.data = "new data".into();
+    tasks(store.add(vec![resubmit]));
+    tasks(store.finish(7, claimed.id, Some("1")));
+    let record = store.machine.job("g", "k").expect("record");
+    assert_eq!((record.state, record.run), (JobState::Waiting, 2));
+    let rerun = store.claim(7, "g").expect("the resubmitted run");
+    assert_eq!((rerun.data.as_str(), rerun.job.attempt), ("new data", 1));
+
+    // A key twice in one request is refused; a seed add is untouched by all this.
+    let twice = store.add(vec![job("x"), job("x")]);
+    assert_eq!(
+        refusals(&twice),
+        vec!["adds: item 1 adds key \"x\" a second time"]
+    );
+    let plain = tasks(store.add(vec![AddTask::seed("g", "seed", None)])).remove(0);
+    assert!(plain.job.is_plain());
+}
+
+#[test]
+fn lost_attempts_count_and_the_last_one_makes_the_job_dead() {
+    let mut store = Store::new();
+    tasks(store.add(vec![keyed("k", |j| j.max_attempts = Some(2))]));
+    let first = store.claim(7, "g").expect("claimable");
+    assert_eq!(first.job.attempt, 1);
+    store.wait(2_000);
+    let second = store
+        .claim(8, "g")
+        .expect("claimable again after the lapse");
+    assert_eq!(second.job.attempt, 2);
+    let record = store.machine.job("g", "k").expect("record");
+    assert_eq!(record.history[0].end, Some(AttemptEnd::Lost));
+    store.wait(2_000);
+    assert!(
+        store.claim(8, "g").is_none(),
+        "a dead job is never handed out"
+    );
+    assert_eq!(store.state("g", "k"), JobState::Dead);
+    let dead = store.machine.job("g", "k").expect("record");
+    assert_eq!(dead.data.as_deref(), Some("data of k"));
+    assert!(
+        dead.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("attempt 2 was lost"))
+    );
+
+    // Retry re-drives it with a fresh budget; attempts keep counting.
+    let retried = tasks(store.run(Request::Retry(RetryRequest {
+        client: 1,
+        group: "g".into(),
+        keys: vec!["k".into()],
+    })));
+    assert_eq!(retried.len(), 1);
+    let third = store.claim(9, "g").expect("claimable after retry");
+    assert_eq!(third.job.attempt, 3);
+}
+
+#[test]
+fn finish_and_fail_are_fenced_and_fail_backs_off() {
+    let mut store = Store::new();
+    tasks(store.add(vec![job("k")]));
+    let claimed = store.claim(7, "g").expect("claimable");
+    assert_eq!(
+        refusals(&store.finish(8, claimed.id, None)),
+        vec![format!(
+            "finish: task {} is not held by this client (owner 7, lease ends {}); claim it again",
+            claimed.id, claimed.available_at
+        )]
+    );
+    let retry = tasks(store.fail(7, claimed.id, None)).remove(0);
+    assert_eq!(store.state("g", "k"), JobState::Failed);
+    let delay = retry.available_at.as_millis() - store.now;
+    assert!(
+        (500..=1_000).contains(&delay),
+        "base back-off with equal jitter: {delay}"
+    );
+    assert!(
+        refusals(&store.finish(7, claimed.id, None))[0].contains("does not exist"),
+        "the old id is stale"
+    );
+    store.wait(1_000);
+    let again = store.claim(7, "g").expect("claimable after the back-off");
+    tasks(store.finish(7, again.id, Some("{\"ok\":true}")));
+    let record = store.machine.job("g", "k").expect("record");
+    assert_eq!(record.state, JobState::Succeeded);
+    assert_eq!(record.result.as_deref(), Some("{\"ok\":true}"));
+    assert_eq!(record.attempts, 2);
+    assert_eq!(
+        record.history[0].end,
+        Some(AttemptEnd::Failed("boom\nsecond line".into()))
+    );
+}
+
+#[test]
+fn backoff_grows_to_its_maximum_and_jitter_is_deterministic() {
+    let backoff = Backoff {
+        base_ms: 100,
+        factor_milli: 2_000,
+        max_ms: 1_000,
+    };
+    let delays: Vec<Millis> = (1..=6).map(|n| backoff.delay_ms(n)).collect();
+    assert_eq!(delays, vec![100, 200, 400, 800, 1_000, 1_000]);
+    assert_eq!(backoff.jittered_ms(3, 42), backoff.jittered_ms(3, 42));
+    assert!(
+        (0..1_000)
+            .map(|seed| backoff.jittered_ms(3, seed))
+            .all(|d| (200..=400).contains(&d))
+    );
+}
+
+#[test]
+fn cancel_halts_a_running_job_and_its_owner_is_told() {
+    let mut store = Store::new();
+    tasks(store.add(vec![job("k")]));
+    let claimed = store.claim(7, "g").expect("claimable");
+    tasks(store.run(Request::Cancel(CancelRequest {
+        client: 1,
+        group: "g".into(),
+        keys: vec!["k".into()],
+    })));
+    assert_eq!(store.state("g", "k"), JobState::Cancelled);
+    let renewal = store.run(Request::Update(UpdateRequest {
+        client: 7,
+        updates: vec![UpdateTask {
+            id: claimed.id,
+            data: String::new(),
+            timespec: Some(-1_000),
+        }],
+        ..UpdateRequest::default()
+    }));
+    assert_eq!(
+        refusals(&renewal),
+        vec![format!(
+            "updates: task {} was cancelled (job \"k\"); stop working on it",
+            claimed.id
+        )]
+    );
+    assert!(refusals(&store.finish(7, claimed.id, None))[0].contains("was cancelled"));
+    assert_eq!(store.machine.running_in_group("g"), 0);
+}
+
+#[test]
+fn dependants_wait_for_success_and_are_cancelled_with_their_prerequisite() {
+    let mut store = Store::new();
+    tasks(store.add(vec![
+        job("a"),
+        keyed("b", |j| j.after = vec!["a".into()]),
+        keyed("c", |j| j.after = vec!["b".into()]),
+    ]));
+    let a = store.claim(7, "g").expect("a");
+    assert!(store.claim(7, "g").is_none(), "b waits for a");
+    tasks(store.finish(7, a.id, None));
+    let b = store.claim(7, "g").expect("b, now that a succeeded");
+    assert_eq!(b.data, "data of b");
+    tasks(store.run(Request::Cancel(CancelRequest {
+        client: 1,
+        group: "g".into(),
+        keys: vec!["b".into()],
+    })));
+    assert_eq!(store.state("g", "c"), JobState::Cancelled);
+    let reason = store.machine.job("g", "c").and_then(|r| r.reason.clone());
+    assert_eq!(reason.as_deref(), Some("prerequisite \"b\" was cancelled"));
+
+    let bad = store.add(vec![
+        keyed("d", |j| j.after = vec!["d".into()]),
+        keyed("e", |j| {
+            j.after = vec!["nope".into(), "b".into(), "f".into()]
+        }),
+        job("f"),
+    ]);
+    assert_eq!(
+        refusals(&bad),
+        vec![
+            "adds[0].after[0]: names the task's own key; a task cannot wait for itself".to_string(),
+            "adds: item 1 names key \"nope\" in after, which is neither a live or succeeded job of the group nor added earlier in this request".to_string(),
+            "adds: item 1 names key \"b\" in after, which ended cancelled and can never succeed; retry or re-add it first".to_string(),
+            "adds: item 1 names key \"f\" in after, which is neither a live or succeeded job of the group nor added earlier in this request".to_string(),
+        ],
+        "a later add of the same request cannot be named: no cycles"
+    );
+}
+
+#[test]
+fn a_recurring_job_comes_back_after_its_interval() {
+    let mut store = Store::new();
+    tasks(store.add(vec![keyed("tick", |j| j.every_ms = Some(60_000))]));
+    let first = store.claim(7, "g").expect("first run");
+    tasks(store.finish(7, first.id, Some("1")));
+    let record = store.machine.job("g", "tick").expect("record");
+    assert_eq!((record.state, record.run), (JobState::Waiting, 2));
+    let next = store
+        .machine
+        .task(record.task.expect("next run"))
+        .expect("task");
+    assert_eq!(next.available_at.as_millis(), store.now + 60_000);
+    assert!(store.claim(7, "g").is_none(), "not before its interval");
+    store.wait(60_000);
+    assert!(store.claim(7, "g").is_some());
+}
+
+#[test]
+fn max_running_and_pause_hold_claims_back() {
+    let mut store = Store::new();
+    tasks(store.add(vec![job("a"), job("b"), job("c")]));
+    let Outcome::Settings(settings) = store.settings(
+        "g",
+        SettingsChange {
+            max_running: Some(2),
+            ..SettingsChange::default()
+        },
+    ) else {
+        panic!("settings")
+    };
+    assert_eq!(settings.max_running, 2);
+    assert!(store.claim(7, "g").is_some());
+    assert!(store.claim(7, "g").is_some());
+    assert!(store.claim(7, "g").is_none(), "two are running");
+    store.wait(2_000);
+    store.settings(
+        "g",
+        SettingsChange {
+            paused: Some(true),
+            ..SettingsChange::default()
+        },
+    );
+    assert!(store.claim(7, "g").is_none(), "paused");
+    tasks(store.add(vec![job("d")]));
+    store.settings(
+        "g",
+        SettingsChange {
+            paused: Some(false),
+            max_running: Some(0),
+            ..SettingsChange::default()
+        },
+    );
+    assert!(store.claim(7, "g").is_some(), "resumed");
+    let bad = store.settings(
+        "g",
+        SettingsChange {
+            retention_ms: Some(-1),
+            ..SettingsChange::default()
+        },
+    );
+    assert_eq!(
+        refusals(&bad),
+        vec![format!(
+            "retention_ms: -1 is not between 0 and {}",
+            constants::JOB_RETENTION_MS_MAX
+        )]
+    );
+}
+
+#[test]
+fn priority_comes_before_age_and_listing_keeps_the_seed_order() {
+    let mut store = Store::new();
+    let added = tasks(store.add(vec![AddTask::seed("g", "old", Some(0)), {
+        let mut urgent = AddTask::seed("g", "urgent", Some(5));
+        urgent.job.priority = 9;
+        urgent
+    }]));
+    assert_eq!(store.claim(7, "g").expect("one").data, "urgent");
+    let listed: Vec<_> = store
+        .machine
+        .group_tasks("g", None, true, LogTime::from_millis(store.now))
+        .into_iter()
+        .map(|t| t.data)
+        .collect();
+    assert_eq!(
+        listed,
+        vec!["old", "urgent"],
+        "seed order: available time, then id"
+    );
+    assert_eq!(added.len(), 2);
+}
+
+#[test]
+fn finished_records_are_dropped_after_the_retention() {
+    let mut store = Store::new();
+    store.settings(
+        "g",
+        SettingsChange {
+            retention_ms: Some(10_000),
+            ..SettingsChange::default()
+        },
+    );
+    tasks(store.add(vec![job("k")]));
+    let claimed = store.claim(7, "g").expect("claimable");
+    tasks(store.finish(7, claimed.id, None));
+    store.wait(9_000);
+    store.claim(7, "g");
+    assert!(
+        store.machine.job("g", "k").is_some(),
+        "kept within the retention"
+    );
+    store.wait(1_000);
+    store.claim(7, "g");
+    assert!(store.machine.job("g", "k").is_none(), "dropped after it");
+    assert!(
+        tasks(store.add(vec![job("k")])).len() == 1,
+        "the key is free again"
+    );
+}

@@ -1,0 +1,926 @@
+//! The reference model: the seed's semantics and the job layer written the obvious way,
+//! with plain maps and linear scans, for the property tests to hold the machine against.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use store_sm::machine::constants::*;
+use store_sm::machine::*;
+
+/// The model's whole state.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    pub next_id: u64,
+    pub time_ms: i64,
+    pub tasks: BTreeMap<u64, Task>,
+    pub seen: BTreeMap<(i64, String), Outcome>,
+    pub records: BTreeMap<(String, String), JobRecord>,
+    pub settings: BTreeMap<String, GroupSettings>,
+}
+
+fn at(ms: i64) -> LogTime {
+    LogTime::from_millis(ms)
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Refusal {
+    Refusal::InvalidField {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn key_refusal(field: String, key: &str) -> Option<Refusal> {
+    (key.is_empty() || key.len() > JOB_KEY_BYTES_MAX).then(|| {
+        invalid(
+            field,
+            format!(
+                "a key is 1 to {JOB_KEY_BYTES_MAX} bytes; this one is {} bytes",
+                key.len()
+            ),
+        )
+    })
+}
+
+/// What an add turned out to be.
+enum Plan {
+    Plain,
+    Kept(u64, bool),
+    New(Vec<String>),
+}
+
+impl Model {
+    pub fn new() -> Self {
+        Self {
+            next_id: 1,
+            ..Self::default()
+        }
+    }
+
+    pub fn settings_of(&self, group: &str) -> GroupSettings {
+        self.settings.get(group).copied().unwrap_or_default()
+    }
+
+    pub fn apply(&mut self, command: &Command) -> Outcome {
+        self.time_ms = self.time_ms.max(command.stamp.as_millis());
+        let now = self.time_ms;
+        self.pass_time(now);
+        if let Some(id) = &command.request_id
+            && id.len() > REQUEST_ID_BYTES_MAX
+        {
+            return Outcome::Refused(vec![Refusal::RequestIdTooLong { bytes: id.len() }]);
+        }
+        let key = command
+            .request_id
+            .clone()
+            .map(|id| (command.request.client(), id));
+        if let Some(first) = key.as_ref().and_then(|key| self.seen.get(key)) {
+            return first.clone();
+        }
+        let outcome = match &command.request {
+            Request::LegacyUpdate(u) => self.update(&u.into(), now),
+            Request::Update(u) => self.update(u, now),
+            Request::Claim(c) => self.claim(c, now),
+            Request::Finish(f) => self.finish(f, now),
+            Request::Fail(f) => self.fail(f, now),
+            Request::Cancel(c) => self.cancel(c, now),
+            Request::Retry(r) => self.retry(r, now),
+            Request::Settings(s) => self.change_settings(s),
+        };
+        if let Some(key) = key {
+            self.seen.insert(key, outcome.clone());
+        }
+        outcome
+    }
+
+    fn record_mut(&mut self, group: &str, key: &str) -> &mut JobRecord {
+        self.records
+            .get_mut(&(group.to_string(), key.to_string()))
+            .expect("record")
+    }
+
+    fn record(&self, group: &str, key: &str) -> Option<&JobRecord> {
+        self.records.get(&(group.to_string(), key.to_string()))
+    }
+
+    fn limit(&self, group: &str, key: &str) -> u32 {
+        self.record(group, key)
+            .and_then(|r| r.max_attempts)
+            .unwrap_or(self.settings_of(group).max_attempts)
+    }
+
+    fn pass_time(&mut self, now: i64) {
+        loop {
+            let lapsed = self
+                .tasks
+                .values()
+                .filter(|t| t.job.leased && t.available_at.as_millis() <= now)
+                .map(|t| (t.available_at, t.id))
+                .min();
+            let Some((end, id)) = lapsed else { break };
+            let task = self.tasks.get_mut(&id).expect("task");
+            task.job.leased = false;
+            let task = task.clone();
+            let Some(key) = task.job.key.clone() else {
+                continue;
+            };
+            let limit = self.limit(&task.group, &key);
+            let record = self.record_mut(&task.group, &key);
+            let last = record.history.last_mut().expect("open attempt");
+            last.ended_at = Some(end);
+            last.end = Some(AttemptEnd::Lost);
+            if limit > 0 && record.attempts - record.attempts_forgiven >= limit {
+                let reason = format!(
+                    "attempt {} was lost: its lease lapsed at {end}",
+                    record.attempts
+                );
+                self.tasks.remove(&id);
+                self.dead(&task.group, &key, task.data, reason, now);
+            } else {
+                record.state = JobState::Waiting;
+            }
+        }
+        let expired: Vec<(String, String)> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.expires_at.is_some_and(|t| t.as_millis() <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in expired {
+            self.records.remove(&k);
+        }
+    }
+
+    fn cancelled_key(&self, id: u64) -> Option<Arc<str>> {
+        self.records
+            .values()
+            .find(|r| r.cancelled_task == Some(id))
+            .map(|r| Arc::clone(&r.key))
+    }
+
+    fn missing(&self, list: ListName, id: u64) -> Refusal {
+        match self.cancelled_key(id) {
+            Some(key) => Refusal::Cancelled { list, id, key },
+            None => Refusal::Missing { list, id },
+        }
+    }
+
+    fn modifiable(&self, list: ListName, id: u64, client: i64, now: i64) -> Option<Refusal> {
+        match self.tasks.get(&id) {
+            None => Some(self.missing(list, id)),
+            Some(t) if t.available_at.as_millis() > now && t.owner != client => {
+                Some(Refusal::Owned {
+                    list,
+                    id,
+                    owner: t.owner,
+                    available_at: t.available_at,
+                })
+            }
+            Some(_) => None,
+        }
+    }
+
+    fn missing_depends(&self, depends: &[u64]) -> Vec<Refusal> {
+        depends
+            .iter()
+            .filter(|id| !self.tasks.contains_key(id))
+            .map(|&id| Refusal::Missing {
+                list: ListName::Depends,
+                id,
+            })
+            .collect()
+    }
+
+    fn new_task(&mut self, group: &str, data: &str, at_ms: i64, owner: i64, job: TaskJob) -> Task {
+        let task = Task {
+            id: self.next_id,
+            group: Arc::from(group),
+            data: data.to_string(),
+            available_at: at(at_ms),
+            owner,
+            job,
+        };
+        self.next_id += 1;
+        self.tasks.insert(task.id, task.clone());
+        if let Some(key) = &task.job.key {
+            self.record_mut(group, key).task = Some(task.id);
+        }
+        task
+    }
+
+    fn resolve(timespec: Option<i64>, now: i64) -> i64 {
+        match timespec {
+            None => now,
+            Some(t) if t < 0 => now - t,
+            Some(t) => t,
+        }
+    }
+
+    fn live_task(&self, group: &str, key: &str) -> Option<u64> {
+        self.record(group, key)
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    JobState::Waiting | JobState::Running | JobState::Failed
+                )
+            })
+            .and_then(|r| r.task)
+    }
+
+    fn plan(&self, adds: &[AddTask], refusals: &mut Vec<Refusal>) -> Vec<Plan> {
+        let mut added: Vec<(String, String)> = vec![];
+        let mut plans = vec![];
+        for (index, add) in adds.iter().enumerate() {
+            let job = &add.job;
+            let Some(key) = &job.key else {
+                if !job.after.is_empty()
+                    || job.max_attempts.is_some()
+                    || job.every_ms.is_some()
+                    || job.on_conflict != OnConflict::Refuse
+                {
+                    refusals.push(invalid(
+                        format!("adds[{index}]"),
+                        "after, max_attempts, every_ms and on_conflict need a key; give the task a key",
+                    ));
+                }
+                plans.push(Plan::Plain);
+                continue;
+            };
+            let mut own = vec![];
+            own.extend(key_refusal(format!("adds[{index}].key"), key));
+            if let Some(every) = job.every_ms
+                && !(1..=JOB_INTERVAL_MS_MAX).contains(&every)
+            {
+                own.push(invalid(
+                    format!("adds[{index}].every_ms"),
+                    format!("{every} is not between 1 and {JOB_INTERVAL_MS_MAX}"),
+                ));
+            }
+            if !own.is_empty() {
+                refusals.extend(own);
+                plans.push(Plan::Plain);
+                continue;
+            }
+            let pair = (add.group.clone(), key.clone());
+            if added.contains(&pair) {
+                refusals.push(Refusal::KeyTwice {
+                    index,
+                    key: Arc::from(key.as_str()),
+                });
+                plans.push(Plan::Plain);
+                continue;
+            }
+            added.push(pair);
+            if let Some(id) = self.live_task(&add.group, key) {
+                match job.on_conflict {
+                    OnConflict::Keep => plans.push(Plan::Kept(id, false)),
+                    OnConflict::Resubmit => plans.push(Plan::Kept(id, true)),
+                    OnConflict::Refuse => {
+                        refusals.push(Refusal::KeyLive {
+                            index,
+                            key: Arc::from(key.as_str()),
+                            id,
+                        });
+                        plans.push(Plan::Plain);
+                    }
+                }
+                continue;
+            }
+            let mut pending: Vec<String> = vec![];
+            for (n, p) in job.after.iter().enumerate() {
+                if p == key {
+                    refusals.push(invalid(
+                        format!("adds[{index}].after[{n}]"),
+                        "names the task's own key; a task cannot wait for itself",
+                    ));
+                    continue;
+                }
+                if let Some(r) = key_refusal(format!("adds[{index}].after[{n}]"), p) {
+                    refusals.push(r);
+                    continue;
+                }
+                if pending.contains(p) {
+                    continue;
+                }
+                if added.contains(&(add.group.clone(), p.clone())) {
+                    pending.push(p.clone());
+                    continue;
+                }
+                match self.record(&add.group, p).map(|r| r.state) {
+                    Some(JobState::Waiting | JobState::Running | JobState::Failed) => {
+                        pending.push(p.clone())
+                    }
+                    Some(JobState::Succeeded) => {}
+                    Some(state) => refusals.push(Refusal::AfterEnded {
+                        index,
+                        key: Arc::from(p.as_str()),
+                        state,
+                    }),
+                    None => refusals.push(Refusal::AfterUnknown {
+                        index,
+                        key: Arc::from(p.as_str()),
+                    }),
+                }
+            }
+            plans.push(Plan::New(pending));
+        }
+        plans
+    }
+
+    fn update(&mut self, u: &UpdateRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        if u.adds.is_empty() && u.updates.is_empty() && u.deletes.is_empty() {
+            refusals.push(Refusal::NothingToDo);
+        }
+        let named = u
+            .updates
+            .iter()
+            .map(|c| (ListName::Updates, c.id))
+            .chain(u.deletes.iter().map(|&id| (ListName::Deletes, id)))
+            .chain(u.depends.iter().map(|&id| (ListName::Depends, id)));
+        refusals.extend(duplicate_refusals(named));
+        for (index, add) in u.adds.iter().enumerate() {
+            if add.group.is_empty() {
+                refusals.push(Refusal::MissingGroup { index });
+            }
+        }
+        let plans = self.plan(&u.adds, &mut refusals);
+        for change in &u.updates {
+            refusals.extend(self.modifiable(ListName::Updates, change.id, u.client, now));
+        }
+        for &id in &u.deletes {
+            refusals.extend(self.modifiable(ListName::Deletes, id, u.client, now));
+        }
+        refusals.extend(self.missing_depends(&u.depends));
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let mut out = vec![];
+        for (add, plan) in u.adds.iter().zip(plans) {
+            let when = Self::resolve(add.timespec, now);
+            match plan {
+                Plan::Plain => {
+                    let job = TaskJob {
+                        priority: add.job.priority,
+                        ..TaskJob::default()
+                    };
+                    out.push(self.new_task(&add.group, &add.data, when, u.client, job));
+                }
+                Plan::Kept(id, resubmit) => {
+                    let key = add.job.key.clone().expect("key");
+                    let record = self.record_mut(&add.group, &key);
+                    if resubmit && record.state == JobState::Running {
+                        record.resubmit = Some(add.data.clone());
+                    }
+                    out.push(self.tasks[&id].clone());
+                }
+                Plan::New(pending) => {
+                    let key = add.job.key.clone().expect("key");
+                    let previous = self.record(&add.group, &key).cloned();
+                    let record = JobRecord {
+                        group: Arc::from(add.group.as_str()),
+                        key: Arc::from(key.as_str()),
+                        state: JobState::Waiting,
+                        task: None,
+                        data: None,
+                        priority: add.job.priority,
+                        max_attempts: add.job.max_attempts,
+                        every_ms: add.job.every_ms,
+                        run: previous.as_ref().map_or(1, |p| p.run + 1),
+                        attempts: 0,
+                        attempts_forgiven: 0,
+                        history: previous.map(|p| p.history).unwrap_or_default(),
+                        result: None,
+                        reason: None,
+                        created_at: at(now),
+                        finished_at: None,
+                        expires_at: None,
+                        after: pending.iter().map(|k| Arc::from(k.as_str())).collect(),
+                        dependants: vec![],
+                        resubmit: None,
+                        cancelled_task: None,
+                    };
+                    self.records
+                        .insert((add.group.clone(), key.clone()), record);
+                    for p in &pending {
+                        self.record_mut(&add.group, p)
+                            .dependants
+                            .push(Arc::from(key.as_str()));
+                    }
+                    let job = TaskJob {
+                        key: Some(Arc::from(key.as_str())),
+                        priority: add.job.priority,
+                        attempt: 0,
+                        leased: false,
+                    };
+                    out.push(self.new_task(&add.group, &add.data, when, u.client, job));
+                }
+            }
+        }
+        for change in &u.updates {
+            let old = self.tasks.remove(&change.id).expect("checked");
+            let when = Self::resolve(change.timespec, now);
+            let mut job = old.job.clone();
+            job.leased = old.job.leased && when > now;
+            if old.job.leased
+                && !job.leased
+                && let Some(key) = &old.job.key
+            {
+                let record = self.record_mut(&old.group, key);
+                let last = record.history.last_mut().expect("open attempt");
+                last.ended_at = Some(at(now));
+                last.end = Some(AttemptEnd::Released);
+                record.state = JobState::Waiting;
+            }
+            out.push(self.new_task(&old.group, &change.data, when, u.client, job));
+        }
+        for id in &u.deletes {
+            let Some(old) = self.tasks.remove(id) else {
+                continue;
+            };
+            let Some(key) = old.job.key.clone() else {
+                continue;
+            };
+            if old.job.leased {
+                self.succeeded(old, None, now);
+            } else {
+                let group = old.group.to_string();
+                self.cancel_all(
+                    &group,
+                    &key,
+                    format!("deleted by client {}", u.client),
+                    Some(old),
+                    now,
+                );
+            }
+        }
+        Outcome::Tasks(out)
+    }
+
+    fn claim(&mut self, c: &ClaimRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        if c.group.is_empty() {
+            refusals.push(Refusal::ClaimWithoutGroup);
+        }
+        if c.duration_ms <= 0 {
+            refusals.push(Refusal::InvalidDuration {
+                duration_ms: c.duration_ms,
+            });
+        }
+        refusals.extend(duplicate_refusals(
+            c.depends.iter().map(|&id| (ListName::Depends, id)),
+        ));
+        refusals.extend(self.missing_depends(&c.depends));
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let settings = self.settings_of(&c.group);
+        let running = self
+            .tasks
+            .values()
+            .filter(|t| *t.group == *c.group && t.job.leased)
+            .count();
+        if settings.paused || (settings.max_running > 0 && running >= settings.max_running as usize)
+        {
+            return Outcome::Tasks(vec![]);
+        }
+        let pick = self
+            .tasks
+            .values()
+            .filter(|t| {
+                *t.group == *c.group
+                    && t.available_at.as_millis() <= now
+                    && !c.depends.contains(&t.id)
+                    && !self.blocked(t)
+            })
+            .min_by_key(|t| (-(t.job.priority as i128), t.available_at, t.id))
+            .cloned();
+        let Some(old) = pick else {
+            return Outcome::Tasks(vec![]);
+        };
+        self.tasks.remove(&old.id);
+        let mut job = old.job.clone();
+        job.leased = true;
+        if let Some(key) = &old.job.key {
+            let record = self.record_mut(&old.group, key);
+            record.attempts += 1;
+            record.state = JobState::Running;
+            record.history.push(Attempt {
+                run: record.run,
+                number: record.attempts,
+                owner: c.client,
+                started_at: at(now),
+                ended_at: None,
+                end: None,
+            });
+            if record.history.len() > JOB_ATTEMPT_HISTORY_MAX {
+                record.history.remove(0);
+            }
+            job.attempt = record.attempts;
+        }
+        let task = self.new_task(&old.group, &old.data, now + c.duration_ms, c.client, job);
+        Outcome::Tasks(vec![task])
+    }
+
+    fn blocked(&self, task: &Task) -> bool {
+        task.job
+            .key
+            .as_ref()
+            .and_then(|k| self.record(&task.group, k))
+            .is_some_and(|r| !r.after.is_empty())
+    }
+
+    fn held(&self, list: ListName, id: u64, client: i64, now: i64) -> Option<Refusal> {
+        match self.tasks.get(&id) {
+            None => Some(self.missing(list, id)),
+            Some(t) if t.owner != client || t.available_at.as_millis() <= now => {
+                Some(Refusal::NotHeld {
+                    list,
+                    id,
+                    owner: t.owner,
+                    available_at: t.available_at,
+                })
+            }
+            Some(_) => None,
+        }
+    }
+
+    fn finish(&mut self, f: &FinishRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        if let Some(result) = &f.result
+            && result.len() > JOB_RESULT_BYTES_MAX
+        {
+            refusals.push(invalid(
+                "result",
+                format!(
+                    "is {} bytes; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
+                    result.len()
+                ),
+            ));
+        }
+        refusals.extend(self.held(ListName::Finish, f.id, f.client, now));
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let task = self.tasks.remove(&f.id).expect("held");
+        if task.job.key.is_some() {
+            self.succeeded(task, f.result.clone(), now);
+        }
+        Outcome::Tasks(vec![])
+    }
+
+    fn succeeded(&mut self, task: Task, result: Option<String>, now: i64) {
+        let key = task.job.key.clone().expect("key");
+        let group = task.group.to_string();
+        let record = self.record_mut(&group, &key);
+        if let Some(last) = record.history.last_mut().filter(|a| a.end.is_none()) {
+            last.ended_at = Some(at(now));
+            last.end = Some(AttemptEnd::Succeeded);
+        }
+        record.state = JobState::Succeeded;
+        record.task = None;
+        record.result = result;
+        record.reason = None;
+        record.finished_at = Some(at(now));
+        let dependants = std::mem::take(&mut record.dependants);
+        let again = match (record.resubmit.take(), record.every_ms) {
+            (Some(data), _) => Some((data, now)),
+            (None, Some(every)) => Some((task.data.clone(), now + every)),
+            (None, None) => None,
+        };
+        for d in dependants {
+            let r = self.record_mut(&group, &d);
+            r.after.retain(|k| **k != *key);
+        }
+        match again {
+            Some((data, when)) => {
+                let record = self.record_mut(&group, &key);
+                record.run += 1;
+                record.attempts = 0;
+                record.attempts_forgiven = 0;
+                record.state = JobState::Waiting;
+                record.created_at = at(now);
+                let job = TaskJob {
+                    key: Some(Arc::clone(&key)),
+                    priority: record.priority,
+                    attempt: 0,
+                    leased: false,
+                };
+                self.new_task(&group, &data, when, task.owner, job);
+            }
+            None => self.expire_later(&group, &key, now),
+        }
+    }
+
+    fn expire_later(&mut self, group: &str, key: &str, now: i64) {
+        let retention = self.settings_of(group).retention_ms;
+        self.record_mut(group, key).expires_at = Some(at(now + retention));
+    }
+
+    fn dead(&mut self, group: &str, key: &str, data: String, reason: String, now: i64) {
+        let record = self.record_mut(group, key);
+        record.state = JobState::Dead;
+        record.task = None;
+        record.data = Some(data);
+        record.reason = Some(reason);
+        record.finished_at = Some(at(now));
+        let dependants = std::mem::take(&mut record.dependants);
+        for d in dependants {
+            self.cancel_all(
+                group,
+                &d,
+                format!("prerequisite {key:?} is dead"),
+                None,
+                now,
+            );
+        }
+    }
+
+    /// Cancels `key` and everything that waits for it, depth first as a stack.
+    fn cancel_all(
+        &mut self,
+        group: &str,
+        key: &str,
+        reason: String,
+        removed: Option<Task>,
+        now: i64,
+    ) {
+        let mut work = vec![(key.to_string(), reason, removed)];
+        while let Some((key, reason, removed)) = work.pop() {
+            let Some(record) = self.record(group, &key).cloned() else {
+                continue;
+            };
+            let removed = match removed {
+                Some(t) => Some(t),
+                None if matches!(
+                    record.state,
+                    JobState::Waiting | JobState::Running | JobState::Failed
+                ) =>
+                {
+                    record.task.and_then(|id| self.tasks.remove(&id))
+                }
+                None if record.state == JobState::Dead => None,
+                None => continue,
+            };
+            let removed_id = removed.as_ref().map(|t| t.id);
+            let record = self.record_mut(group, &key);
+            if let Some(last) = record.history.last_mut().filter(|a| a.end.is_none()) {
+                last.ended_at = Some(at(now));
+                last.end = Some(AttemptEnd::Cancelled);
+            }
+            record.state = JobState::Cancelled;
+            record.task = None;
+            if let Some(t) = removed {
+                record.data = Some(t.data);
+            }
+            record.reason = Some(reason);
+            record.finished_at = Some(at(now));
+            record.resubmit = None;
+            record.cancelled_task = removed_id;
+            let prerequisites = std::mem::take(&mut record.after);
+            let dependants = std::mem::take(&mut record.dependants);
+            for p in prerequisites {
+                self.record_mut(group, &p)
+                    .dependants
+                    .retain(|d| **d != *key);
+            }
+            self.expire_later(group, &key, now);
+            let because = format!("prerequisite {key:?} was cancelled");
+            for d in dependants {
+                work.push((d.to_string(), because.clone(), None));
+            }
+        }
+    }
+
+    fn fail(&mut self, f: &FailRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        if f.error.len() > JOB_ERROR_BYTES_MAX {
+            refusals.push(invalid(
+                "error",
+                format!(
+                    "is {} bytes; the limit is {JOB_ERROR_BYTES_MAX}",
+                    f.error.len()
+                ),
+            ));
+        }
+        if let Some(delay) = f.retry_in_ms
+            && !(0..=JOB_INTERVAL_MS_MAX).contains(&delay)
+        {
+            refusals.push(invalid(
+                "retry_in_ms",
+                format!("{delay} is not between 0 and {JOB_INTERVAL_MS_MAX}"),
+            ));
+        }
+        refusals.extend(self.held(ListName::Fail, f.id, f.client, now));
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let task = self.tasks.remove(&f.id).expect("held");
+        let group = task.group.to_string();
+        let backoff = self.settings_of(&group).backoff;
+        let seed = task.id ^ now as u64;
+        let Some(key) = task.job.key.clone() else {
+            let delay = f
+                .retry_in_ms
+                .unwrap_or_else(|| backoff.jittered_ms(1, seed));
+            let job = TaskJob {
+                priority: task.job.priority,
+                ..TaskJob::default()
+            };
+            return Outcome::Tasks(vec![self.new_task(
+                &group,
+                &task.data,
+                now + delay,
+                f.client,
+                job,
+            )]);
+        };
+        let limit = self.limit(&group, &key);
+        let record = self.record_mut(&group, &key);
+        if let Some(last) = record.history.last_mut().filter(|a| a.end.is_none()) {
+            last.ended_at = Some(at(now));
+            last.end = Some(AttemptEnd::Failed(f.error.clone()));
+        }
+        let counted = record.attempts - record.attempts_forgiven;
+        if limit > 0 && counted >= limit {
+            let first_line = f.error.lines().next().unwrap_or("");
+            let mut end = first_line.len().min(200);
+            while !first_line.is_char_boundary(end) {
+                end -= 1;
+            }
+            let reason = format!(
+                "attempt {} failed: {}",
+                task.job.attempt,
+                &first_line[..end]
+            );
+            self.dead(&group, &key, task.data, reason, now);
+            return Outcome::Tasks(vec![]);
+        }
+        let delay = f
+            .retry_in_ms
+            .unwrap_or_else(|| backoff.jittered_ms(counted.max(1), seed));
+        let job = TaskJob {
+            leased: false,
+            ..task.job.clone()
+        };
+        let retry = self.new_task(&group, &task.data, now + delay, f.client, job);
+        self.record_mut(&group, &key).state = JobState::Failed;
+        Outcome::Tasks(vec![retry])
+    }
+
+    fn named(&self, group: &str, keys: &[String], refusals: &mut Vec<Refusal>) -> Vec<JobRecord> {
+        if group.is_empty() {
+            refusals.push(invalid("group", "is missing or empty"));
+        }
+        if keys.is_empty() {
+            refusals.push(invalid("keys", "name at least one key"));
+        }
+        let mut seen = BTreeSet::new();
+        let mut out = vec![];
+        for (n, key) in keys.iter().enumerate() {
+            if let Some(r) = key_refusal(format!("keys[{n}]"), key) {
+                refusals.push(r);
+                continue;
+            }
+            if !seen.insert(key.clone()) {
+                continue;
+            }
+            match self.record(group, key) {
+                Some(r) => out.push(r.clone()),
+                None => refusals.push(Refusal::UnknownKey {
+                    key: Arc::from(key.as_str()),
+                }),
+            }
+        }
+        out
+    }
+
+    fn cancel(&mut self, c: &CancelRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        let records = self.named(&c.group, &c.keys, &mut refusals);
+        for r in &records {
+            if r.state == JobState::Succeeded {
+                refusals.push(Refusal::WrongState {
+                    key: Arc::clone(&r.key),
+                    state: r.state,
+                    needed: "a job that succeeded cannot be cancelled".into(),
+                });
+            }
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        for r in records {
+            self.cancel_all(
+                &c.group,
+                &r.key,
+                format!("cancelled by client {}", c.client),
+                None,
+                now,
+            );
+        }
+        Outcome::Tasks(vec![])
+    }
+
+    fn retry(&mut self, r: &RetryRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        let records = self.named(&r.group, &r.keys, &mut refusals);
+        for record in &records {
+            if record.state != JobState::Dead {
+                refusals.push(Refusal::WrongState {
+                    key: Arc::clone(&record.key),
+                    state: record.state,
+                    needed: "only dead jobs can be retried".into(),
+                });
+            }
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let mut out = vec![];
+        for old in records {
+            let record = self.record_mut(&r.group, &old.key);
+            record.attempts_forgiven = record.attempts;
+            record.state = JobState::Waiting;
+            record.reason = None;
+            record.finished_at = None;
+            let data = record.data.take().unwrap_or_default();
+            let job = TaskJob {
+                key: Some(Arc::clone(&old.key)),
+                priority: old.priority,
+                attempt: old.attempts,
+                leased: false,
+            };
+            out.push(self.new_task(&r.group, &data, now, r.client, job));
+        }
+        Outcome::Tasks(out)
+    }
+
+    fn change_settings(&mut self, s: &SettingsRequest) -> Outcome {
+        let mut refusals = vec![];
+        if s.group.is_empty() {
+            refusals.push(invalid("group", "is missing or empty"));
+        }
+        let c = &s.change;
+        if let Some(b) = &c.backoff {
+            if !(0..=JOB_RETENTION_MS_MAX).contains(&b.base_ms) {
+                refusals.push(invalid(
+                    "backoff.base_ms",
+                    format!("{} is not between 0 and {JOB_RETENTION_MS_MAX}", b.base_ms),
+                ));
+            }
+            if !(b.base_ms.max(0)..=JOB_RETENTION_MS_MAX).contains(&b.max_ms) {
+                refusals.push(invalid(
+                    "backoff.max_ms",
+                    format!(
+                        "{} is not between base_ms and {JOB_RETENTION_MS_MAX}",
+                        b.max_ms
+                    ),
+                ));
+            }
+            if !(1000..=BACKOFF_FACTOR_MILLI_MAX).contains(&b.factor_milli) {
+                refusals.push(invalid(
+                    "backoff.factor",
+                    format!(
+                        "{} is not between 1 and {}",
+                        b.factor_milli as f64 / 1000.0,
+                        BACKOFF_FACTOR_MILLI_MAX / 1000
+                    ),
+                ));
+            }
+        }
+        if let Some(r) = c.retention_ms
+            && !(0..=JOB_RETENTION_MS_MAX).contains(&r)
+        {
+            refusals.push(invalid(
+                "retention_ms",
+                format!("{r} is not between 0 and {JOB_RETENTION_MS_MAX}"),
+            ));
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let mut settings = self.settings_of(&s.group);
+        settings.max_running = c.max_running.unwrap_or(settings.max_running);
+        settings.paused = c.paused.unwrap_or(settings.paused);
+        settings.max_attempts = c.max_attempts.unwrap_or(settings.max_attempts);
+        settings.backoff = c.backoff.unwrap_or(settings.backoff);
+        settings.retention_ms = c.retention_ms.unwrap_or(settings.retention_ms);
+        if settings == GroupSettings::default() {
+            self.settings.remove(&s.group);
+        } else {
+            self.settings.insert(s.group.clone(), settings);
+        }
+        Outcome::Settings(settings)
+    }
+}
+
+/// One refusal per id named more than once, in order of its second mention.
+pub fn duplicate_refusals(named: impl Iterator<Item = (ListName, u64)>) -> Vec<Refusal> {
+    let mut counted = BTreeSet::new();
+    let mut reported = BTreeSet::new();
+    named
+        .filter(|&(_, id)| !counted.insert(id) && reported.insert(id))
+        .map(|(list, id)| Refusal::Duplicate { list, id })
+        .collect()
+}
