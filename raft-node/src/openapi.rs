@@ -58,7 +58,7 @@ impl Limits {
 fn idempotency_key() -> Value {
     json!({
         "name": "Idempotency-Key", "in": "header", "required": false,
-        "description": format!("The request id, as the body's requestid: a retry with the same value applies once. At most {REQUEST_ID_BYTES_MAX} bytes of printable ASCII (0x20 to 0x7E, or tab); if the body has a requestid too, the two must be equal. A key that breaks a rule is refused with 400 (the error names both values when they differ). A node relaying a write without a request id to the leader adds this header with an id it makes up, so that its own retries apply once."),
+        "description": format!("The request id, as the body's requestid: a retry with the same value applies once. At most {REQUEST_ID_BYTES_MAX} bytes of printable ASCII (0x20 to 0x7E, or tab), given at most once; if the body has a requestid too, the two must be equal. A key that breaks a rule is refused with 400 and an error naming it (both values when they differ). A node relaying a write without a request id to the leader adds this header with an id it makes up, so that its own retries apply once."),
         "schema": {"type": "string", "maxLength": REQUEST_ID_BYTES_MAX, "pattern": "^[\\t\\x20-\\x7E]*$"}
     })
 }

@@ -658,8 +658,12 @@ async fn the_served_document_states_what_the_node_enforces() {
         (vec![key(long.as_bytes())], "longer than maxLength"),
         (vec![key(b"caf\xc3\xa9")], "not ASCII"),
         (vec![key(b"\x80")], "not ASCII"),
+        (vec![key(b"a"), key(b"b")], "given twice"),
+        (vec![key(b"a"), key(b"a")], "given twice, even equal"),
     ] {
         let (status, answer) = post(&cluster, "/update", &headers, &add(None)).await;
         assert_eq!(status, 400, "{what}: {answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(error.contains("Idempotency-Key"), "{what}: {error}");
     }
 }
