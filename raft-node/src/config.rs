@@ -262,82 +262,16 @@ impl NodeConfig {
 
     /// Turns merged settings into a configuration, or says what to fix.
     pub fn validate(flags: Flags) -> Result<Self, ConfigError> {
-        let id = flags.id.ok_or(ConfigError::Missing("id", "ID".into()))?;
-        if id == 0 {
-            return Err(ConfigError::Invalid {
-                name: "id",
-                problem: "node ids start at 1".into(),
-            });
-        }
+        let id = node_id(flags.id)?;
         let data_dir = flags
             .data_dir
             .ok_or(ConfigError::Missing("data-dir", "DATA_DIR".into()))?;
-        let listen_api = flags
-            .listen_api
-            .ok_or(ConfigError::Missing("listen-api", "LISTEN_API".into()))?;
-        let listen_raft = flags
-            .listen_raft
-            .ok_or(ConfigError::Missing("listen-raft", "LISTEN_RAFT".into()))?;
-        if listen_api == listen_raft {
-            return Err(ConfigError::Invalid {
-                name: "listen-raft",
-                problem: format!("{listen_raft} is also --listen-api; give Raft its own port"),
-            });
-        }
+        let (listen_api, listen_raft) = listeners(flags.listen_api, flags.listen_raft)?;
         let advertise = RotaNode {
             api_addr: advertised("advertise-api", flags.advertise_api, listen_api)?,
             raft_addr: advertised("advertise-raft", flags.advertise_raft, listen_raft)?,
         };
-        let initial_cluster = match flags.initial_cluster.as_deref() {
-            None | Some("") => BTreeMap::new(),
-            Some(list) => parse_initial_cluster(list)?,
-        };
-        if !initial_cluster.is_empty() {
-            match initial_cluster.get(&id) {
-                None => {
-                    return Err(ConfigError::Invalid {
-                        name: "initial-cluster",
-                        problem: format!(
-                            "does not name this node ({id}); list every initial voter, this one included, or leave it empty to join later"
-                        ),
-                    });
-                }
-                Some(listed) if *listed != advertise => {
-                    return Err(ConfigError::Invalid {
-                        name: "initial-cluster",
-                        problem: format!(
-                            "lists node {id} as {}/{}, but it advertises {}/{}; make them agree",
-                            listed.api_addr,
-                            listed.raft_addr,
-                            advertise.api_addr,
-                            advertise.raft_addr
-                        ),
-                    });
-                }
-                Some(_) => {}
-            }
-        }
-        let body_bytes_max = flags.body_bytes_max.unwrap_or(BODY_BYTES_MAX_DEFAULT);
-        if body_bytes_max < 1024 {
-            return Err(ConfigError::Invalid {
-                name: "body-bytes-max",
-                problem: format!(
-                    "{body_bytes_max} bytes is too small for any request; use at least 1024"
-                ),
-            });
-        }
-        let claim_duration_max_ms = claim_duration_max_ms(flags.claim_duration_max_ms)?;
-        let connection_limits =
-            connection_limits(flags.connections_max, flags.connections_per_peer_max)?;
-        let snapshot_every_entries = flags
-            .snapshot_every_entries
-            .unwrap_or(SNAPSHOT_EVERY_ENTRIES_DEFAULT);
-        if snapshot_every_entries == 0 {
-            return Err(ConfigError::Invalid {
-                name: "snapshot-every-entries",
-                problem: "must be at least 1".into(),
-            });
-        }
+        let initial_cluster = initial_cluster(id, &advertise, flags.initial_cluster.as_deref())?;
         Ok(Self {
             id,
             data_dir,
@@ -350,16 +284,103 @@ impl NodeConfig {
                 Some(SyncFlag::Always) | None => SyncMode::Always,
             },
             log_format: flags.log_format.unwrap_or_default(),
-            body_bytes_max,
-            claim_duration_max_ms,
-            connection_limits,
-            snapshot_every_entries,
+            body_bytes_max: body_bytes_max(flags.body_bytes_max)?,
+            claim_duration_max_ms: claim_duration_max_ms(flags.claim_duration_max_ms)?,
+            connection_limits: connection_limits(
+                flags.connections_max,
+                flags.connections_per_peer_max,
+            )?,
+            snapshot_every_entries: snapshot_every_entries(flags.snapshot_every_entries)?,
             logs_kept_after_snapshot: flags
                 .logs_kept_after_snapshot
                 .unwrap_or(LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT),
             timing: RaftTiming::default(),
         })
     }
+}
+
+/// This node's id: given, and not 0 (which stands for no node).
+fn node_id(flag: Option<NodeId>) -> Result<NodeId, ConfigError> {
+    let id = flag.ok_or(ConfigError::Missing("id", "ID".into()))?;
+    if id == 0 {
+        return Err(ConfigError::Invalid {
+            name: "id",
+            problem: "node ids start at 1".into(),
+        });
+    }
+    Ok(id)
+}
+
+/// The API and Raft listen addresses: both given, and not the same.
+fn listeners(
+    api: Option<SocketAddr>,
+    raft: Option<SocketAddr>,
+) -> Result<(SocketAddr, SocketAddr), ConfigError> {
+    let api = api.ok_or(ConfigError::Missing("listen-api", "LISTEN_API".into()))?;
+    let raft = raft.ok_or(ConfigError::Missing("listen-raft", "LISTEN_RAFT".into()))?;
+    if api == raft {
+        return Err(ConfigError::Invalid {
+            name: "listen-raft",
+            problem: format!("{raft} is also --listen-api; give Raft its own port"),
+        });
+    }
+    Ok((api, raft))
+}
+
+/// The initial voters, if `list` names any: it must name node `id` at the addresses it
+/// advertises, or the voters would disagree about who this node is.
+fn initial_cluster(
+    id: NodeId,
+    advertise: &RotaNode,
+    list: Option<&str>,
+) -> Result<BTreeMap<NodeId, RotaNode>, ConfigError> {
+    let voters = match list {
+        None | Some("") => BTreeMap::new(),
+        Some(list) => parse_initial_cluster(list)?,
+    };
+    if voters.is_empty() {
+        return Ok(voters);
+    }
+    match voters.get(&id) {
+        None => Err(ConfigError::Invalid {
+            name: "initial-cluster",
+            problem: format!(
+                "does not name this node ({id}); list every initial voter, this one included, or leave it empty to join later"
+            ),
+        }),
+        Some(listed) if listed != advertise => Err(ConfigError::Invalid {
+            name: "initial-cluster",
+            problem: format!(
+                "lists node {id} as {}/{}, but it advertises {}/{}; make them agree",
+                listed.api_addr, listed.raft_addr, advertise.api_addr, advertise.raft_addr
+            ),
+        }),
+        Some(_) => Ok(voters),
+    }
+}
+
+/// The request body limit: large enough for any real request.
+fn body_bytes_max(flag: Option<usize>) -> Result<usize, ConfigError> {
+    let max = flag.unwrap_or(BODY_BYTES_MAX_DEFAULT);
+    if max < 1024 {
+        return Err(ConfigError::Invalid {
+            name: "body-bytes-max",
+            problem: format!("{max} bytes is too small for any request; use at least 1024"),
+        });
+    }
+    Ok(max)
+}
+
+/// Entries between snapshots: at least one.
+fn snapshot_every_entries(flag: Option<u64>) -> Result<u64, ConfigError> {
+    let every = flag.unwrap_or(SNAPSHOT_EVERY_ENTRIES_DEFAULT);
+    if every == 0 {
+        return Err(ConfigError::Invalid {
+            name: "snapshot-every-entries",
+            problem: "must be at least 1".into(),
+        });
+    }
+    Ok(every)
 }
 
 /// The connection limits, each at least 1 and the per-peer one no more than the total.
@@ -504,6 +525,36 @@ mod tests {
             ..flags()
         };
         assert!(message(not_listed).contains("does not name this node (1)"));
+        let listed_elsewhere = Flags {
+            initial_cluster: Some("1=127.0.0.1:9/127.0.0.1:10".into()),
+            ..flags()
+        };
+        assert!(message(listed_elsewhere).contains("make them agree"));
+        let tiny_body = Flags {
+            body_bytes_max: Some(1023),
+            ..flags()
+        };
+        assert!(message(tiny_body).starts_with("--body-bytes-max:"));
+        let never_snapshot = Flags {
+            snapshot_every_entries: Some(0),
+            ..flags()
+        };
+        assert!(message(never_snapshot).starts_with("--snapshot-every-entries:"));
+        let no_data_dir = Flags {
+            data_dir: None,
+            ..flags()
+        };
+        assert!(message(no_data_dir).starts_with("data-dir is required"));
+    }
+
+    #[test]
+    fn an_initial_cluster_of_separators_alone_is_none() {
+        let config = NodeConfig::validate(Flags {
+            initial_cluster: Some(" , ".into()),
+            ..flags()
+        })
+        .expect("valid");
+        assert!(config.initial_cluster.is_empty());
     }
 
     #[test]

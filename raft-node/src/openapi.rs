@@ -1,13 +1,66 @@
-//! The OpenAPI 3 document of the worker and admin API, served at `/openapi.json` and
-//! checked in as `openapi.json` at the repository root; tests keep the two equal and
-//! check that every documented operation is routed.
+//! The OpenAPI 3.1 document of the worker and admin API, served at `/openapi.json` and
+//! checked in as `openapi.json` at the repository root (for a node with the default
+//! configuration); tests keep the two equal, check that every documented operation is
+//! routed, and that the bodies the document describes are the ones the node accepts.
+//!
+//! The paths and operations are written here; every body schema is generated from rpc's
+//! types (`rpc::schema`), so a field cannot change without the document changing too.
+//! A node serves the document with the limits of its own configuration (the longest
+//! claim, the body limit), so it says what that node enforces.
 
 use axum::Json;
+use axum::extract::State;
+use rpc::admin::RESTORE_BYTES_MAX;
+use rpc::schema::INTEGER_SPELLING;
+use rpc::schema::reference as ref_schema;
+use rpc::worker::CLAIM_PATH;
+use rpc::worker::UPDATE_PATH;
 use serde_json::Value;
 use serde_json::json;
+use store_sm::machine::constants::REQUEST_ID_BYTES_MAX;
 
-fn ref_schema(name: &str) -> Value {
-    json!({"$ref": format!("#/components/schemas/{name}")})
+use crate::config::BODY_BYTES_MAX_DEFAULT;
+use crate::config::CLAIM_DURATION_MAX_MS_DEFAULT;
+use crate::config::NodeConfig;
+use crate::node::SharedNode;
+use crate::worker_api::TASK_IDS_MAX;
+
+/// What a node enforces that its configuration decides, stated in the document it serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest claim, `--claim-duration-max-ms`.
+    pub claim_duration_max_ms: i64,
+    /// Largest request body, `--body-bytes-max`.
+    pub body_bytes_max: usize,
+}
+
+impl Default for Limits {
+    /// The limits of a node started without settings: those of the checked-in document.
+    fn default() -> Self {
+        Self {
+            claim_duration_max_ms: CLAIM_DURATION_MAX_MS_DEFAULT,
+            body_bytes_max: BODY_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+impl Limits {
+    /// The limits `config` sets.
+    pub fn of(config: &NodeConfig) -> Self {
+        Self {
+            claim_duration_max_ms: config.claim_duration_max_ms,
+            body_bytes_max: config.body_bytes_max,
+        }
+    }
+}
+
+/// The `Idempotency-Key` header as `worker_api::request_id` checks it.
+fn idempotency_key() -> Value {
+    json!({
+        "name": "Idempotency-Key", "in": "header", "required": false,
+        "description": format!("The request id, as the body's requestid: a retry with the same value applies once. At most {REQUEST_ID_BYTES_MAX} bytes of printable ASCII (0x20 to 0x7E, or tab), given at most once; if the body has a requestid too, the two must be equal. A key that breaks a rule is refused with 400 and an error naming it (both values when they differ). A node relaying a write without a request id to the leader adds this header with an id it makes up, so that its own retries apply once."),
+        "schema": {"type": "string", "maxLength": REQUEST_ID_BYTES_MAX, "pattern": "^[\\t\\x20-\\x7E]*$"}
+    })
 }
 
 fn json_body(schema: Value) -> Value {
@@ -46,11 +99,11 @@ fn merge(mut base: Value, extra: Value) -> Value {
     base
 }
 
-fn write_responses() -> Value {
+fn write_responses(limits: &Limits) -> Value {
     json!({
         "200": ok("processed: exactly one of tasks (success) or errors (refused, nothing changed)", ref_schema("WriteResult")),
-        "400": error("malformed request: bad JSON, wrong types, unknown fields, bad duration or requestid"),
-        "413": error("body larger than the configured limit (1 MiB by default)"),
+        "400": error("malformed request: bad JSON, wrong types, unknown fields, a clientid that is not an integer, a duration out of range, a bad requestid or Idempotency-Key, or the two differing"),
+        "413": error(&format!("body larger than {} bytes, the serving node's --body-bytes-max (default {BODY_BYTES_MAX_DEFAULT})", limits.body_bytes_max)),
         "503": error("no leader known or its lease lapsed, or the outcome is unknown; retry with the same requestid")
     })
 }
@@ -72,75 +125,42 @@ fn admin_post(summary: &str, body: Option<Value>) -> Value {
     json!({"post": op})
 }
 
-fn schemas() -> Value {
-    let id = json!({"type": "integer", "format": "uint64", "minimum": 0});
-    let timespec = json!({"type": "integer", "format": "int64", "description": "ms since the Unix epoch; negative: now + |t|; missing: now"});
-    let addr = json!({"type": "string", "description": "host:port"});
-    json!({
-        "Task": {"type": "object", "required": ["id", "group", "data", "timespec", "ownerid"], "properties": {
-            "id": id, "group": {"type": "string"}, "data": {"type": "string"},
-            "timespec": {"type": "integer", "format": "int64", "description": "available time, ms since the Unix epoch"},
-            "ownerid": {"type": "integer", "format": "int64"}}},
-        "AddTask": {"type": "object", "additionalProperties": false, "properties": {
-            "group": {"type": "string", "description": "required; an add without one is refused"},
-            "data": {"type": ["string", "null"], "default": ""}, "timespec": timespec,
-            "id": {"description": "accepted and ignored, as in the seed"}}},
-        "ChangeTask": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
-            "id": id, "data": {"type": ["string", "null"], "default": ""}, "timespec": timespec}},
-        "UpdateRequest": {"type": "object", "additionalProperties": false, "required": ["clientid"], "properties": {
-            "clientid": {"type": "integer", "format": "int64"},
-            "adds": {"type": ["array", "null"], "items": ref_schema("AddTask")},
-            "updates": {"type": ["array", "null"], "items": ref_schema("ChangeTask")},
-            "deletes": {"type": ["array", "null"], "items": id},
-            "depends": {"type": ["array", "null"], "items": id},
-            "requestid": {"type": "string", "maxLength": 64, "description": "a retry with the same value applies once (also the Idempotency-Key header)"}}},
-        "ClaimRequest": {"type": "object", "additionalProperties": false, "required": ["clientid", "duration"], "properties": {
-            "clientid": {"type": "integer", "format": "int64"},
-            "group": {"type": "string"},
-            "duration": {"type": "integer", "format": "int64", "minimum": 1, "description": "ms of ownership, at most the configured maximum (one day by default)"},
-            "depends": {"type": ["array", "null"], "items": id},
-            "requestid": {"type": "string", "maxLength": 64}}},
-        "WriteResult": {"oneOf": [
-            {"type": "object", "required": ["tasks"], "additionalProperties": false, "properties": {"tasks": {"type": "array", "items": ref_schema("Task")}}},
-            {"type": "object", "required": ["errors"], "additionalProperties": false, "properties": {"errors": {"type": "array", "items": {"type": "string"}}}}]},
-        "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string", "description": "what happened and what to do"}}},
-        "NodeStatus": {"type": "object", "required": ["id", "api_addr", "raft_addr", "role"], "properties": {
-            "id": id, "api_addr": addr, "raft_addr": addr,
-            "role": {"type": "string", "enum": ["leader", "follower", "candidate", "learner", "shutdown"]},
-            "lag": {"type": ["integer", "null"], "description": "entries behind the leader; known on the leader only"}}},
-        "ClusterStatus": {"type": "object", "required": ["id", "leader", "term", "voters", "learners", "nodes"], "properties": {
-            "id": id, "leader": {"type": ["integer", "null"]}, "term": {"type": "integer"},
-            "commit_index": {"type": ["integer", "null"]}, "applied_index": {"type": ["integer", "null"]},
-            "snapshot_index": {"type": ["integer", "null"]}, "purged_index": {"type": ["integer", "null"]},
-            "applied_time_ms": {"type": "integer", "format": "int64"},
-            "voters": {"type": "array", "items": id}, "learners": {"type": "array", "items": id},
-            "retired": {"type": "array", "items": id, "description": "ids that were members once; never reused"},
-            "membership_index": {"type": ["integer", "null"], "description": "log index of the configuration in effect"},
-            "membership_committed": {"type": "boolean", "description": "false while a membership change is in flight"},
-            "joint": {"type": "boolean", "description": "old and new voters both decide (mid-change)"},
-            "nodes": {"type": "array", "items": ref_schema("NodeStatus")}}},
-        "Member": {"type": "object", "additionalProperties": false, "required": ["id", "api_addr", "raft_addr"], "properties": {
-            "id": id, "api_addr": addr, "raft_addr": addr}},
-        "InitRequest": {"type": "object", "additionalProperties": false, "required": ["members"], "properties": {
-            "members": {"type": "array", "items": ref_schema("Member")}}},
-        "NodeId": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {"id": id}},
-        "Probe": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
-        "Restore": {"type": "object", "required": ["applied_index", "state_hash", "tasks"], "properties": {
-            "applied_index": {"type": "integer"}, "state_hash": {"type": "string"}, "tasks": {"type": "integer"}}},
-        "StateHash": {"type": "object", "required": ["state_hash", "tasks"], "properties": {
-            "applied_index": {"type": ["integer", "null"]}, "state_hash": {"type": "string"}, "tasks": {"type": "integer"}}}
-    })
+/// The generated schemas, with `duration`'s maximum lowered to the node's own bound.
+fn schemas(limits: &Limits) -> Value {
+    let mut schemas = rpc::schema::components();
+    let duration = schemas
+        .get_mut("ClaimRequest")
+        .and_then(|claim| claim.pointer_mut("/properties/duration"))
+        .and_then(Value::as_object_mut);
+    if let Some(duration) = duration {
+        let max = limits.claim_duration_max_ms;
+        duration.insert("maximum".into(), max.into());
+        let generic = duration
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let description = format!(
+            "{generic} The node that served this document allows at most {max} (its --claim-duration-max-ms; the default is {CLAIM_DURATION_MAX_MS_DEFAULT}, one day)."
+        );
+        duration.insert("description".into(), description.into());
+    }
+    Value::Object(schemas)
 }
 
-/// The whole document.
+/// The document of a node with the default configuration: the checked-in copy.
 pub fn document() -> Value {
+    document_for(&Limits::default())
+}
+
+/// The document of a node with `limits`.
+pub fn document_for(limits: &Limits) -> Value {
     let task_list = json!({"type": "array", "items": ref_schema("Task")});
     json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Rota",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "A replicated task store. Worker API of entrogo's TaskStore; any node answers, followers relay writes and linearizable reads to the leader. Every non-200 body is {\"error\": ...}."
+            "description": format!("A replicated task store. Worker API of entrogo's TaskStore; any node answers, followers relay writes and linearizable reads to the leader. Every non-200 body is {{\"error\": ...}}. {INTEGER_SPELLING}")
         },
         "paths": {
             "/groups": {"get": {"tags": ["worker"], "summary": "Names of the groups that hold tasks",
@@ -150,7 +170,7 @@ pub fn document() -> Value {
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "integer", "format": "uint64"}}, consistency()],
                 "responses": merge(json!({"200": ok("the task", ref_schema("Task")), "404": error("no task has this id (any more)")}), read_errors())}},
             "/tasks/{ids}": {"get": {"tags": ["worker"], "summary": "Several tasks; null where one does not exist",
-                "parameters": [{"name": "ids", "in": "path", "required": true, "description": "comma-separated ids, at most 10000", "schema": {"type": "string"}}, consistency()],
+                "parameters": [{"name": "ids", "in": "path", "required": true, "description": format!("comma-separated ids, at most {TASK_IDS_MAX}"), "schema": {"type": "string"}}, consistency()],
                 "responses": merge(json!({"200": ok("tasks in the order asked", json!({"type": "array", "items": {"oneOf": [ref_schema("Task"), {"type": "null"}]}}))}), read_errors())}},
             "/group/{name}": {"get": {"tags": ["worker"], "summary": "Tasks of a group in claim order (available time, then id)",
                 "parameters": [
@@ -159,12 +179,12 @@ pub fn document() -> Value {
                     {"name": "owned", "in": "query", "required": false, "description": "include owned tasks: 0, 1, yes, no, true, false (default: unowned only)", "schema": {"type": "string"}},
                     consistency()],
                 "responses": merge(json!({"200": ok("tasks; [] for a group with none", task_list)}), read_errors())}},
-            "/update": {"post": {"tags": ["worker"], "summary": "Add, update and delete tasks in one all-or-nothing transaction",
-                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string", "maxLength": 64}}],
-                "requestBody": json_body(ref_schema("UpdateRequest")), "responses": write_responses()}},
-            "/claim": {"post": {"tags": ["worker"], "summary": "Claim the oldest available task of a group for duration ms",
-                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string", "maxLength": 64}}],
-                "requestBody": json_body(ref_schema("ClaimRequest")), "responses": write_responses()}},
+            UPDATE_PATH: {"post": {"tags": ["worker"], "summary": "Add, update and delete tasks in one all-or-nothing transaction",
+                "parameters": [idempotency_key()],
+                "requestBody": json_body(ref_schema("UpdateRequest")), "responses": write_responses(limits)}},
+            CLAIM_PATH: {"post": {"tags": ["worker"], "summary": "Claim the oldest available task of a group for duration ms",
+                "parameters": [idempotency_key()],
+                "requestBody": json_body(ref_schema("ClaimRequest")), "responses": write_responses(limits)}},
             "/cluster": {"get": {"tags": ["status"], "summary": "This node's view of the cluster",
                 "responses": {"200": ok("status", ref_schema("ClusterStatus"))}}},
             "/health": {"get": {"tags": ["status"], "summary": "The process is up",
@@ -191,15 +211,15 @@ pub fn document() -> Value {
                     "200": ok("installed; the node now elects itself and replicates", ref_schema("Restore")),
                     "400": error("missing or invalid members header, or the body is not a usable backup"),
                     "409": error("this node already holds a cluster's state"),
-                    "413": error("backup larger than 4 GiB")}}},
+                    "413": error(&format!("backup larger than {RESTORE_BYTES_MAX} bytes"))}}},
             "/admin/state-hash": {"get": {"tags": ["admin"], "summary": "Hash of this node's applied state, to compare replicas (O(tasks))",
                 "responses": {"200": ok("hash", ref_schema("StateHash"))}}}
         },
-        "components": {"schemas": schemas()}
+        "components": {"schemas": schemas(limits)}
     })
 }
 
-/// The `/openapi.json` handler.
-pub async fn get_openapi() -> Json<Value> {
-    Json(document())
+/// The `/openapi.json` handler: the document with this node's limits.
+pub async fn get_openapi(State(node): State<SharedNode>) -> Json<Value> {
+    Json(document_for(&Limits::of(&node.config)))
 }

@@ -7,6 +7,7 @@ use axum::Router;
 use axum::extract::Path;
 use axum::extract::State;
 use axum::extract::rejection::PathRejection;
+use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
@@ -27,6 +28,7 @@ use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::Task;
 use store_sm::machine::UpdateTask;
+use store_sm::machine::constants::REQUEST_ID_BYTES_MAX;
 
 use crate::http::ApiError;
 use crate::node::SharedNode;
@@ -219,29 +221,48 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, Ap
         .map_err(|e| ApiError::bad_request(format!("invalid {endpoint} body: {e}")))
 }
 
-/// The request id from the `Idempotency-Key` header and the body, which must agree.
-fn request_id(incoming: &Incoming, in_body: Option<String>) -> Result<Option<String>, ApiError> {
-    let in_header = match incoming.headers.get(IDEMPOTENCY_KEY_HEADER) {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .map_err(|_| ApiError::bad_request("Idempotency-Key is not visible ASCII"))?
-                .to_string(),
-        ),
-    };
-    let id = match (in_header, in_body) {
-        (Some(h), Some(b)) if h != b => {
-            return Err(ApiError::bad_request(format!(
-                "Idempotency-Key {h:?} and requestid {b:?} differ; send one, or the same in both"
-            )));
+/// The `Idempotency-Key` header: absent, or given once in printable ASCII within the
+/// request id limit. Twice is refused rather than one picked, since a client that sends
+/// two keys cannot know which one a retry must repeat.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY_HEADER).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "Idempotency-Key is given more than once; send one key per request",
+            ));
         }
-        (h, b) => h.or(b),
+        (Some(value), None) => value,
     };
-    if let Some(id) = &id {
+    let key = value.to_str().map_err(|_| {
+        ApiError::bad_request(
+            "Idempotency-Key is not printable ASCII (0x20 to 0x7E, or tab); send such an id in the body's requestid instead",
+        )
+    })?;
+    if key.len() > REQUEST_ID_BYTES_MAX {
+        return Err(ApiError::bad_request(format!(
+            "Idempotency-Key is {} bytes long; use at most {REQUEST_ID_BYTES_MAX}",
+            key.len()
+        )));
+    }
+    Ok(Some(key.to_string()))
+}
+
+/// The request id from the `Idempotency-Key` header and the body's `requestid`, which
+/// must be equal when both are given: a retry is matched on one id, and two that differ
+/// leave it unknown which one the client will repeat.
+fn request_id(incoming: &Incoming, in_body: Option<String>) -> Result<Option<String>, ApiError> {
+    let in_header = idempotency_key(&incoming.headers)?;
+    if let Some(id) = &in_body {
         check_request_id(id).map_err(ApiError::bad_request)?;
     }
-    Ok(id)
+    match (in_header, in_body) {
+        (Some(h), Some(b)) if h != b => Err(ApiError::bad_request(format!(
+            "Idempotency-Key {h:?} and requestid {b:?} differ; send one, or the same in both"
+        ))),
+        (h, b) => Ok(h.or(b)),
+    }
 }
 
 /// A seed update is logged in the encoding builds before the job layer read, so a

@@ -1,10 +1,12 @@
 //! The admin and status API's JSON shapes (SPEC section 3).
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::Serialize;
 
 /// `GET /cluster`: this node's view of the cluster.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "ClusterStatus")]
 pub struct ClusterStatusJson {
     /// This node's id.
     pub id: u64,
@@ -46,8 +48,9 @@ pub struct ClusterStatusJson {
     pub nodes: Vec<NodeStatusJson>,
 }
 
-/// One member in [`ClusterStatusJson`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One member in `GET /cluster`'s `nodes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "NodeStatus")]
 pub struct NodeStatusJson {
     /// Node id.
     pub id: u64,
@@ -55,23 +58,26 @@ pub struct NodeStatusJson {
     pub api_addr: String,
     /// Where Raft traffic goes (`host:port`).
     pub raft_addr: String,
-    /// `leader`, `follower`, `learner` or `candidate`, as this node sees it.
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`, as this node sees it.
+    #[schemars(transform = crate::schema::node_role)]
     pub role: String,
     /// Entries it is behind the leader's log; known only on the leader.
     pub lag: Option<u64>,
 }
 
 /// `POST /admin/init`: form a cluster from these members.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "InitRequest")]
 pub struct InitRequestJson {
     /// The initial voters.
     pub members: Vec<MemberJson>,
 }
 
 /// A member's id and addresses.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Member")]
 pub struct MemberJson {
     /// Node id; never reused.
     pub id: u64,
@@ -82,14 +88,16 @@ pub struct MemberJson {
 }
 
 /// `GET /ready` and `GET /health` bodies.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Probe")]
 pub struct ProbeJson {
     /// `ok`, or what is missing.
     pub status: String,
 }
 
 /// `GET /admin/state-hash`: the applied state's hash, to compare replicas.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "StateHash")]
 pub struct StateHashJson {
     /// Log index the state is at.
     pub applied_index: Option<u64>,
@@ -104,15 +112,17 @@ pub struct StateHashJson {
 pub type AddLearnerJson = MemberJson;
 
 /// `POST /admin/promote`, `/admin/remove`, `/admin/transfer-leader`: one node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "NodeId")]
 pub struct NodeIdJson {
     /// The node.
     pub id: u64,
 }
 
 /// `POST /admin/restore`'s answer: what the node installed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Restore")]
 pub struct RestoreJson {
     /// Log index the restored state sits at in the new cluster.
     pub applied_index: u64,

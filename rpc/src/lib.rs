@@ -8,4 +8,5 @@
 pub mod admin;
 pub mod client;
 pub mod retry;
+pub mod schema;
 pub mod worker;

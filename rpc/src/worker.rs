@@ -7,6 +7,7 @@
 //! stands for a missing value, as in the seed's Go service: a `null` list is empty, a
 //! `null` `data` is empty, a `null` `timespec` is now.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::Deserializer;
 use serde::Serialize;
@@ -14,7 +15,8 @@ use serde::de;
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 /// A task as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Task")]
 pub struct TaskJson {
     /// Identity and fencing token of this version.
     pub id: u64,
@@ -37,10 +39,12 @@ where
 }
 
 /// One entry of an update's `adds`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "AddTask")]
 pub struct AddJson {
-    /// Group of the new task; required (an add without one is refused).
+    /// Group of the new task; required (an add without one, or with an empty one, is
+    /// refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// Payload; empty by default.
@@ -64,8 +68,9 @@ pub struct AddJson {
 }
 
 /// One entry of an update's `updates`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "ChangeTask")]
 pub struct ChangeJson {
     /// The task version being replaced.
     #[serde(deserialize_with = "task_id")]
@@ -86,44 +91,57 @@ pub struct ChangeJson {
 }
 
 /// The body of `POST /update`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "UpdateRequest")]
 pub struct UpdateRequestJson {
     /// The writing client; owner of every task written.
+    #[schemars(transform = crate::schema::client_id)]
     pub clientid: i64,
     /// Tasks to create.
     #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Option<Vec<AddJson>>")]
     pub adds: Vec<AddJson>,
     /// Tasks to replace.
     #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Option<Vec<ChangeJson>>")]
     pub updates: Vec<ChangeJson>,
     /// Tasks to remove.
     #[serde(default, deserialize_with = "task_ids")]
+    #[schemars(with = "Option<Vec<u64>>")]
     pub deletes: Vec<u64>,
     /// Tasks that must exist, left untouched.
     #[serde(default, deserialize_with = "task_ids")]
+    #[schemars(with = "Option<Vec<u64>>")]
     pub depends: Vec<u64>,
     /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
 }
 
 /// The body of `POST /claim`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "ClaimRequest")]
 pub struct ClaimRequestJson {
     /// The claiming client.
+    #[schemars(transform = crate::schema::client_id)]
     pub clientid: i64,
     /// Group to claim from.
     #[serde(default, deserialize_with = "null_as_default")]
+    #[schemars(with = "Option<String>")]
     pub group: String,
     /// Milliseconds of ownership; positive and at most the node's configured maximum.
+    #[schemars(transform = crate::schema::claim_duration)]
     pub duration: i64,
     /// Tasks that must exist, left untouched.
     #[serde(default, deserialize_with = "task_ids")]
+    #[schemars(with = "Option<Vec<u64>>")]
     pub depends: Vec<u64>,
     /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
 }
 
@@ -182,15 +200,18 @@ fn task_ids<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u64>, D::E
 }
 
 /// The answer to a processed `/update` or `/claim`: exactly one of the two keys.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
+#[schemars(rename = "WriteResult")]
 pub enum WriteResultJson {
     /// Success: adds first, then updates, in request order; a claim's task or none.
+    #[schemars(extend("additionalProperties" = false))]
     Tasks {
         /// The written tasks.
         tasks: Vec<TaskJson>,
     },
     /// Refusal: every reason, nothing changed.
+    #[schemars(extend("additionalProperties" = false))]
     Errors {
         /// Human-readable reasons naming the list and the id.
         errors: Vec<String>,
@@ -332,7 +353,8 @@ impl From<ClaimRequestJson> for WriteRequestJson {
 }
 
 /// The body of every non-200 answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Error")]
 pub struct ErrorJson {
     /// What happened and what to do.
     pub error: String,
