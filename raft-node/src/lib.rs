@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod hyper_errors;
+pub mod job_api;
 pub mod metrics;
 pub mod network;
 pub mod node;
@@ -114,6 +115,7 @@ impl RunningNode {
 /// The router of the worker and admin API.
 pub fn api_router(node: SharedNode) -> Router {
     worker_api::routes()
+        .merge(job_api::routes())
         .merge(admin_api::routes())
         .route("/metrics", axum::routing::get(metrics::get_metrics))
         .route("/openapi.json", axum::routing::get(openapi::get_openapi))

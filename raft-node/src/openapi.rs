@@ -11,6 +11,8 @@
 use axum::Json;
 use axum::extract::State;
 use rpc::admin::RESTORE_BYTES_MAX;
+use rpc::job::JOBS_PAGE_DEFAULT;
+use rpc::job::JOBS_PAGE_MAX;
 use rpc::schema::INTEGER_SPELLING;
 use rpc::schema::reference as ref_schema;
 use rpc::worker::CLAIM_PATH;
@@ -83,6 +85,10 @@ fn consistency() -> Value {
     })
 }
 
+fn query(name: &str, description: &str, required: bool) -> Value {
+    json!({"name": name, "in": "query", "required": required, "description": description, "schema": {"type": "string"}})
+}
+
 fn read_errors() -> Value {
     json!({
         "400": error("malformed path or query"),
@@ -147,6 +153,52 @@ fn schemas(limits: &Limits) -> Value {
     Value::Object(schemas)
 }
 
+/// The job API's operations (issue 12).
+fn job_paths(limits: &Limits) -> Value {
+    let page_limit = json!({"name": "limit", "in": "query", "required": false, "description": format!("at most this many (default {JOBS_PAGE_DEFAULT}, at most {JOBS_PAGE_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": JOBS_PAGE_MAX}});
+    json!({
+            "/finish": {"post": {"tags": ["jobs"], "summary": "End a claim with success: the task is removed and a job's outcome recorded (owner only; the id is the fence)",
+                "parameters": [idempotency_key()],
+                "requestBody": json_body(ref_schema("FinishRequest")), "responses": write_responses(limits)}},
+            "/fail": {"post": {"tags": ["jobs"], "summary": "End a claim with an error: the task is claimable again after the back-off, or its job is dead after its last attempt; answers the retry's task version, or none",
+                "parameters": [idempotency_key()],
+                "requestBody": json_body(ref_schema("FailRequest")), "responses": write_responses(limits)}},
+            "/cancel": {"post": {"tags": ["jobs"], "summary": "Cancel jobs by key, running or not; a running job's owner is refused with the reason on its next write, and jobs waiting for a cancelled one are cancelled too",
+                "parameters": [idempotency_key()],
+                "requestBody": json_body(ref_schema("KeysRequest")), "responses": write_responses(limits)}},
+            "/retry": {"post": {"tags": ["jobs"], "summary": "Re-drive dead jobs by key with a fresh attempt budget; answers their new task versions",
+                "parameters": [idempotency_key()],
+                "requestBody": json_body(ref_schema("KeysRequest")), "responses": write_responses(limits)}},
+            "/job": {"get": {"tags": ["jobs"], "summary": "A job's record by group and key",
+                "parameters": [query("group", "the job's group", true), query("key", "the job's key", true), consistency()],
+                "responses": merge(json!({"200": ok("the record", ref_schema("Job")), "404": error("no job with this key in the group (never added, or past the retention)")}), read_errors())}},
+            "/jobs": {"get": {"tags": ["jobs"], "summary": "A group's job records in key order, by state if asked, one page at a time",
+                "parameters": [query("group", "the group", true),
+                    query("state", "waiting, running, failed, succeeded, dead or cancelled", false),
+                    query("after", "start after this key (the previous page's next)", false),
+                    page_limit.clone(),
+                    consistency()],
+                "responses": merge(json!({"200": ok("a page", ref_schema("JobPage"))}), read_errors())}},
+            "/dead": {"get": {"tags": ["jobs"], "summary": "A group's dead jobs (dead letters) in key order, one page at a time",
+                "parameters": [query("group", "the group", true),
+                    query("after", "start after this key (the previous page's next)", false),
+                    page_limit.clone(),
+                    consistency()],
+                "responses": merge(json!({"200": ok("a page", ref_schema("JobPage"))}), read_errors())}},
+            "/groups/{group}/settings": {
+                "get": {"tags": ["jobs"], "summary": "A group's settings (the defaults unless changed)",
+                    "parameters": [{"name": "group", "in": "path", "required": true, "schema": {"type": "string"}}, consistency()],
+                    "responses": merge(json!({"200": ok("the settings", ref_schema("GroupSettings"))}), read_errors())},
+                "put": {"tags": ["jobs"], "summary": "Change a group's settings: the fields given change, the others keep their value",
+                    "parameters": [{"name": "group", "in": "path", "required": true, "schema": {"type": "string"}}, idempotency_key()],
+                    "requestBody": json_body(ref_schema("SettingsChange")),
+                    "responses": {
+                        "200": ok("the settings afterwards (running is 0 here; GET shows it)", ref_schema("GroupSettings")),
+                        "400": error("malformed request or a setting out of range, named"),
+                        "503": error("no leader known or its lease lapsed; retry with the same requestid")}}}
+    })
+}
+
 /// The document of a node with the default configuration: the checked-in copy.
 pub fn document() -> Value {
     document_for(&Limits::default())
@@ -155,7 +207,7 @@ pub fn document() -> Value {
 /// The document of a node with `limits`.
 pub fn document_for(limits: &Limits) -> Value {
     let task_list = json!({"type": "array", "items": ref_schema("Task")});
-    json!({
+    let mut document = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Rota",
@@ -216,7 +268,13 @@ pub fn document_for(limits: &Limits) -> Value {
                 "responses": {"200": ok("hash", ref_schema("StateHash"))}}}
         },
         "components": {"schemas": schemas(limits)}
-    })
+    });
+    if let (Some(paths), Value::Object(jobs)) =
+        (document["paths"].as_object_mut(), job_paths(limits))
+    {
+        paths.extend(jobs);
+    }
+    document
 }
 
 /// The `/openapi.json` handler: the document with this node's limits.

@@ -12,6 +12,10 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
 use axum::routing::post;
+use rpc::job::OnConflictJson;
+use rpc::job::check_add_job;
+use rpc::worker::AddJson;
+use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
@@ -21,12 +25,16 @@ use rpc::worker::parse_id_list;
 use rpc::worker::parse_limit;
 use rpc::worker::parse_owned;
 use serde::de::DeserializeOwned;
+use store_sm::machine::AddJob;
+use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::LegacyAddTask;
 use store_sm::machine::LegacyUpdateRequest;
+use store_sm::machine::OnConflict;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::Task;
+use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 use store_sm::machine::constants::REQUEST_ID_BYTES_MAX;
 
@@ -52,17 +60,20 @@ pub fn routes() -> Router<SharedNode> {
         .route("/claim", post(post_claim))
 }
 
-fn task_json(task: &Task) -> TaskJson {
+pub(crate) fn task_json(task: &Task) -> TaskJson {
     TaskJson {
         id: task.id,
         group: task.group.to_string(),
         data: task.data.clone(),
         timespec: task.available_at.as_millis(),
         ownerid: task.owner,
+        key: task.job.key.as_deref().map(String::from),
+        priority: task.job.priority,
+        attempt: task.job.attempt,
     }
 }
 
-fn outcome_json(outcome: &Outcome) -> WriteResultJson {
+pub(crate) fn outcome_json(outcome: &Outcome) -> WriteResultJson {
     match outcome {
         Outcome::Tasks(tasks) => WriteResultJson::Tasks {
             tasks: tasks.iter().map(task_json).collect(),
@@ -80,7 +91,7 @@ fn outcome_json(outcome: &Outcome) -> WriteResultJson {
 }
 
 /// Query parameters, percent-decoded, each at most once.
-fn query_params(query: Option<&str>) -> Result<HashMap<String, String>, ApiError> {
+pub(crate) fn query_params(query: Option<&str>) -> Result<HashMap<String, String>, ApiError> {
     let mut params = HashMap::new();
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if params.insert(key.to_string(), value.to_string()).is_some() {
@@ -93,13 +104,13 @@ fn query_params(query: Option<&str>) -> Result<HashMap<String, String>, ApiError
 }
 
 /// A path segment, or a JSON 400 when it is not valid percent-encoded UTF-8.
-fn path_segment(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+pub(crate) fn path_segment(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     path.map(|Path(segment)| segment)
         .map_err(|e| ApiError::bad_request(format!("bad path: {e}")))
 }
 
 /// The consistency a read asked for with `?consistency=`.
-fn consistency(params: &HashMap<String, String>) -> Result<Consistency, ApiError> {
+pub(crate) fn consistency(params: &HashMap<String, String>) -> Result<Consistency, ApiError> {
     Ok(Consistency::parse(
         params.get("consistency").map(String::as_str),
     )?)
@@ -107,7 +118,7 @@ fn consistency(params: &HashMap<String, String>) -> Result<Consistency, ApiError
 
 /// Serves a read whose query checked out: takes a view at `consistency` (relaying to the
 /// leader when only the leader can serve it) and answers with `answer` of the view.
-async fn read(
+pub(crate) async fn read(
     node: &SharedNode,
     incoming: Incoming,
     consistency: Consistency,
@@ -216,7 +227,7 @@ async fn get_group(
     .await)
 }
 
-fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, ApiError> {
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid {endpoint} body: {e}")))
 }
@@ -252,7 +263,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// The request id from the `Idempotency-Key` header and the body's `requestid`, which
 /// must be equal when both are given: a retry is matched on one id, and two that differ
 /// leave it unknown which one the client will repeat.
-fn request_id(incoming: &Incoming, in_body: Option<String>) -> Result<Option<String>, ApiError> {
+pub(crate) fn request_id(
+    incoming: &Incoming,
+    in_body: Option<String>,
+) -> Result<Option<String>, ApiError> {
     let in_header = idempotency_key(&incoming.headers)?;
     if let Some(id) = &in_body {
         check_request_id(id).map_err(ApiError::bad_request)?;
@@ -265,10 +279,17 @@ fn request_id(incoming: &Incoming, in_body: Option<String>) -> Result<Option<Str
     }
 }
 
-/// A seed update is logged in the encoding builds before the job layer read, so a
-/// cluster in the middle of a rolling upgrade keeps applying seed traffic.
-fn update_request(json: UpdateRequestJson) -> Request {
-    Request::LegacyUpdate(LegacyUpdateRequest {
+/// The command of an update. One without job fields is logged in the encoding builds
+/// before the job layer read, so a cluster in the middle of a rolling upgrade keeps
+/// applying seed traffic.
+fn update_request(json: UpdateRequestJson) -> Result<Request, ApiError> {
+    for (index, add) in json.adds.iter().enumerate() {
+        check_add_job(index, add).map_err(ApiError::bad_request)?;
+    }
+    if json.adds.iter().any(has_job_fields) {
+        return Ok(Request::Update(job_update_request(json)));
+    }
+    Ok(Request::LegacyUpdate(LegacyUpdateRequest {
         client: json.clientid,
         adds: json
             .adds
@@ -279,23 +300,57 @@ fn update_request(json: UpdateRequestJson) -> Request {
                 timespec: add.timespec,
             })
             .collect(),
-        updates: json
-            .updates
-            .into_iter()
-            .map(|change| UpdateTask {
-                id: change.id,
-                data: change.data.unwrap_or_default(),
-                timespec: change.timespec,
-            })
-            .collect(),
+        updates: json.updates.into_iter().map(update_task).collect(),
         deletes: json.deletes,
         depends: json.depends,
-    })
+    }))
+}
+
+fn update_task(change: ChangeJson) -> UpdateTask {
+    UpdateTask {
+        id: change.id,
+        data: change.data.unwrap_or_default(),
+        timespec: change.timespec,
+    }
+}
+
+fn has_job_fields(add: &AddJson) -> bool {
+    add.key.is_some() || add.priority.is_some_and(|p| p != 0)
+}
+
+fn job_update_request(json: UpdateRequestJson) -> UpdateRequest {
+    UpdateRequest {
+        client: json.clientid,
+        adds: json
+            .adds
+            .into_iter()
+            .map(|add| AddTask {
+                group: add.group.unwrap_or_default(),
+                data: add.data.unwrap_or_default(),
+                timespec: add.timespec,
+                job: AddJob {
+                    key: add.key,
+                    on_conflict: match add.on_conflict {
+                        None | Some(OnConflictJson::Refuse) => OnConflict::Refuse,
+                        Some(OnConflictJson::Keep) => OnConflict::Keep,
+                        Some(OnConflictJson::Resubmit) => OnConflict::Resubmit,
+                    },
+                    after: add.after,
+                    priority: add.priority.unwrap_or(0),
+                    max_attempts: add.max_attempts,
+                    every_ms: add.every_ms,
+                },
+            })
+            .collect(),
+        updates: json.updates.into_iter().map(update_task).collect(),
+        deletes: json.deletes,
+        depends: json.depends,
+    }
 }
 
 /// Applies a write, or relays it to the leader with its request id (one the relay makes
 /// up if the client sent none, so that the relay's own retries apply once).
-async fn write(
+pub(crate) async fn write(
     node: &SharedNode,
     incoming: Incoming,
     request: Request,
@@ -315,7 +370,8 @@ async fn post_update(
 ) -> Result<Response, ApiError> {
     let json: UpdateRequestJson = parse_json(&incoming.body, "/update")?;
     let request_id = request_id(&incoming, json.requestid.clone())?;
-    Ok(write(&node, incoming, update_request(json), request_id).await)
+    let request = update_request(json)?;
+    Ok(write(&node, incoming, request, request_id).await)
 }
 
 async fn post_claim(

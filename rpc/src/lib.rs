@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod job;
 pub mod retry;
 pub mod schema;
 pub mod worker;

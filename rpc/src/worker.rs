@@ -28,6 +28,24 @@ pub struct TaskJson {
     pub timespec: i64,
     /// The client that wrote this version.
     pub ownerid: i64,
+    /// The job's key; only on tasks added with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Claim priority; only when not 0.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub priority: i64,
+    /// The attempt this version belongs to (1 for a job's first claim); only on jobs
+    /// that were claimed.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub attempt: u32,
+}
+
+fn is_zero_i64(value: &i64) -> bool {
+    *value == 0
+}
+
+fn is_zero_u32(value: &u32) -> bool {
+    *value == 0
 }
 
 fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
@@ -65,6 +83,33 @@ pub struct AddJson {
     /// what it writes).
     #[serde(default, rename = "ownerid", skip_serializing)]
     pub ignored_ownerid: Option<i64>,
+    /// Makes the task a job: 1 to 256 bytes, unique among the group's live tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// What to do when `key` names a live task of the group: `refuse` (the default),
+    /// `keep` (answer the live task) or `resubmit` (as keep, and run a running task once
+    /// more after it succeeds). Needs a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_conflict: Option<crate::job::OnConflictJson>,
+    /// Keys of the group that must succeed before this task may be claimed: live or
+    /// succeeded jobs, or jobs added earlier in the same request. Needs a key.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub after: Vec<String>,
+    /// Claims pick higher priorities first; 0 by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// Attempts before the job is dead (0: unlimited), instead of the group's setting.
+    /// Needs a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Re-enqueue the job this many milliseconds after each success. Needs a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<i64>,
 }
 
 /// One entry of an update's `updates`.

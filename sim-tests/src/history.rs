@@ -379,6 +379,9 @@ pub(crate) mod fixtures {
             data: data.into(),
             timespec,
             ownerid: owner,
+            key: None,
+            priority: 0,
+            attempt: 0,
         }
     }
 

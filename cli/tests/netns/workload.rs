@@ -426,6 +426,9 @@ fn the_checker_flags_lost_writes_second_owners_duplicate_ids_and_unknown_outcome
         data: data.to_string(),
         timespec,
         ownerid: owner,
+        key: None,
+        priority: 0,
+        attempt: 0,
     };
     let write = |worker: u64, kind: WriteKind, at: u64, result: WriteResult| Write {
         worker,

@@ -1,0 +1,368 @@
+//! The job API (SPEC section 4, issue 12): finish, fail, cancel and retry as writes
+//! through the log like `/update`, job records by key or by state, group settings. The
+//! same relay, request ids and answer shapes as the worker API.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::get;
+use axum::routing::post;
+use rpc::job::AttemptJson;
+use rpc::job::BackoffJson;
+use rpc::job::FailRequestJson;
+use rpc::job::FinishRequestJson;
+use rpc::job::JOBS_PAGE_DEFAULT;
+use rpc::job::JOBS_PAGE_MAX;
+use rpc::job::JobJson;
+use rpc::job::JobPageJson;
+use rpc::job::KeysRequestJson;
+use rpc::job::SettingsChangeJson;
+use rpc::job::SettingsJson;
+use rpc::job::check_fail;
+use rpc::job::check_key;
+use rpc::job::check_keys_request;
+use rpc::job::check_settings_change;
+use rpc::job::factor_milli;
+use rpc::job::result_text;
+use rpc::worker::parse_limit;
+use store_sm::machine::AttemptEnd;
+use store_sm::machine::Backoff;
+use store_sm::machine::CancelRequest;
+use store_sm::machine::FailRequest;
+use store_sm::machine::FinishRequest;
+use store_sm::machine::GroupSettings;
+use store_sm::machine::JobRecord;
+use store_sm::machine::JobState;
+use store_sm::machine::Outcome;
+use store_sm::machine::Request;
+use store_sm::machine::RetryRequest;
+use store_sm::machine::SettingsChange;
+use store_sm::machine::SettingsRequest;
+use store_sm::machine::TaskMachine;
+
+use crate::http::ApiError;
+use crate::node::SharedNode;
+use crate::relay::Incoming;
+use crate::relay::respond;
+use crate::worker_api::consistency;
+use crate::worker_api::parse_json;
+use crate::worker_api::path_segment;
+use crate::worker_api::query_params;
+use crate::worker_api::read;
+use crate::worker_api::request_id;
+use crate::worker_api::write;
+
+/// The job API routes.
+pub fn routes() -> Router<SharedNode> {
+    Router::new()
+        .route("/finish", post(post_finish))
+        .route("/fail", post(post_fail))
+        .route("/cancel", post(post_cancel))
+        .route("/retry", post(post_retry))
+        .route("/job", get(get_job))
+        .route("/jobs", get(get_jobs))
+        .route("/dead", get(get_dead))
+        .route(
+            "/groups/{group}/settings",
+            get(get_settings).put(put_settings),
+        )
+}
+
+async fn post_finish(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: FinishRequestJson = parse_json(&incoming.body, "/finish")?;
+    let result = json
+        .result
+        .as_ref()
+        .map(result_text)
+        .transpose()
+        .map_err(ApiError::bad_request)?;
+    let request_id = request_id(&incoming, json.requestid)?;
+    let request = Request::Finish(FinishRequest {
+        client: json.clientid,
+        id: json.id,
+        result,
+    });
+    Ok(write(&node, incoming, request, request_id).await)
+}
+
+async fn post_fail(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: FailRequestJson = parse_json(&incoming.body, "/fail")?;
+    check_fail(&json).map_err(ApiError::bad_request)?;
+    let request_id = request_id(&incoming, json.requestid)?;
+    let request = Request::Fail(FailRequest {
+        client: json.clientid,
+        id: json.id,
+        error: json.error,
+        retry_in_ms: json.retry_in_ms,
+    });
+    Ok(write(&node, incoming, request, request_id).await)
+}
+
+async fn post_cancel(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: KeysRequestJson = parse_json(&incoming.body, "/cancel")?;
+    check_keys_request(&json).map_err(ApiError::bad_request)?;
+    let request_id = request_id(&incoming, json.requestid)?;
+    let request = Request::Cancel(CancelRequest {
+        client: json.clientid,
+        group: json.group,
+        keys: json.keys,
+    });
+    Ok(write(&node, incoming, request, request_id).await)
+}
+
+async fn post_retry(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: KeysRequestJson = parse_json(&incoming.body, "/retry")?;
+    check_keys_request(&json).map_err(ApiError::bad_request)?;
+    let request_id = request_id(&incoming, json.requestid)?;
+    let request = Request::Retry(RetryRequest {
+        client: json.clientid,
+        group: json.group,
+        keys: json.keys,
+    });
+    Ok(write(&node, incoming, request, request_id).await)
+}
+
+/// A required, non-empty query parameter.
+fn required<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+    match params.get(name).map(String::as_str) {
+        Some(value) if !value.is_empty() => Ok(value),
+        _ => Err(ApiError::bad_request(format!(
+            "query parameter {name} is required"
+        ))),
+    }
+}
+
+async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<Response, ApiError> {
+    let params = query_params(Some(incoming.query()))?;
+    let group = required(&params, "group")?.to_string();
+    let key = required(&params, "key")?.to_string();
+    check_key("key", &key).map_err(ApiError::bad_request)?;
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let machine = &view.state.machine;
+        match machine.job(&group, &key) {
+            Some(record) => Ok(Json(job_json(machine, record)).into_response()),
+            None => Err(ApiError::not_found(format!(
+                "no job with key {key:?} in group {group:?} (never added, or its record passed the group's retention)"
+            ))),
+        }
+    })
+    .await)
+}
+
+async fn get_jobs(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let params = query_params(Some(incoming.query()))?;
+    let state = match params.get("state").map(String::as_str) {
+        None | Some("") => None,
+        Some(name) => Some(JobState::parse(name).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "state {name:?} is not one of waiting, running, failed, succeeded, dead, cancelled"
+            ))
+        })?),
+    };
+    page(node, incoming, params, state).await
+}
+
+async fn get_dead(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let params = query_params(Some(incoming.query()))?;
+    if params.contains_key("state") {
+        return Err(ApiError::bad_request(
+            "/dead lists dead jobs only; use /jobs?state= for others",
+        ));
+    }
+    page(node, incoming, params, Some(JobState::Dead)).await
+}
+
+/// A page of a group's job records from `after`, at most `limit` (100 by default, 1000
+/// at most).
+async fn page(
+    node: SharedNode,
+    incoming: Incoming,
+    params: HashMap<String, String>,
+    state: Option<JobState>,
+) -> Result<Response, ApiError> {
+    let group = required(&params, "group")?.to_string();
+    let after = params.get("after").filter(|a| !a.is_empty()).cloned();
+    let limit = params
+        .get("limit")
+        .map(|v| parse_limit(v))
+        .transpose()
+        .map_err(ApiError::bad_request)?
+        .flatten()
+        .unwrap_or(JOBS_PAGE_DEFAULT);
+    if limit > JOBS_PAGE_MAX {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is above {JOBS_PAGE_MAX}; page with after= instead"
+        )));
+    }
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let machine = &view.state.machine;
+        let mut records = machine.jobs(&group, state, after.as_deref());
+        let jobs: Vec<JobJson> = records
+            .by_ref()
+            .take(limit)
+            .map(|record| job_json(machine, record))
+            .collect();
+        let next = match records.next() {
+            Some(_) => jobs.last().map(|job| job.key.clone()),
+            None => None,
+        };
+        Ok(Json(JobPageJson { jobs, next }).into_response())
+    })
+    .await)
+}
+
+fn settings_json(group: &str, settings: &GroupSettings, running: usize) -> SettingsJson {
+    SettingsJson {
+        group: group.to_string(),
+        max_running: settings.max_running,
+        paused: settings.paused,
+        max_attempts: settings.max_attempts,
+        backoff: BackoffJson {
+            base_ms: settings.backoff.base_ms,
+            factor: f64::from(settings.backoff.factor_milli) / 1000.0,
+            max_ms: settings.backoff.max_ms,
+        },
+        retention_ms: settings.retention_ms,
+        running,
+    }
+}
+
+async fn get_settings(
+    State(node): State<SharedNode>,
+    group: Result<Path<String>, PathRejection>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let group = path_segment(group)?;
+    let params = query_params(Some(incoming.query()))?;
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let machine = &view.state.machine;
+        let settings = machine.group_settings(&group);
+        let running = machine.running_in_group(&group);
+        Ok(Json(settings_json(&group, &settings, running)).into_response())
+    })
+    .await)
+}
+
+async fn put_settings(
+    State(node): State<SharedNode>,
+    group: Result<Path<String>, PathRejection>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let group = path_segment(group)?;
+    if group.is_empty() {
+        return Err(ApiError::bad_request("the group in the path is empty"));
+    }
+    let json: SettingsChangeJson = parse_json(&incoming.body, "/groups/{group}/settings")?;
+    check_settings_change(&json).map_err(ApiError::bad_request)?;
+    let request_id = request_id(&incoming, json.requestid.clone())?;
+    let backoff = match json.backoff {
+        Some(backoff) => Some(Backoff {
+            base_ms: backoff.base_ms,
+            factor_milli: factor_milli(backoff.factor).map_err(ApiError::bad_request)?,
+            max_ms: backoff.max_ms,
+        }),
+        None => None,
+    };
+    let count = |value: Option<i64>| value.map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+    let request = Request::Settings(SettingsRequest {
+        client: json.clientid,
+        group: group.clone(),
+        change: SettingsChange {
+            max_running: count(json.max_running),
+            paused: json.paused,
+            max_attempts: count(json.max_attempts),
+            backoff,
+            retention_ms: json.retention_ms,
+        },
+    });
+    let incoming = incoming.write_with(request_id.as_deref());
+    let outcome = node.write(request, request_id).await;
+    Ok(
+        respond(&node, incoming, outcome, |outcome| match &*outcome {
+            // The running count is not part of the outcome: a settings change answers 0.
+            Outcome::Settings(settings) => Json(settings_json(&group, settings, 0)).into_response(),
+            Outcome::Refused(refusals) => {
+                let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+                ApiError::bad_request(reasons.join("; ")).into_response()
+            }
+            Outcome::Tasks(_) => {
+                ApiError::internal("a settings change answered tasks; report this").into_response()
+            }
+        })
+        .await,
+    )
+}
+
+fn attempt_json(attempt: &store_sm::machine::Attempt) -> AttemptJson {
+    let (outcome, error) = match &attempt.end {
+        None => ("running", None),
+        Some(AttemptEnd::Succeeded) => ("succeeded", None),
+        Some(AttemptEnd::Failed(error)) => ("failed", Some(error.clone())),
+        Some(AttemptEnd::Lost) => ("lost", None),
+        Some(AttemptEnd::Released) => ("released", None),
+        Some(AttemptEnd::Cancelled) => ("cancelled", None),
+    };
+    AttemptJson {
+        run: attempt.run,
+        attempt: attempt.number,
+        owner: attempt.owner,
+        started_at: attempt.started_at.as_millis(),
+        ended_at: attempt.ended_at.map(|t| t.as_millis()),
+        outcome: outcome.to_string(),
+        error,
+    }
+}
+
+/// A record as the API shows it, with its live task's data and available time.
+fn job_json(machine: &TaskMachine, record: &JobRecord) -> JobJson {
+    let task = record.task.and_then(|id| machine.task(id));
+    JobJson {
+        group: record.group.to_string(),
+        key: record.key.to_string(),
+        state: record.state.as_str().to_string(),
+        task: task.map(|t| t.id),
+        available_at: task.map(|t| t.available_at.as_millis()),
+        data: task.map(|t| t.data.clone()).or_else(|| record.data.clone()),
+        priority: record.priority,
+        max_attempts: record.max_attempts,
+        every_ms: record.every_ms,
+        run: record.run,
+        attempts: record.attempts,
+        history: record.history.iter().map(attempt_json).collect(),
+        // Results were checked to be JSON when they were recorded.
+        result: record.result.as_deref().map(|text| {
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.into()))
+        }),
+        reason: record.reason.clone(),
+        created_at: record.created_at.as_millis(),
+        finished_at: record.finished_at.map(|t| t.as_millis()),
+        expires_at: record.expires_at.map(|t| t.as_millis()),
+        after: record.after.iter().map(|k| k.to_string()).collect(),
+        dependants: record.dependants.iter().map(|k| k.to_string()).collect(),
+        resubmitted: record.resubmit.is_some(),
+    }
+}

@@ -1,0 +1,350 @@
+//! The job API through real nodes (issue 12): keyed adds, attempts, finish and fail,
+//! dead letters and retry, cancel, dependencies, group settings, and clear 400s; writes
+//! sent to a follower as well as to the leader.
+
+mod common;
+
+use common::TestCluster;
+use hyper::Method;
+use serde_json::Value;
+use serde_json::json;
+
+/// Sends `body` (or nothing) with `method` to node `via`; the status and JSON body.
+async fn call(
+    cluster: &TestCluster,
+    via: u64,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+    let headers = [(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    )];
+    let response = cluster
+        .client
+        .send(
+            cluster.api(via),
+            method,
+            path,
+            &headers,
+            bytes.into(),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("the node answered");
+    let json = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    (response.status.as_u16(), json)
+}
+
+async fn post(cluster: &TestCluster, via: u64, path: &str, body: Value) -> Value {
+    let (status, json) = call(cluster, via, Method::POST, path, Some(body)).await;
+    assert_eq!(status, 200, "POST {path}: {json}");
+    json
+}
+
+async fn get(cluster: &TestCluster, via: u64, path: &str) -> Value {
+    let (status, json) = call(cluster, via, Method::GET, path, None).await;
+    assert_eq!(status, 200, "GET {path}: {json}");
+    json
+}
+
+fn first_task(answer: &Value) -> Value {
+    answer["tasks"][0].clone()
+}
+
+fn claim(group: &str, client: i64) -> Value {
+    json!({"clientid": client, "group": group, "duration": 60_000})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_their_whole_life_through_any_node() {
+    let cluster = TestCluster::start(3, "always");
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+
+    // Seed tasks show no job field; a keyed add does.
+    let added = post(
+        &cluster,
+        follower,
+        "/update",
+        json!({"clientid": 1, "adds": [
+            {"group": "seed", "data": "plain"},
+            {"group": "jobs", "data": "a", "key": "a", "max_attempts": 2},
+            {"group": "jobs", "data": "b", "key": "b", "after": ["a"]},
+        ]}),
+    )
+    .await;
+    let plain = &added["tasks"][0];
+    assert_eq!(
+        plain
+            .as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>()),
+        Some(vec![
+            "data".into(),
+            "group".into(),
+            "id".into(),
+            "ownerid".into(),
+            "timespec".into()
+        ]),
+        "a seed task's fields are the seed's: {plain}"
+    );
+    assert_eq!(added["tasks"][1]["key"], "a");
+
+    // A live key is refused by default and kept on request.
+    let again = post(
+        &cluster,
+        leader,
+        "/update",
+        json!({"clientid": 1, "adds": [{"group": "jobs", "key": "a"}]}),
+    )
+    .await;
+    assert!(
+        again["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("live task")),
+        "{again}"
+    );
+    let kept = post(
+        &cluster,
+        follower,
+        "/update",
+        json!({"clientid": 1, "adds": [{"group": "jobs", "key": "a", "on_conflict": "keep"}]}),
+    )
+    .await;
+    assert_eq!(kept["tasks"][0]["id"], added["tasks"][1]["id"]);
+
+    // b waits for a: the first claim gets a, attempt 1; the next finds nothing.
+    let a1 = first_task(&post(&cluster, follower, "/claim", claim("jobs", 7)).await);
+    assert_eq!(
+        (a1["key"].as_str(), a1["attempt"].as_u64()),
+        (Some("a"), Some(1))
+    );
+    let none = post(&cluster, follower, "/claim", claim("jobs", 7)).await;
+    assert_eq!(none, json!({"tasks": []}));
+
+    // Fail with an immediate retry, then fail again: a is dead and b is cancelled.
+    let retry = post(
+        &cluster,
+        follower,
+        "/fail",
+        json!({"clientid": 7, "id": a1["id"], "error": "disk full", "retry_in_ms": 0}),
+    )
+    .await;
+    assert_eq!(retry["tasks"][0]["key"], "a");
+    let a2 = first_task(&post(&cluster, leader, "/claim", claim("jobs", 8)).await);
+    assert_eq!(a2["attempt"], 2);
+    let stale = post(
+        &cluster,
+        follower,
+        "/finish",
+        json!({"clientid": 7, "id": a1["id"]}),
+    )
+    .await;
+    assert!(
+        stale["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("does not exist")),
+        "{stale}"
+    );
+    post(
+        &cluster,
+        follower,
+        "/fail",
+        json!({"clientid": 8, "id": a2["id"], "error": "again"}),
+    )
+    .await;
+    let a = get(&cluster, follower, "/job?group=jobs&key=a").await;
+    assert_eq!(a["state"], "dead", "{a}");
+    assert_eq!(a["data"], "a");
+    assert_eq!(a["history"][0]["outcome"], "failed");
+    assert_eq!(a["history"][0]["error"], "disk full");
+    let b = get(&cluster, leader, "/job?group=jobs&key=b").await;
+    assert_eq!(b["state"], "cancelled");
+    assert_eq!(b["reason"], "prerequisite \"a\" is dead");
+    let dead = get(&cluster, follower, "/dead?group=jobs").await;
+    assert_eq!(dead["jobs"].as_array().map(Vec::len), Some(1));
+    assert_eq!(dead["next"], Value::Null);
+
+    // Retry the dead job; finish it with a result.
+    let retried = post(
+        &cluster,
+        follower,
+        "/retry",
+        json!({"group": "jobs", "keys": ["a"]}),
+    )
+    .await;
+    assert_eq!(retried["tasks"][0]["key"], "a");
+    let a3 = first_task(&post(&cluster, follower, "/claim", claim("jobs", 9)).await);
+    assert_eq!(a3["attempt"], 3);
+    post(
+        &cluster,
+        follower,
+        "/finish",
+        json!({"clientid": 9, "id": a3["id"], "result": {"rows": 3}}),
+    )
+    .await;
+    let a = get(&cluster, leader, "/job?group=jobs&key=a").await;
+    assert_eq!(
+        (a["state"].as_str(), &a["result"]),
+        (Some("succeeded"), &json!({"rows": 3}))
+    );
+
+    // Cancel a running job: its owner's renewal is refused with the reason.
+    post(
+        &cluster,
+        follower,
+        "/update",
+        json!({"clientid": 1, "adds": [{"group": "halt", "key": "h"}]}),
+    )
+    .await;
+    let h = first_task(&post(&cluster, follower, "/claim", claim("halt", 5)).await);
+    post(
+        &cluster,
+        follower,
+        "/cancel",
+        json!({"group": "halt", "keys": ["h"]}),
+    )
+    .await;
+    let renewal = post(
+        &cluster,
+        follower,
+        "/update",
+        json!({"clientid": 5, "updates": [{"id": h["id"], "timespec": -60_000}]}),
+    )
+    .await;
+    assert!(
+        renewal["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("was cancelled")),
+        "{renewal}"
+    );
+
+    // Group settings: pause holds claims back; the change shows on every node.
+    let (status, settings) = call(
+        &cluster,
+        follower,
+        Method::PUT,
+        "/groups/queue/settings",
+        Some(json!({"paused": true, "max_running": 2, "backoff": {"base_ms": 10, "factor": 1.5, "max_ms": 100}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{settings}");
+    assert_eq!(settings["backoff"]["factor"], 1.5);
+    post(
+        &cluster,
+        leader,
+        "/update",
+        json!({"clientid": 1, "adds": [{"group": "queue"}]}),
+    )
+    .await;
+    assert_eq!(
+        post(&cluster, leader, "/claim", claim("queue", 1)).await,
+        json!({"tasks": []})
+    );
+    for id in 1..=3 {
+        let settings = get(&cluster, id, "/groups/queue/settings").await;
+        assert_eq!(
+            (
+                settings["paused"].as_bool(),
+                settings["max_running"].as_u64()
+            ),
+            (Some(true), Some(2))
+        );
+    }
+    let (status, _) = call(
+        &cluster,
+        leader,
+        Method::PUT,
+        "/groups/queue/settings",
+        Some(json!({"paused": false})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        post(&cluster, leader, "/claim", claim("queue", 1)).await["tasks"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    cluster.wait_converged(&[1, 2, 3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_job_input_is_a_400_that_names_the_field() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let long_key = "k".repeat(257);
+    let cases = [
+        (
+            "/update",
+            json!({"clientid": 1, "adds": [{"group": "g", "key": long_key}]}),
+            "adds[0].key",
+        ),
+        (
+            "/update",
+            json!({"clientid": 1, "adds": [{"group": "g", "key": "a", "after": ["a"]}]}),
+            "adds[0].after[0]",
+        ),
+        (
+            "/update",
+            json!({"clientid": 1, "adds": [{"group": "g", "key": "a", "on_conflict": "merge"}]}),
+            "unknown variant `merge`",
+        ),
+        (
+            "/update",
+            json!({"clientid": 1, "adds": [{"group": "g", "after": ["x"]}]}),
+            "need a key",
+        ),
+        (
+            "/finish",
+            json!({"clientid": 1, "id": 1, "result": "x".repeat(300_000)}),
+            "result:",
+        ),
+        (
+            "/fail",
+            json!({"clientid": 1, "id": 1, "retry_in_ms": -5}),
+            "retry_in_ms",
+        ),
+        ("/cancel", json!({"group": "g", "keys": []}), "keys"),
+        ("/retry", json!({"group": "", "keys": ["a"]}), "group"),
+    ];
+    for (path, body, expected) in cases {
+        let (status, json) = call(&cluster, 1, Method::POST, path, Some(body.clone())).await;
+        assert_eq!(status, 400, "{path} {body}: {json}");
+        let error = json["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(expected),
+            "{path}: {error:?} does not name {expected}"
+        );
+    }
+    let (status, json) = call(
+        &cluster,
+        1,
+        Method::PUT,
+        "/groups/g/settings",
+        Some(json!({"max_attempts": -1})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        json["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("max_attempts")),
+        "{json}"
+    );
+    let (status, json) = call(&cluster, 1, Method::GET, "/jobs?group=g&state=lost", None).await;
+    assert_eq!(status, 400, "{json}");
+    let (status, _) = call(&cluster, 1, Method::GET, "/job?group=g&key=nope", None).await;
+    assert_eq!(status, 404);
+    let (status, json) = call(&cluster, 1, Method::GET, "/job?group=g", None).await;
+    assert_eq!(
+        (
+            status,
+            json["error"].as_str().is_some_and(|e| e.contains("key"))
+        ),
+        (400, true)
+    );
+}

@@ -1,0 +1,462 @@
+//! The job API's JSON shapes (SPEC section 4, issue 12): finish, fail, cancel, retry,
+//! job records and group settings. Requests reject unknown fields; `null` counts as
+//! missing, as in the seed API. Writes answer with the seed's [`WriteResultJson`]
+//! shape.
+//!
+//! [`WriteResultJson`]: crate::worker::WriteResultJson
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde::Serialize;
+use serde_json::Value;
+use task_machine::constants::BACKOFF_FACTOR_MILLI_MAX;
+use task_machine::constants::JOB_AFTER_KEYS_MAX;
+use task_machine::constants::JOB_ERROR_BYTES_MAX;
+use task_machine::constants::JOB_INTERVAL_MS_MAX;
+use task_machine::constants::JOB_KEY_BYTES_MAX;
+use task_machine::constants::JOB_RESULT_BYTES_MAX;
+use task_machine::constants::JOB_RETENTION_MS_MAX;
+
+use crate::worker::AddJson;
+
+/// Most job records one `/jobs` or `/dead` read returns; `next` continues.
+pub const JOBS_PAGE_MAX: usize = 1_000;
+
+/// Job records a `/jobs` read returns when it names no `limit`.
+pub const JOBS_PAGE_DEFAULT: usize = 100;
+
+/// What an add does when its key names a live task of the group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[schemars(rename = "OnConflict")]
+pub enum OnConflictJson {
+    /// Refuse the whole update, naming the key and the live task.
+    Refuse,
+    /// Answer the live task in the add's place; the update still succeeds.
+    Keep,
+    /// As keep, and if the task is running, run it once more after it succeeds.
+    Resubmit,
+}
+
+/// The body of `POST /finish`: the owner ends its claim with success.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "FinishRequest")]
+pub struct FinishRequestJson {
+    /// The client that holds the task.
+    #[schemars(transform = crate::schema::client_id)]
+    pub clientid: i64,
+    /// The claimed task version: the fence (a stale id is refused).
+    pub id: u64,
+    /// Any JSON value, kept in the job's record (at most 256 KiB as compact JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
+    pub requestid: Option<String>,
+}
+
+/// The body of `POST /fail`: the owner ends its claim with an error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "FailRequest")]
+pub struct FailRequestJson {
+    /// The client that holds the task.
+    #[schemars(transform = crate::schema::client_id)]
+    pub clientid: i64,
+    /// The claimed task version: the fence (a stale id is refused).
+    pub id: u64,
+    /// What went wrong (at most 64 KiB), kept in the job's attempt history.
+    #[serde(default)]
+    pub error: String,
+    /// Retry after this many milliseconds instead of the group's back-off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_in_ms: Option<i64>,
+    /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
+    pub requestid: Option<String>,
+}
+
+/// The body of `POST /cancel` and `POST /retry`: jobs of one group by key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "KeysRequest")]
+pub struct KeysRequestJson {
+    /// Who asks (recorded in the reason; 0 if not given).
+    #[serde(default)]
+    pub clientid: i64,
+    /// The jobs' group.
+    pub group: String,
+    /// The jobs' keys.
+    pub keys: Vec<String>,
+    /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
+    pub requestid: Option<String>,
+}
+
+/// Retry back-off: `base_ms * factor^(attempt-1)`, at most `max_ms`, with equal jitter
+/// (between half and all of it).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Backoff")]
+pub struct BackoffJson {
+    /// The first delay, in milliseconds.
+    pub base_ms: i64,
+    /// Growth per attempt, from 1 to 100 (three decimals kept).
+    pub factor: f64,
+    /// The largest delay, in milliseconds.
+    pub max_ms: i64,
+}
+
+/// A group's settings as `GET /groups/{group}/settings` answers them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "GroupSettings")]
+pub struct SettingsJson {
+    /// The group.
+    pub group: String,
+    /// Claims answer empty while this many of the group's tasks are leased (0: no limit).
+    pub max_running: u32,
+    /// Claims answer empty; adds are still accepted.
+    pub paused: bool,
+    /// Attempts before a job is dead (0: unlimited), unless the job sets its own.
+    pub max_attempts: u32,
+    /// Delay before a failed job is retried.
+    pub backoff: BackoffJson,
+    /// How long finished job records are kept, in milliseconds of log time.
+    pub retention_ms: i64,
+    /// How many of the group's tasks are leased now.
+    pub running: usize,
+}
+
+/// The body of `PUT /groups/{group}/settings`: the fields given change, the others keep
+/// their value.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "SettingsChange")]
+pub struct SettingsChangeJson {
+    /// Who asks (0 if not given).
+    #[serde(default)]
+    pub clientid: i64,
+    /// Concurrency limit (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<i64>,
+    /// Pause (true) or resume (false) claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// Attempt limit (0: unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i64>,
+    /// Retry back-off, all three fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffJson>,
+    /// Retention of finished job records, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<i64>,
+    /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
+    pub requestid: Option<String>,
+}
+
+/// One claim of a job and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Attempt")]
+pub struct AttemptJson {
+    /// The enqueue it belongs to.
+    pub run: u32,
+    /// Its number in the run, from 1.
+    pub attempt: u32,
+    /// The claiming client.
+    pub owner: i64,
+    /// When it was claimed (ms since the epoch, log time).
+    pub started_at: i64,
+    /// When it ended; null while it runs.
+    pub ended_at: Option<i64>,
+    /// `running`, `succeeded`, `failed`, `lost` (its lease lapsed), `released` (given back
+    /// by an update) or `cancelled`.
+    pub outcome: String,
+    /// The error of a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A job's record, as `GET /job` answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Job")]
+pub struct JobJson {
+    /// The job's group.
+    pub group: String,
+    /// The job's key.
+    pub key: String,
+    /// `waiting`, `running`, `failed` (waiting for its retry), `succeeded`, `dead` or
+    /// `cancelled`, as of the last applied command.
+    pub state: String,
+    /// The live task version (waiting, running, failed), else null.
+    pub task: Option<u64>,
+    /// When the live task is available (a running job's lease end), else null.
+    pub available_at: Option<i64>,
+    /// The payload (of the live task, or kept by a dead or cancelled job).
+    pub data: Option<String>,
+    /// Claim priority.
+    pub priority: i64,
+    /// The job's own attempt limit; null: the group's.
+    pub max_attempts: Option<u32>,
+    /// Re-enqueue interval of a recurring job.
+    pub every_ms: Option<i64>,
+    /// Enqueue count: 1 for the first add, +1 per re-enqueue.
+    pub run: u32,
+    /// Claims in this run.
+    pub attempts: u32,
+    /// The latest attempts, oldest first (at most 10).
+    pub history: Vec<AttemptJson>,
+    /// The result of the last success.
+    pub result: Option<Value>,
+    /// Why the job is dead or cancelled.
+    pub reason: Option<String>,
+    /// When this run was enqueued.
+    pub created_at: i64,
+    /// When it last finished.
+    pub finished_at: Option<i64>,
+    /// When this finished record will be dropped.
+    pub expires_at: Option<i64>,
+    /// Prerequisites that have not succeeded yet.
+    pub after: Vec<String>,
+    /// Jobs waiting for this one.
+    pub dependants: Vec<String>,
+    /// Whether it runs once more after its current run succeeds.
+    pub resubmitted: bool,
+}
+
+/// A page of job records, in key order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "JobPage")]
+pub struct JobPageJson {
+    /// The records.
+    pub jobs: Vec<JobJson>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
+}
+
+/// Why a job field of an add is malformed, naming the field, or `Ok`. The node answers
+/// these with 400 before anything reaches the log.
+pub fn check_add_job(index: usize, add: &AddJson) -> Result<(), String> {
+    let field = |name: &str| format!("adds[{index}].{name}");
+    if let Some(key) = &add.key {
+        check_key(&field("key"), key)?;
+    } else if add.on_conflict.is_some()
+        || !add.after.is_empty()
+        || add.max_attempts.is_some()
+        || add.every_ms.is_some()
+    {
+        return Err(format!(
+            "adds[{index}]: on_conflict, after, max_attempts and every_ms need a key; give the task a key"
+        ));
+    }
+    if add.after.len() > JOB_AFTER_KEYS_MAX {
+        return Err(format!(
+            "{}: names {} keys; name at most {JOB_AFTER_KEYS_MAX}",
+            field("after"),
+            add.after.len()
+        ));
+    }
+    for (n, prerequisite) in add.after.iter().enumerate() {
+        check_key(&format!("adds[{index}].after[{n}]"), prerequisite)?;
+        if add.key.as_deref() == Some(prerequisite.as_str()) {
+            return Err(format!(
+                "adds[{index}].after[{n}]: names the task's own key; a task cannot wait for itself"
+            ));
+        }
+    }
+    if let Some(every) = add.every_ms
+        && !(1..=JOB_INTERVAL_MS_MAX).contains(&every)
+    {
+        return Err(format!(
+            "{}: {every} is not between 1 and {JOB_INTERVAL_MS_MAX} milliseconds",
+            field("every_ms")
+        ));
+    }
+    Ok(())
+}
+
+/// Why a key is malformed (empty, or longer than 256 bytes), naming `field`.
+pub fn check_key(field: &str, key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > JOB_KEY_BYTES_MAX {
+        return Err(format!(
+            "{field}: a key is 1 to {JOB_KEY_BYTES_MAX} bytes; this one is {} bytes",
+            key.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a cancel or retry body.
+pub fn check_keys_request(request: &KeysRequestJson) -> Result<(), String> {
+    if request.group.is_empty() {
+        return Err("group: give the jobs' group".into());
+    }
+    if request.keys.is_empty() {
+        return Err("keys: name at least one key".into());
+    }
+    if request.keys.len() > task_machine::constants::REQUEST_ITEMS_MAX {
+        return Err(format!(
+            "keys: {} keys; name at most {}",
+            request.keys.len(),
+            task_machine::constants::REQUEST_ITEMS_MAX
+        ));
+    }
+    for (n, key) in request.keys.iter().enumerate() {
+        check_key(&format!("keys[{n}]"), key)?;
+    }
+    Ok(())
+}
+
+/// The compact JSON text of a finish's result, or why it is too large.
+pub fn result_text(result: &Value) -> Result<String, String> {
+    let text = result.to_string();
+    if text.len() > JOB_RESULT_BYTES_MAX {
+        return Err(format!(
+            "result: {} bytes as compact JSON; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
+            text.len()
+        ));
+    }
+    Ok(text)
+}
+
+/// Checks a fail body's error and delay.
+pub fn check_fail(request: &FailRequestJson) -> Result<(), String> {
+    if request.error.len() > JOB_ERROR_BYTES_MAX {
+        return Err(format!(
+            "error: {} bytes; the limit is {JOB_ERROR_BYTES_MAX}",
+            request.error.len()
+        ));
+    }
+    if let Some(delay) = request.retry_in_ms
+        && !(0..=JOB_INTERVAL_MS_MAX).contains(&delay)
+    {
+        return Err(format!(
+            "retry_in_ms: {delay} is not between 0 and {JOB_INTERVAL_MS_MAX}"
+        ));
+    }
+    Ok(())
+}
+
+/// A back-off's factor in thousandths, or why it is out of range.
+pub fn factor_milli(factor: f64) -> Result<u32, String> {
+    let max = f64::from(BACKOFF_FACTOR_MILLI_MAX) / 1000.0;
+    if !factor.is_finite() || !(1.0..=max).contains(&factor) {
+        return Err(format!(
+            "backoff.factor: {factor} is not between 1 and {max}"
+        ));
+    }
+    Ok((factor * 1000.0).round() as u32)
+}
+
+/// Checks a settings change, naming the first bad field.
+pub fn check_settings_change(change: &SettingsChangeJson) -> Result<(), String> {
+    let count = |name: &str, value: Option<i64>| match value {
+        Some(v) if !(0..=i64::from(u32::MAX)).contains(&v) => {
+            Err(format!("{name}: {v} is not between 0 and {}", u32::MAX))
+        }
+        _ => Ok(()),
+    };
+    count("max_running", change.max_running)?;
+    count("max_attempts", change.max_attempts)?;
+    if let Some(backoff) = &change.backoff {
+        if !(0..=JOB_RETENTION_MS_MAX).contains(&backoff.base_ms) {
+            return Err(format!(
+                "backoff.base_ms: {} is not between 0 and {JOB_RETENTION_MS_MAX}",
+                backoff.base_ms
+            ));
+        }
+        if !(backoff.base_ms..=JOB_RETENTION_MS_MAX).contains(&backoff.max_ms) {
+            return Err(format!(
+                "backoff.max_ms: {} is not between base_ms ({}) and {JOB_RETENTION_MS_MAX}",
+                backoff.max_ms, backoff.base_ms
+            ));
+        }
+        factor_milli(backoff.factor)?;
+    }
+    if let Some(retention) = change.retention_ms
+        && !(0..=JOB_RETENTION_MS_MAX).contains(&retention)
+    {
+        return Err(format!(
+            "retention_ms: {retention} is not between 0 and {JOB_RETENTION_MS_MAX}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_job_fields_are_named() {
+        let add = |json: &str| serde_json::from_str::<AddJson>(json).expect("parses");
+        let long = "k".repeat(257);
+        let cases = [
+            (
+                format!(r#"{{"group":"g","key":"{long}"}}"#),
+                "adds[0].key: a key is 1 to 256 bytes; this one is 257 bytes",
+            ),
+            (
+                r#"{"group":"g","key":"a","after":["a"]}"#.to_string(),
+                "adds[0].after[0]: names the task's own key",
+            ),
+            (r#"{"group":"g","after":["a"]}"#.to_string(), "need a key"),
+            (
+                r#"{"group":"g","key":"a","every_ms":0}"#.to_string(),
+                "adds[0].every_ms: 0 is not between 1",
+            ),
+        ];
+        for (json, expected) in cases {
+            let error = check_add_job(0, &add(&json)).expect_err(&json);
+            assert!(error.contains(expected), "{error} lacks {expected}");
+        }
+        assert!(
+            check_add_job(
+                0,
+                &add(r#"{"group":"g","key":"a","after":["b"],"priority":-3}"#)
+            )
+            .is_ok()
+        );
+        let unknown =
+            serde_json::from_str::<AddJson>(r#"{"group":"g","key":"a","on_conflict":"merge"}"#)
+                .expect_err("unknown on_conflict");
+        assert!(
+            unknown.to_string().contains("unknown variant `merge`"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let change = |json: &str| serde_json::from_str::<SettingsChangeJson>(json).expect("parses");
+        let error = check_settings_change(&change(r#"{"max_running":-1}"#)).expect_err("negative");
+        assert_eq!(error, "max_running: -1 is not between 0 and 4294967295");
+        let error = check_settings_change(&change(
+            r#"{"backoff":{"base_ms":10,"factor":0.5,"max_ms":20}}"#,
+        ))
+        .expect_err("factor");
+        assert!(error.starts_with("backoff.factor: 0.5"), "{error}");
+        assert_eq!(factor_milli(1.5), Ok(1500));
+        assert!(check_settings_change(&change(r#"{"paused":true,"retention_ms":0}"#)).is_ok());
+    }
+
+    #[test]
+    fn results_over_the_limit_are_refused() {
+        let big = Value::String("x".repeat(JOB_RESULT_BYTES_MAX));
+        assert!(
+            result_text(&big)
+                .expect_err("too big")
+                .starts_with("result: ")
+        );
+        assert_eq!(
+            result_text(&serde_json::json!({"ok": 1})),
+            Ok(r#"{"ok":1}"#.to_string())
+        );
+    }
+}
