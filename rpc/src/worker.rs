@@ -363,6 +363,14 @@ pub enum WriteRequestJson {
     Update(UpdateRequestJson),
     /// `POST /claim`.
     Claim(ClaimRequestJson),
+    /// `POST /finish`.
+    Finish(crate::job::FinishRequestJson),
+    /// `POST /fail`.
+    Fail(crate::job::FailRequestJson),
+    /// `POST /cancel`.
+    Cancel(crate::job::KeysRequestJson),
+    /// `POST /retry`.
+    Retry(crate::job::KeysRequestJson),
 }
 
 impl WriteRequestJson {
@@ -371,6 +379,10 @@ impl WriteRequestJson {
         match self {
             Self::Update(_) => UPDATE_PATH,
             Self::Claim(_) => CLAIM_PATH,
+            Self::Finish(_) => "/finish",
+            Self::Fail(_) => "/fail",
+            Self::Cancel(_) => "/cancel",
+            Self::Retry(_) => "/retry",
         }
     }
 
@@ -379,6 +391,9 @@ impl WriteRequestJson {
         let slot = match &mut self {
             Self::Update(update) => &mut update.requestid,
             Self::Claim(claim) => &mut claim.requestid,
+            Self::Finish(finish) => &mut finish.requestid,
+            Self::Fail(fail) => &mut fail.requestid,
+            Self::Cancel(keys) | Self::Retry(keys) => &mut keys.requestid,
         };
         *slot = request_id.into();
         self

@@ -73,6 +73,30 @@ pub enum Call {
     },
     /// A linearizable read of the whole group (`owned=1`).
     Read,
+    /// Add a job with this payload and key that waits for the jobs `after` (`/update`).
+    AddJob {
+        /// Payload, unique in the run.
+        data: String,
+        /// The job's key, from a small pool so that keys collide.
+        key: String,
+        /// Keys of the group's jobs it waits for.
+        after: Vec<String>,
+    },
+    /// Finish job task `id` with success (`/finish`).
+    Complete {
+        /// The claimed version.
+        id: u64,
+    },
+    /// Fail job task `id`, to be retried at once (`/fail` with `retry_in_ms` 0).
+    FailJob {
+        /// The claimed version.
+        id: u64,
+    },
+    /// Cancel the job `key` (`/cancel`).
+    Cancel {
+        /// The job's key.
+        key: String,
+    },
 }
 
 /// A definite answer.
@@ -155,6 +179,20 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
                 report.writes += 1;
                 if let Call::Delete { id } | Call::Finish { id, .. } = op.call {
                     deleted_ids.insert(id);
+                }
+                if op.group == crate::JOB_GROUP {
+                    // Jobs end by finish, death or cancel, not by the deletes these
+                    // payload checks follow; the linearizability check covers them.
+                    report.versions += tasks.len();
+                    for task in tasks {
+                        if let Some(other) = writers.insert(task.id, op) {
+                            problems.push(format!(
+                                "task id {} written by two acknowledged writes: {other:?} and {op:?}",
+                                task.id
+                            ));
+                        }
+                    }
+                    continue;
                 }
                 for task in tasks {
                     report.versions += 1;

@@ -10,6 +10,17 @@
 pub mod history;
 pub mod linearizability;
 
+/// The group the simulated workers use for jobs (keys, dependencies, finish, fail,
+/// cancel); the other groups carry the seed API's traffic.
+pub const JOB_GROUP: &str = "jobs";
+
+/// The job group's `max_running`, set before the workers start.
+pub const JOB_MAX_RUNNING: u32 = 2;
+
+/// How long a job claim lasts: longer than any run, so a job's lease never lapses while
+/// the workers run and the checkers need no log time for finish, fail or cancel.
+pub const JOB_LEASE_MS: i64 = 3_600_000;
+
 #[cfg(madsim)]
 pub mod cluster;
 #[cfg(madsim)]

@@ -17,17 +17,25 @@ use std::collections::HashSet;
 
 use imbl::OrdMap;
 use rpc::worker::TaskJson;
+use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
+use store_sm::machine::CancelRequest;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
+use store_sm::machine::FailRequest;
+use store_sm::machine::FinishRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
+use store_sm::machine::SettingsChange;
+use store_sm::machine::SettingsRequest;
 use store_sm::machine::Task;
 use store_sm::machine::TaskMachine;
 use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 
+use crate::JOB_GROUP;
+use crate::JOB_MAX_RUNNING;
 use crate::history::Answer;
 use crate::history::Call;
 use crate::history::Op;
@@ -79,7 +87,7 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
     // Each frame: the state before placing an op, the op placed, and where to resume.
     let mut stack: Vec<(ModelState, usize)> = Vec::new();
     let mut state = ModelState {
-        machine: TaskMachine::new(),
+        machine: initial_machine(group),
         ids: OrdMap::new(),
         highest_observed: 0,
     };
@@ -140,6 +148,27 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
     }
 }
 
+/// The model before any operation: empty, with the job group's settings as the
+/// simulation sets them before its workers start.
+fn initial_machine(group: &str) -> TaskMachine {
+    let mut machine = TaskMachine::new();
+    if group == JOB_GROUP {
+        machine.apply(&Command {
+            stamp: LogTime::EPOCH,
+            request_id: None,
+            request: Request::Settings(SettingsRequest {
+                client: 0,
+                group: group.to_string(),
+                change: SettingsChange {
+                    max_running: Some(JOB_MAX_RUNNING),
+                    ..SettingsChange::default()
+                },
+            }),
+        });
+    }
+    machine
+}
+
 /// The model after `op`, or `None` if the model's answer differs from the observed one.
 fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
     let client = op.worker as i64;
@@ -197,6 +226,48 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
             }),
             0,
         ),
+        Call::AddJob { data, key, after } => {
+            let mut add = AddTask::seed(group, data.clone(), None);
+            add.job = AddJob {
+                key: Some(key.clone()),
+                after: after.clone(),
+                ..AddJob::default()
+            };
+            (
+                Request::Update(UpdateRequest {
+                    client,
+                    adds: vec![add],
+                    ..UpdateRequest::default()
+                }),
+                stamp(0),
+            )
+        }
+        Call::Complete { id } => (
+            Request::Finish(FinishRequest {
+                client,
+                id: to_model(*id),
+                result: None,
+            }),
+            0,
+        ),
+        // Retried at once, so the retry's available time is the command's log time.
+        Call::FailJob { id } => (
+            Request::Fail(FailRequest {
+                client,
+                id: to_model(*id),
+                error: "simulated failure".into(),
+                retry_in_ms: Some(0),
+            }),
+            stamp(0),
+        ),
+        Call::Cancel { key } => (
+            Request::Cancel(CancelRequest {
+                client,
+                group: group.to_string(),
+                keys: vec![key.clone()],
+            }),
+            0,
+        ),
         Call::Finish { id, follow_up } => (
             Request::Update(UpdateRequest {
                 client,
@@ -233,6 +304,9 @@ fn same_task(model: &Task, observed: &TaskJson) -> bool {
     model.data == observed.data
         && model.available_at.as_millis() == observed.timespec
         && model.owner == observed.ownerid
+        && model.job.key.as_deref() == observed.key.as_deref()
+        && model.job.attempt == observed.attempt
+        && model.job.priority == observed.priority
 }
 
 /// Whether a read of the whole group returned exactly the model's tasks.

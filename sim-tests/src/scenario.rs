@@ -30,6 +30,7 @@ use crate::linearizability::check_group;
 use crate::workload::GROUPS;
 use crate::workload::Mix;
 use crate::workload::Workers;
+use crate::workload::configure_job_group;
 
 /// After the last fault, the cluster must agree on a leader and converge within this.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
@@ -88,7 +89,7 @@ impl Scenario {
             Bug::AckBeforeSync | Bug::IdReuse => Scenario::Crash,
             Bug::FollowerRead => Scenario::Partition,
             Bug::WallClockLease => Scenario::Clock,
-            Bug::PartialTransaction => Scenario::Swarm,
+            Bug::PartialTransaction | Bug::IgnoreMaxRunning => Scenario::Swarm,
         }
     }
 }
@@ -272,6 +273,10 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         Scenario::Clock => Mix::CLAIM_HEAVY,
         _ => Mix::BALANCED,
     };
+    let job_addrs = addrs.clone();
+    cluster
+        .on_client(async move { configure_job_group(job_addrs).await })
+        .await;
     let workers = cluster
         .on_client(async move { Workers::start(WORKERS, addrs, mix) })
         .await;

@@ -10,6 +10,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use madsim::rand::Rng;
+use rpc::client::HeaderValue;
+use rpc::client::HttpMethod;
+use rpc::job::FailRequestJson;
+use rpc::job::FinishRequestJson;
+use rpc::job::KeysRequestJson;
+use rpc::job::SettingsChangeJson;
 use rpc::retry::RetryPolicy;
 use rpc::retry::RoundRobin;
 use rpc::worker::AddJson;
@@ -20,10 +26,54 @@ use rpc::worker::UpdateRequestJson;
 use rpc::worker::WriteRequestJson;
 use rpc::worker::WriteResultJson;
 
+use crate::JOB_GROUP;
+use crate::JOB_LEASE_MS;
+use crate::JOB_MAX_RUNNING;
 use crate::history::Answer;
 use crate::history::Call;
 use crate::history::History;
 use crate::history::Op;
+
+/// How many keys the job workload draws from: few, so that adds collide with live keys
+/// and `after` names jobs that exist.
+const JOB_KEYS: u32 = 8;
+
+/// Sets the job group's settings the checkers assume ([`JOB_MAX_RUNNING`]), through
+/// any node, before the workers start.
+pub async fn configure_job_group(addrs: Vec<String>) {
+    let Some(mut nodes) = RoundRobin::new(addrs, 0) else {
+        return;
+    };
+    let body = SettingsChangeJson {
+        max_running: Some(i64::from(JOB_MAX_RUNNING)),
+        requestid: Some("configure-job-group".into()),
+        ..SettingsChangeJson::default()
+    };
+    let body = serde_json::to_vec(&body).expect("settings serialise");
+    let path = format!("/groups/{JOB_GROUP}/settings");
+    let content_type = (
+        rpc::client::HeaderName::from_static("content-type"),
+        HeaderValue::from_static("application/json"),
+    );
+    loop {
+        let answer = nodes
+            .client()
+            .send(
+                nodes.current(),
+                HttpMethod::PUT,
+                &path,
+                std::slice::from_ref(&content_type),
+                body.clone().into(),
+                WORKER_CALL_TIMEOUT,
+            )
+            .await;
+        if answer.is_ok_and(|r| r.status.is_success()) {
+            return;
+        }
+        nodes.next_node();
+        madsim::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// Deadline of one call from a worker.
 pub const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -52,6 +102,9 @@ pub struct Mix {
     pub finish: u32,
     /// Renewals of an owned task.
     pub renew: u32,
+    /// Steps spent on the job group instead (add with key and `after`, claim, finish,
+    /// fail, cancel), drawn before the others.
+    pub jobs: u32,
 }
 
 impl Mix {
@@ -62,6 +115,7 @@ impl Mix {
         delete: 10,
         finish: 10,
         renew: 10,
+        jobs: 15,
     };
     /// Few adds, many claims: queues stay nearly empty, so a task whose lease ends is
     /// claimed again soon, and a lease cut short shows at once.
@@ -71,6 +125,7 @@ impl Mix {
         delete: 5,
         finish: 10,
         renew: 15,
+        jobs: 15,
     };
 }
 
@@ -101,6 +156,7 @@ impl Workers {
                     history: history.clone(),
                     started,
                     owned: Vec::new(),
+                    owned_jobs: Vec::new(),
                     seen: std::collections::BTreeMap::new(),
                     sent: 0,
                     mix,
@@ -168,6 +224,8 @@ struct Worker {
     started: madsim::time::Instant,
     /// Task versions (id, payload, group) this worker claimed and may renew or finish.
     owned: Vec<(u64, String, &'static str)>,
+    /// Job task versions this worker claimed and may finish or fail.
+    owned_jobs: Vec<u64>,
     /// A task id per group from this worker's last read of it, for `depends`.
     seen: std::collections::BTreeMap<&'static str, u64>,
     sent: u64,
@@ -196,11 +254,22 @@ impl Worker {
                 continue;
             }
             empty_claims = 0;
-            let (choice, group, duration_ms) = {
+            let (job_turn, choice, group, duration_ms) = {
                 let mut rng = madsim::rand::thread_rng();
+                let job_turn = rng.gen_range(0u32..100) < self.mix.jobs;
                 let group = GROUPS[rng.gen_range(0..GROUPS.len())];
-                (rng.gen_range(0u32..100), group, rng.gen_range(200..3000))
+                (
+                    job_turn,
+                    rng.gen_range(0u32..100),
+                    group,
+                    rng.gen_range(200..3000),
+                )
             };
+            if job_turn {
+                self.job_step(choice).await;
+                madsim::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
             let m = self.mix;
             let owns = !self.owned.is_empty();
             let (adds, claims) = (m.add, m.add + m.claim);
@@ -235,6 +304,43 @@ impl Worker {
             }
             madsim::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// One operation on the job group, `choice` in 0..100: adds of keys from a small
+    /// pool (so keys collide, and a third wait for another key), claims, finishes,
+    /// failures (retried at once) and cancels.
+    async fn job_step(&mut self, choice: u32) {
+        let key = || format!("k{}", madsim::rand::thread_rng().gen_range(0..JOB_KEYS));
+        let owns = !self.owned_jobs.is_empty();
+        let call = {
+            let mut rng = madsim::rand::thread_rng();
+            match choice {
+                c if c < 35 => {
+                    let own = key();
+                    let after = if rng.gen_bool(0.33) {
+                        vec![key()].into_iter().filter(|k| *k != own).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    Call::AddJob {
+                        data: self.payload(),
+                        key: own,
+                        after,
+                    }
+                }
+                c if c < 65 => Call::Claim {
+                    duration_ms: JOB_LEASE_MS,
+                },
+                c if c < 85 && owns => Call::Complete {
+                    id: self.owned_jobs.remove(0),
+                },
+                c if c < 95 && owns => Call::FailJob {
+                    id: self.owned_jobs.remove(0),
+                },
+                _ => Call::Cancel { key: key() },
+            }
+        };
+        self.write(JOB_GROUP, call).await;
     }
 
     /// A third of adds depend on a task of the same group this worker saw last time it
@@ -292,6 +398,32 @@ impl Worker {
                 .with_add(AddJson::in_group(group).with_data(follow_up))
                 .with_deletes([*id])
                 .into(),
+            Call::AddJob { data, key, after } => update
+                .with_add(AddJson {
+                    key: Some(key.clone()),
+                    after: after.clone(),
+                    ..AddJson::in_group(group).with_data(data)
+                })
+                .into(),
+            Call::Complete { id } => WriteRequestJson::Finish(FinishRequestJson {
+                clientid: self.id as i64,
+                id: *id,
+                result: None,
+                requestid: None,
+            }),
+            Call::FailJob { id } => WriteRequestJson::Fail(FailRequestJson {
+                clientid: self.id as i64,
+                id: *id,
+                error: "simulated failure".into(),
+                retry_in_ms: Some(0),
+                requestid: None,
+            }),
+            Call::Cancel { key } => WriteRequestJson::Cancel(KeysRequestJson {
+                clientid: self.id as i64,
+                group: group.to_string(),
+                keys: vec![key.clone()],
+                requestid: None,
+            }),
             Call::Read => return None,
         };
         Some(request.with_request_id(request_id))
@@ -321,8 +453,12 @@ impl Worker {
             ),
         };
         if let (Call::Claim { .. } | Call::Renew { .. }, Answer::Tasks(tasks)) = (&call, &result) {
-            self.owned
-                .extend(tasks.iter().map(|t| (t.id, t.data.clone(), group)));
+            if group == JOB_GROUP {
+                self.owned_jobs.extend(tasks.iter().map(|t| t.id));
+            } else {
+                self.owned
+                    .extend(tasks.iter().map(|t| (t.id, t.data.clone(), group)));
+            }
         }
         let op = Op {
             worker: self.id,

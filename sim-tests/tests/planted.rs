@@ -58,3 +58,8 @@ fn id_reuse_is_caught() {
 fn partial_transaction_is_caught() {
     assert_caught(Bug::PartialTransaction);
 }
+
+#[test]
+fn ignore_max_running_is_caught() {
+    assert_caught(Bug::IgnoreMaxRunning);
+}

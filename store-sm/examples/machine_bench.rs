@@ -10,6 +10,9 @@ use std::time::Instant;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
+use store_sm::machine::FinishRequest;
+use store_sm::machine::LegacyAddTask;
+use store_sm::machine::LegacyUpdateRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
@@ -68,14 +71,17 @@ fn main() {
     let mut machine = TaskMachine::new();
     let started = Instant::now();
     for i in 0..tasks {
-        let add = Request::Update(UpdateRequest {
+        // A seed update, logged as the node logs one (the pre-job encoding).
+        let add = Request::LegacyUpdate(LegacyUpdateRequest {
             client: (i % 64) as i64,
-            adds: vec![AddTask::seed(
-                format!("group-{}", i % GROUPS),
-                format!("{i:032}"),
-                Some(0),
-            )],
-            ..Default::default()
+            adds: vec![LegacyAddTask {
+                group: format!("group-{}", i % GROUPS),
+                data: format!("{i:032}"),
+                timespec: Some(0),
+            }],
+            updates: vec![],
+            deletes: vec![],
+            depends: vec![],
         });
         machine.apply(&command(i, add));
     }
@@ -125,12 +131,45 @@ fn main() {
     report("claim", cycles, started);
     let started = Instant::now();
     for (n, (id, owner)) in claimed.iter().enumerate() {
-        let delete = Request::Update(UpdateRequest {
+        let delete = Request::LegacyUpdate(LegacyUpdateRequest {
             client: *owner,
+            adds: vec![],
+            updates: vec![],
             deletes: vec![*id],
-            ..Default::default()
+            depends: vec![],
         });
         machine.apply(&command(tasks + cycles + n as u64, delete));
     }
     report("delete (claimed task)", claimed.len() as u64, started);
+
+    // The job cycle: add with a key, claim, finish with a result.
+    let jobs = cycles;
+    let base = tasks + 2 * cycles;
+    let started = Instant::now();
+    for i in 0..jobs {
+        let mut add = AddTask::seed("jobs", format!("{i:032}"), Some(0));
+        add.job.key = Some(format!("job-{i}"));
+        let add = Request::Update(UpdateRequest {
+            client: 1,
+            adds: vec![add],
+            ..Default::default()
+        });
+        machine.apply(&command(base + 3 * i, add));
+        let claim = Request::Claim(ClaimRequest {
+            client: 2,
+            group: "jobs".into(),
+            duration_ms: 60_000,
+            depends: vec![],
+        });
+        let Outcome::Tasks(claimed) = &*machine.apply(&command(base + 3 * i + 1, claim)) else {
+            panic!("the claim is refused");
+        };
+        let finish = Request::Finish(FinishRequest {
+            client: 2,
+            id: claimed[0].id,
+            result: Some("{\"ok\":true}".into()),
+        });
+        machine.apply(&command(base + 3 * i + 2, finish));
+    }
+    report("job cycle (3 commands)", 3 * jobs, started);
 }

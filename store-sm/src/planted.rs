@@ -16,6 +16,8 @@ use std::sync::Arc;
 use crate::machine::Command;
 use crate::machine::Outcome;
 use crate::machine::Request;
+use crate::machine::SettingsChange;
+use crate::machine::SettingsRequest;
 use crate::machine::Task;
 use crate::machine::TaskId;
 use crate::machine::TaskMachine;
@@ -34,16 +36,19 @@ pub enum Bug {
     IdReuse,
     /// A refused update still applies its adds.
     PartialTransaction,
+    /// A claim ignores its group's `max_running`.
+    IgnoreMaxRunning,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 6] = [
         Bug::AckBeforeSync,
         Bug::FollowerRead,
         Bug::WallClockLease,
         Bug::IdReuse,
         Bug::PartialTransaction,
+        Bug::IgnoreMaxRunning,
     ];
 
     /// Its command-line name.
@@ -54,6 +59,7 @@ impl Bug {
             Bug::WallClockLease => "wall-clock-lease",
             Bug::IdReuse => "id-reuse",
             Bug::PartialTransaction => "partial-transaction",
+            Bug::IgnoreMaxRunning => "ignore-max-running",
         }
     }
 }
@@ -67,7 +73,7 @@ impl fmt::Display for Bug {
 /// A name that is not a known bug.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction"
+    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running"
 )]
 pub struct UnknownBug(String);
 
@@ -109,8 +115,12 @@ pub fn is_planted(bug: Bug) -> bool {
 
 /// Applies `command` to `machine`; with [`Bug::PartialTransaction`] planted, a refused
 /// update's adds are then applied alone, as a store without all-or-nothing transactions
-/// would. A retry answered from the dedup table adds nothing again.
+/// would. A retry answered from the dedup table adds nothing again. With
+/// [`Bug::IgnoreMaxRunning`], see [`claim_ignoring_max_running`].
 pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
+    if is_planted(Bug::IgnoreMaxRunning) {
+        return claim_ignoring_max_running(machine, command);
+    }
     if !is_planted(Bug::PartialTransaction) {
         return machine.apply(command);
     }
@@ -133,6 +143,41 @@ pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> 
         });
     }
     outcome
+}
+
+/// A claim that found nothing because its group is at `max_running` is applied again
+/// with the limit lifted for it alone, as a store that forgot the limit would: the limit
+/// is set to 0, the claim applied (without its request id, which the first attempt
+/// used), and the limit put back, all at the command's time.
+fn claim_ignoring_max_running(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
+    let outcome = machine.apply(command);
+    let Request::Claim(claim) = &command.request else {
+        return outcome;
+    };
+    let limit = machine.group_settings(&claim.group).max_running;
+    let at_limit = limit > 0 && machine.running_in_group(&claim.group) >= limit as usize;
+    if !at_limit || !matches!(&*outcome, Outcome::Tasks(tasks) if tasks.is_empty()) {
+        return outcome;
+    }
+    let set_limit = |max_running| Command {
+        stamp: command.stamp,
+        request_id: None,
+        request: Request::Settings(SettingsRequest {
+            client: claim.client,
+            group: claim.group.clone(),
+            change: SettingsChange {
+                max_running: Some(max_running),
+                ..SettingsChange::default()
+            },
+        }),
+    };
+    machine.apply(&set_limit(0));
+    let claimed = machine.apply(&Command {
+        request_id: None,
+        ..command.clone()
+    });
+    machine.apply(&set_limit(limit));
+    claimed
 }
 
 /// Whether the dedup table already holds `command`'s first outcome.
