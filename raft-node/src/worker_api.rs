@@ -14,7 +14,6 @@ use axum::routing::get;
 use axum::routing::post;
 use rpc::job::OnConflictJson;
 use rpc::job::check_add_job;
-use rpc::worker::AddJson;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
@@ -28,8 +27,6 @@ use serde::de::DeserializeOwned;
 use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
-use store_sm::machine::LegacyAddTask;
-use store_sm::machine::LegacyUpdateRequest;
 use store_sm::machine::OnConflict;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
@@ -37,6 +34,7 @@ use store_sm::machine::Task;
 use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 use store_sm::machine::constants::REQUEST_ID_BYTES_MAX;
+use store_sm::machine::fits_seed_encoding;
 
 use crate::http::ApiError;
 use crate::node::SharedNode;
@@ -286,24 +284,12 @@ fn update_request(json: UpdateRequestJson) -> Result<Request, ApiError> {
     for (index, add) in json.adds.iter().enumerate() {
         check_add_job(index, add).map_err(ApiError::bad_request)?;
     }
-    if json.adds.iter().any(has_job_fields) {
-        return Ok(Request::Update(job_update_request(json)));
-    }
-    Ok(Request::LegacyUpdate(LegacyUpdateRequest {
-        client: json.clientid,
-        adds: json
-            .adds
-            .into_iter()
-            .map(|add| LegacyAddTask {
-                group: add.group.unwrap_or_default(),
-                data: add.data.unwrap_or_default(),
-                timespec: add.timespec,
-            })
-            .collect(),
-        updates: json.updates.into_iter().map(update_task).collect(),
-        deletes: json.deletes,
-        depends: json.depends,
-    }))
+    let update = job_update_request(json);
+    Ok(if fits_seed_encoding(&update) {
+        Request::LegacyUpdate(update)
+    } else {
+        Request::Update(update)
+    })
 }
 
 fn update_task(change: ChangeJson) -> UpdateTask {
@@ -312,10 +298,6 @@ fn update_task(change: ChangeJson) -> UpdateTask {
         data: change.data.unwrap_or_default(),
         timespec: change.timespec,
     }
-}
-
-fn has_job_fields(add: &AddJson) -> bool {
-    add.key.is_some() || add.priority.is_some_and(|p| p != 0)
 }
 
 fn job_update_request(json: UpdateRequestJson) -> UpdateRequest {

@@ -11,8 +11,6 @@ use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
 use store_sm::machine::FinishRequest;
-use store_sm::machine::LegacyAddTask;
-use store_sm::machine::LegacyUpdateRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
@@ -72,16 +70,14 @@ fn main() {
     let started = Instant::now();
     for i in 0..tasks {
         // A seed update, logged as the node logs one (the pre-job encoding).
-        let add = Request::LegacyUpdate(LegacyUpdateRequest {
+        let add = Request::LegacyUpdate(UpdateRequest {
             client: (i % 64) as i64,
-            adds: vec![LegacyAddTask {
-                group: format!("group-{}", i % GROUPS),
-                data: format!("{i:032}"),
-                timespec: Some(0),
-            }],
-            updates: vec![],
-            deletes: vec![],
-            depends: vec![],
+            adds: vec![AddTask::seed(
+                format!("group-{}", i % GROUPS),
+                format!("{i:032}"),
+                Some(0),
+            )],
+            ..Default::default()
         });
         machine.apply(&command(i, add));
     }
@@ -131,12 +127,10 @@ fn main() {
     report("claim", cycles, started);
     let started = Instant::now();
     for (n, (id, owner)) in claimed.iter().enumerate() {
-        let delete = Request::LegacyUpdate(LegacyUpdateRequest {
+        let delete = Request::LegacyUpdate(UpdateRequest {
             client: *owner,
-            adds: vec![],
-            updates: vec![],
             deletes: vec![*id],
-            depends: vec![],
+            ..Default::default()
         });
         machine.apply(&command(tasks + cycles + n as u64, delete));
     }

@@ -5,7 +5,7 @@
 //! thread because madsim runs a whole simulated cluster on one thread, and the `sim`
 //! runner runs several seeds side by side on different threads.
 //!
-//! The pure machine knows nothing of planted bugs: the two that concern it are injected
+//! The pure machine knows nothing of planted bugs: the three that concern it are injected
 //! around it, by the openraft adapter ([`apply_with_planted_bugs`]) and by the snapshot
 //! decoder ([`next_id_after_live`]).
 
@@ -126,10 +126,8 @@ pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> 
     }
     let replayed = is_remembered(machine, command);
     let outcome = machine.apply(command);
-    let update = match &command.request {
-        Request::Update(update) => update.clone(),
-        Request::LegacyUpdate(legacy) => legacy.into(),
-        _ => return outcome,
+    let (Request::Update(update) | Request::LegacyUpdate(update)) = &command.request else {
+        return outcome;
     };
     if outcome.is_refused() && !replayed && !update.adds.is_empty() {
         machine.apply(&Command {

@@ -55,13 +55,11 @@ impl TaskMachine {
         self.assert_indexes_count_every_task();
         match (effect, outcome, &command.request) {
             (Effect::Unchanged, _, _) => self.assert_unchanged(before),
-            (Effect::Updated, Outcome::Tasks(written), Request::Update(update)) => {
-                let removed = update.updates.iter().map(|change| change.id);
-                let removed = removed.chain(update.deletes.iter().copied());
-                self.assert_written(before, written);
-                self.assert_removed(before, removed);
-            }
-            (Effect::Updated, Outcome::Tasks(written), Request::LegacyUpdate(update)) => {
+            (
+                Effect::Updated,
+                Outcome::Tasks(written),
+                Request::Update(update) | Request::LegacyUpdate(update),
+            ) => {
                 let removed = update.updates.iter().map(|change| change.id);
                 let removed = removed.chain(update.deletes.iter().copied());
                 self.assert_written(before, written);

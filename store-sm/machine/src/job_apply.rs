@@ -421,13 +421,20 @@ impl TaskMachine {
         job
     }
 
-    /// A seed delete removed `old`: for a job, the holder of its lease finished it, and
-    /// anyone else cancelled it.
+    /// A seed delete removed `old`: for a job, the client that claimed it last finished
+    /// it (a seed worker deletes what it has done, even after its lease lapsed, as long
+    /// as nobody claimed it since), and anyone else cancelled it.
     pub(crate) fn job_deleted(&mut self, old: Task, client: ClientId, now: LogTime) {
         let Some(key) = old.job.key.clone() else {
             return;
         };
-        if old.job.leased {
+        let late_finish = old.owner == client
+            && self.job(&old.group, &key).is_some_and(|record| {
+                record.history.last().is_some_and(|attempt| {
+                    attempt.owner == client && attempt.end == Some(AttemptEnd::Lost)
+                })
+            });
+        if old.job.leased || late_finish {
             self.job_succeeded(old, None, now);
         } else {
             let group = Arc::clone(&old.group);

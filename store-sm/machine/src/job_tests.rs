@@ -426,3 +426,31 @@ fn finished_records_are_dropped_after_the_retention() {
         "the key is free again"
     );
 }
+
+#[test]
+fn a_seed_worker_deleting_its_task_after_the_lease_lapsed_finishes_the_job() {
+    let mut store = Store::new();
+    tasks(store.add(vec![job("k")]));
+    let claimed = store.claim(7, "g").expect("claimable");
+    store.wait(2_000);
+    tasks(store.run(Request::Update(UpdateRequest {
+        client: 7,
+        deletes: vec![claimed.id],
+        ..UpdateRequest::default()
+    })));
+    assert_eq!(store.state("g", "k"), JobState::Succeeded);
+
+    // Anyone else's delete cancels.
+    tasks(store.add(vec![job("other")]));
+    let other = store
+        .machine
+        .job("g", "other")
+        .and_then(|r| r.task)
+        .expect("task");
+    tasks(store.run(Request::Update(UpdateRequest {
+        client: 9,
+        deletes: vec![other],
+        ..UpdateRequest::default()
+    })));
+    assert_eq!(store.state("g", "other"), JobState::Cancelled);
+}

@@ -35,8 +35,7 @@ pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
 use self::group_index::GroupIndex;
 pub use self::jobs::*;
-pub use self::legacy::LegacyAddTask;
-pub use self::legacy::LegacyUpdateRequest;
+pub use self::legacy::fits_seed_encoding;
 pub use self::log_time::LogTime;
 pub use self::restore::InvalidParts;
 pub use self::restore::JobParts;
@@ -159,10 +158,9 @@ impl TaskMachine {
             _ => (outcome, effect),
         };
         let (outcome, effect) = match &command.request {
-            Request::LegacyUpdate(legacy) => {
-                changed(self.apply_update(&legacy.into(), now), Effect::Updated)
+            Request::LegacyUpdate(update) | Request::Update(update) => {
+                changed(self.apply_update(update, now), Effect::Updated)
             }
-            Request::Update(update) => changed(self.apply_update(update, now), Effect::Updated),
             Request::Claim(claim) => self.apply_claim(claim, now),
             Request::Finish(finish) => changed(self.apply_finish(finish, now), Effect::Job),
             Request::Fail(fail) => changed(self.apply_fail(fail, now), Effect::Job),

@@ -23,7 +23,6 @@ use crate::jobs::JobState;
 use crate::jobs::RetryRequest;
 use crate::jobs::SettingsRequest;
 use crate::jobs::TaskJob;
-use crate::legacy::LegacyUpdateRequest;
 
 /// A task version's identity and fencing token; strictly increasing, never reused.
 pub type TaskId = u64;
@@ -146,9 +145,9 @@ pub struct ClaimRequest {
 /// entries written by earlier builds still decode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// An update as builds before the job layer wrote it (adds without job fields);
-    /// applied exactly as [`Request::Update`].
-    LegacyUpdate(LegacyUpdateRequest),
+    /// An update without job fields, in the encoding builds before the job layer wrote
+    /// (see `legacy.rs`); applied exactly as [`Request::Update`].
+    LegacyUpdate(#[serde(with = "crate::legacy::seed_encoding")] UpdateRequest),
     /// Claim the oldest available task of a group.
     Claim(ClaimRequest),
     /// Add, update and delete tasks atomically.

@@ -78,8 +78,7 @@ impl Model {
             return first.clone();
         }
         let outcome = match &command.request {
-            Request::LegacyUpdate(u) => self.update(&u.into(), now),
-            Request::Update(u) => self.update(u, now),
+            Request::LegacyUpdate(u) | Request::Update(u) => self.update(u, now),
             Request::Claim(c) => self.claim(c, now),
             Request::Finish(f) => self.finish(f, now),
             Request::Fail(f) => self.fail(f, now),
@@ -441,7 +440,12 @@ impl Model {
             let Some(key) = old.job.key.clone() else {
                 continue;
             };
-            if old.job.leased {
+            let last = self
+                .record(&old.group, &key)
+                .and_then(|r| r.history.last().cloned());
+            let late_finish = old.owner == u.client
+                && last.is_some_and(|a| a.owner == u.client && a.end == Some(AttemptEnd::Lost));
+            if old.job.leased || late_finish {
                 self.succeeded(old, None, now);
             } else {
                 let group = old.group.to_string();
