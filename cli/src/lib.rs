@@ -1,10 +1,11 @@
 //! The `rota` command-line tool: a local cluster for development (`rota dev`), cluster
-//! administration (`rota cluster`), task commands and `rota bench`. It talks to nodes
+//! administration (`rota cluster`), task and job commands and `rota bench`. It talks to nodes
 //! over HTTP only and never links RocksDB.
 
 pub mod bench;
 pub mod cluster;
 pub mod dev;
+pub mod job;
 pub mod membership;
 pub mod nodes;
 pub mod task;
@@ -20,6 +21,10 @@ pub enum CliError {
     /// The cluster refused, or a local step failed.
     #[error("{0}")]
     Failed(String),
+    /// The cluster processed a write and refused it, nothing changed: every reason, one
+    /// per line.
+    #[error("refused by the cluster:{}", .0.iter().map(|e| format!("\n  {e}")).collect::<String>())]
+    Refused(Vec<String>),
     /// The cluster could not be reached or did not become ready.
     #[error("{0}")]
     Unreachable(String),
@@ -29,11 +34,16 @@ impl CliError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Failed(_) => 1,
+            CliError::Failed(_) | CliError::Refused(_) => 1,
             CliError::Usage(_) => 2,
             CliError::Unreachable(_) => 3,
         }
     }
+}
+
+/// `value` as the pretty JSON that `--json` prints.
+pub fn json_text<T: serde::Serialize>(value: &T) -> Result<String, CliError> {
+    serde_json::to_string_pretty(value).map_err(|e| CliError::Failed(e.to_string()))
 }
 
 impl From<dev::DevError> for CliError {

@@ -40,6 +40,12 @@ enum Command {
     /// Tasks: add, claim, get, list, update, delete.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Jobs (tasks with a key): add, get, list, dead, finish, fail, cancel, retry.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// A group's job settings: show or change them, pause, resume.
+    #[command(subcommand)]
+    Group(GroupCommand),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  rota completions bash > /etc/bash_completion.d/rota\n  rota completions zsh > \"${fpath[1]}/_rota\"\n  rota completions fish > ~/.config/fish/completions/rota.fish"
@@ -95,11 +101,324 @@ struct Target {
 #[derive(clap::Args)]
 struct Writer {
     /// Client id that owns what this command writes (default: random per invocation).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, visible_alias = "client", allow_negative_numbers = true)]
     client_id: Option<i64>,
-    /// Request id: a retry with the same one applies once.
+    /// Request id: a retry with the same one and the same --client-id applies once
+    /// (default: fresh per invocation).
     #[arg(long)]
     request_id: Option<String>,
+}
+
+/// The client that holds a claimed task, and how a retry is recognised.
+#[derive(clap::Args)]
+struct Owner {
+    /// The client that claimed the task (its --client-id at `rota task claim`).
+    #[arg(long, visible_alias = "client", allow_negative_numbers = true)]
+    client_id: i64,
+    /// Request id: a retry with the same one applies once (default: fresh per invocation).
+    #[arg(long)]
+    request_id: Option<String>,
+}
+
+/// Who asks for a change of jobs or settings, and how a retry is recognised.
+#[derive(clap::Args)]
+struct Asker {
+    /// Client id recorded as the one who asked (in a cancelled job's reason).
+    #[arg(
+        long,
+        visible_alias = "client",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    client_id: i64,
+    /// Request id: a retry with the same one applies once (default: fresh per invocation).
+    #[arg(long)]
+    request_id: Option<String>,
+}
+
+impl Owner {
+    fn request_id(&self) -> Option<String> {
+        Some(cli::task::request_id(self.request_id.as_deref()))
+    }
+}
+
+impl Asker {
+    fn request_id(&self) -> Option<String> {
+        Some(cli::task::request_id(self.request_id.as_deref()))
+    }
+
+    /// The body of a cancel or retry of `keys` in `group`, checked.
+    fn keys(
+        &self,
+        group: String,
+        keys: Vec<String>,
+    ) -> Result<rpc::job::KeysRequestJson, cli::CliError> {
+        let body = rpc::job::KeysRequestJson {
+            clientid: self.client_id,
+            group,
+            keys,
+            requestid: self.request_id(),
+        };
+        rpc::job::check_keys_request(&body).map_err(cli::CliError::Usage)?;
+        Ok(body)
+    }
+}
+
+/// `--every`, `--retry-in`, `--backoff-*`, `--retention`: a duration in milliseconds.
+fn duration_ms(text: &str) -> Result<i64, String> {
+    cli::job::parse_duration(text)
+}
+
+/// What `rota job add` does when its key names a live task of the group.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnConflict {
+    /// Refuse the add (and the whole request), naming the live task.
+    Refuse,
+    /// Answer the live task instead; nothing is added.
+    Keep,
+    /// As keep, and run a running task once more after it succeeds.
+    Resubmit,
+}
+
+impl From<OnConflict> for rpc::job::OnConflictJson {
+    fn from(choice: OnConflict) -> Self {
+        match choice {
+            OnConflict::Refuse => Self::Refuse,
+            OnConflict::Keep => Self::Keep,
+            OnConflict::Resubmit => Self::Resubmit,
+        }
+    }
+}
+
+/// The job states `rota job list --state` takes.
+const JOB_STATES: [&str; 6] = [
+    "waiting",
+    "running",
+    "failed",
+    "succeeded",
+    "dead",
+    "cancelled",
+];
+
+/// Which page of a group's job records to show.
+#[derive(clap::Args)]
+struct Paging {
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// Start after this key (a page's `next`).
+    #[arg(long)]
+    after: Option<String>,
+    /// Jobs per page: 1 to 1000 (default: the node's, 100).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Follow the pages to the last one.
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Subcommand)]
+enum JobCommand {
+    /// Add a job: a task with a key, unique among the group's live tasks.
+    #[command(
+        after_help = "Examples:\n  rota job add --url 127.0.0.1:7001 --group mail --key welcome-42 --data 'to=42'\n  rota job add --url 127.0.0.1:7001 --group etl --key load --after extract,transform --max-attempts 3\n  rota job add --url 127.0.0.1:7001 --group ops --key nightly --every 24h --at 2030-01-02T03:00:00Z\n  rota job add --url 127.0.0.1:7001 --group mail --key welcome-42 --on-conflict keep --data-file msg.txt\n\nPrints the written task (or, with --on-conflict keep or resubmit, the live one). --after,\n--max-attempts, --every and --on-conflict need --key."
+    )]
+    Add {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        writer: Writer,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// The job's key (1 to 256 bytes); without one the task is a plain task.
+        #[arg(long)]
+        key: Option<String>,
+        /// Payload: text, @FILE, or @- for standard input.
+        #[arg(long, conflicts_with = "data_file")]
+        data: Option<String>,
+        /// Payload from a file; - for standard input.
+        #[arg(long)]
+        data_file: Option<String>,
+        /// Keys of the group that must succeed first, comma-separated.
+        #[arg(long, value_delimiter = ',', requires = "key")]
+        after: Vec<String>,
+        /// Claims take higher priorities first (default 0).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i64>,
+        /// Attempts before the job is dead; 0: unlimited (default: the group's setting).
+        #[arg(long, requires = "key")]
+        max_attempts: Option<u32>,
+        /// Run again this long after each success: 90s, 5m, 1h, 7d.
+        #[arg(long, value_parser = duration_ms, requires = "key", conflicts_with = "every_ms")]
+        every: Option<i64>,
+        /// As --every, in milliseconds.
+        #[arg(long, requires = "key")]
+        every_ms: Option<i64>,
+        /// What to do when the key names a live task of the group (default: refuse).
+        #[arg(long, value_enum, requires = "key")]
+        on_conflict: Option<OnConflict>,
+        /// When it becomes claimable: now (default), +DURATION (+10m), an RFC 3339 time
+        /// (2030-01-02T03:04:05Z) or milliseconds since the epoch.
+        #[arg(long, allow_hyphen_values = true)]
+        at: Option<String>,
+    },
+    /// Show a job's record: state, attempts and their history, result, reason.
+    #[command(
+        after_help = "Example:\n  rota job get --url 127.0.0.1:7001 --group mail --key welcome-42"
+    )]
+    Get {
+        #[command(flatten)]
+        target: Target,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// The job's key.
+        #[arg(long)]
+        key: String,
+    },
+    /// List a group's job records in key order, one page at a time (or --all).
+    #[command(
+        after_help = "Examples:\n  rota job list --url 127.0.0.1:7001 --group mail --state failed\n  rota job list --url 127.0.0.1:7001 --group mail --all --json"
+    )]
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        paging: Paging,
+        /// Only jobs in this state.
+        #[arg(long, value_parser = JOB_STATES)]
+        state: Option<String>,
+    },
+    /// List a group's dead jobs (dead letters); `rota job retry` re-drives them.
+    #[command(after_help = "Example:\n  rota job dead --url 127.0.0.1:7001 --group mail --all")]
+    Dead {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        paging: Paging,
+    },
+    /// End a claim with success, recording a result.
+    #[command(
+        after_help = "Example:\n  rota job finish --url 127.0.0.1:7001 --client-id 7 --id 12 --result '{\"rows\": 3}'\n\nOnly the client holding the claim may finish it, and only the claimed version (the id\nis the fence)."
+    )]
+    Finish {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        owner: Owner,
+        /// The claimed task version.
+        #[arg(long)]
+        id: u64,
+        /// The result: any JSON value (at most 256 KiB), @FILE or @-.
+        #[arg(long)]
+        result: Option<String>,
+    },
+    /// End a claim with an error: retried after the back-off, or dead after its last attempt.
+    #[command(
+        after_help = "Examples:\n  rota job fail --url 127.0.0.1:7001 --client-id 7 --id 12 --error 'smtp: timeout'\n  rota job fail --url 127.0.0.1:7001 --client-id 7 --id 12 --error @err.log --retry-in 30s"
+    )]
+    Fail {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        owner: Owner,
+        /// The claimed task version.
+        #[arg(long)]
+        id: u64,
+        /// What went wrong (at most 64 KiB): text, @FILE or @-.
+        #[arg(long)]
+        error: String,
+        /// Retry after this long instead of the group's back-off: 0s, 30s, 5m.
+        #[arg(long, value_parser = duration_ms)]
+        retry_in: Option<i64>,
+    },
+    /// Cancel jobs, running or not; jobs waiting for them are cancelled too.
+    #[command(
+        after_help = "Example:\n  rota job cancel --url 127.0.0.1:7001 --group etl load transform\n\nA running job's owner is refused, with the reason, on its next renewal or finish."
+    )]
+    Cancel {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        asker: Asker,
+        /// The jobs' group.
+        #[arg(long)]
+        group: String,
+        /// The jobs' keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Re-drive dead jobs with a fresh attempt budget.
+    #[command(
+        after_help = "Example:\n  rota job retry --url 127.0.0.1:7001 --group mail welcome-42"
+    )]
+    Retry {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        asker: Asker,
+        /// The jobs' group.
+        #[arg(long)]
+        group: String,
+        /// The dead jobs' keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum GroupCommand {
+    /// Show a group's settings, or change the ones given (the others keep their value).
+    #[command(
+        after_help = "Examples:\n  rota group settings --url 127.0.0.1:7001 mail\n  rota group settings --url 127.0.0.1:7001 mail --max-running 4 --max-attempts 5\n  rota group settings --url 127.0.0.1:7001 mail --backoff-base 1s --backoff-factor 2 --backoff-max 5m --retention 7d\n\nA back-off changes as a whole: flags not given take the group's current values, read\nfirst. Durations: 500ms, 90s, 5m, 1h, 7d."
+    )]
+    Settings {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        asker: Asker,
+        /// The group.
+        group: String,
+        /// Claims answer empty while this many of the group's tasks are leased (0: no limit).
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// Attempts before a job is dead, unless it sets its own (0: unlimited).
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// The first retry's delay.
+        #[arg(long, value_parser = duration_ms)]
+        backoff_base: Option<i64>,
+        /// Growth of the delay per attempt, 1 to 100.
+        #[arg(long)]
+        backoff_factor: Option<f64>,
+        /// The longest delay.
+        #[arg(long, value_parser = duration_ms)]
+        backoff_max: Option<i64>,
+        /// How long finished job records are kept.
+        #[arg(long, value_parser = duration_ms)]
+        retention: Option<i64>,
+    },
+    /// Pause a group: claims answer empty (adds are still accepted) until resumed.
+    #[command(after_help = "Example:\n  rota group pause --url 127.0.0.1:7001 mail")]
+    Pause {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        asker: Asker,
+        /// The group.
+        group: String,
+    },
+    /// Resume a paused group's claims.
+    #[command(after_help = "Example:\n  rota group resume --url 127.0.0.1:7001 mail")]
+    Resume {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        asker: Asker,
+        /// The group.
+        group: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -204,9 +523,7 @@ fn emit<T: serde::Serialize>(
     human: impl FnOnce(&T) -> String,
 ) -> Result<(), cli::CliError> {
     if json {
-        let text = serde_json::to_string_pretty(value)
-            .map_err(|e| cli::CliError::Failed(e.to_string()))?;
-        println!("{text}");
+        println!("{}", cli::json_text(value)?);
     } else {
         print!("{}", human(value));
     }
@@ -235,7 +552,9 @@ impl Writer {
         target: &Target,
         request: impl Into<WriteRequestJson>,
     ) -> Result<Vec<Option<TaskJson>>, cli::CliError> {
-        let request = request.into().with_request_id(self.request_id.clone());
+        let request = request
+            .into()
+            .with_request_id(cli::task::request_id(self.request_id.as_deref()));
         let written = cli::nodes::Nodes::new(&target.url)?.write(&request).await?;
         Ok(written.into_iter().map(Some).collect())
     }
@@ -284,7 +603,11 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             owned,
         } => {
             let client = Nodes::new(&target.url)?;
-            let mut path = format!("/group/{}?owned={}", encode_path(&group), u8::from(owned));
+            let mut path = format!(
+                "/group/{}?owned={}",
+                cli::nodes::encode(&group),
+                u8::from(owned)
+            );
             if let Some(limit) = limit {
                 path.push_str(&format!("&limit={limit}"));
             }
@@ -327,17 +650,311 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
     }
 }
 
-/// Percent-encodes a group name for a path segment.
-fn encode_path(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
+/// Reads a flag that takes text, @FILE or @-.
+fn text_or_file(flag: &str, text: String) -> Result<String, cli::CliError> {
+    match text.strip_prefix('@') {
+        Some(source) => cli::task::read_source(&format!("{flag} {text}"), source),
+        None => Ok(text),
+    }
+}
+
+/// Prints the node's page, or a table with a hint at the next page.
+fn print_page(page: &rpc::job::JobPageJson, json: bool) -> Result<(), cli::CliError> {
+    emit(json, page, |page| {
+        let mut out = cli::job::render_jobs(&page.jobs);
+        if let Some(next) = &page.next {
+            out.push_str(&format!(
+                "(more follow: --after {next:?} for the next page, or --all)\n"
+            ));
+        }
+        out
+    })
+}
+
+async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
+    use cli::job::JobQuery;
+    use cli::nodes::Nodes;
+    use cli::nodes::encode;
+    use cli::task::read_data;
+    use rpc::job::FailRequestJson;
+    use rpc::job::FinishRequestJson;
+    match command {
+        JobCommand::Add {
+            target,
+            writer,
+            group,
+            key,
+            data,
+            data_file,
+            after,
+            priority,
+            max_attempts,
+            every,
+            every_ms,
+            on_conflict,
+            at,
+        } => {
+            let data = match data_file {
+                Some(file) => Some(cli::task::read_source(
+                    &format!("--data-file {file}"),
+                    &file,
+                )?),
+                None => read_data(data.as_deref())?,
+            };
+            let timespec = at
+                .as_deref()
+                .map(cli::job::parse_at)
+                .transpose()
+                .map_err(cli::CliError::Usage)?
+                .flatten();
+            let add = AddJson {
+                data,
+                timespec,
+                key,
+                after,
+                priority,
+                max_attempts,
+                every_ms: every.or(every_ms),
+                on_conflict: on_conflict.map(Into::into),
+                ..AddJson::in_group(group)
+            };
+            rpc::job::check_add_job(0, &add).map_err(cli::CliError::Usage)?;
+            let written = writer.write(&target, writer.update().with_add(add)).await?;
+            print_tasks(&written, target.json)
+        }
+        JobCommand::Get { target, group, key } => {
+            let job: rpc::job::JobJson = Nodes::new(&target.url)?
+                .get_json(&format!(
+                    "/job?group={}&key={}",
+                    encode(&group),
+                    encode(&key)
+                ))
+                .await?;
+            emit(target.json, &job, cli::job::render_job)
+        }
+        JobCommand::List {
+            target,
+            paging,
+            state,
+        } => {
+            let query = JobQuery {
+                path: "/jobs",
+                group: &paging.group,
+                state: state.as_deref(),
+                after: paging.after.as_deref(),
+                limit: paging.limit,
+                all: paging.all,
+            };
+            let page = query.read(&Nodes::new(&target.url)?).await?;
+            print_page(&page, target.json)
+        }
+        JobCommand::Dead { target, paging } => {
+            let query = JobQuery {
+                path: "/dead",
+                group: &paging.group,
+                state: None,
+                after: paging.after.as_deref(),
+                limit: paging.limit,
+                all: paging.all,
+            };
+            let page = query.read(&Nodes::new(&target.url)?).await?;
+            print_page(&page, target.json)
+        }
+        JobCommand::Finish {
+            target,
+            owner,
+            id,
+            result,
+        } => {
+            let result = result
+                .map(|text| {
+                    let text = text_or_file("--result", text)?;
+                    serde_json::from_str(&text).map_err(|e| {
+                        cli::CliError::Usage(format!(
+                            "--result is not JSON ({e}); quote text as JSON, e.g. --result '\"done\"'"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let body = FinishRequestJson {
+                clientid: owner.client_id,
+                id,
+                result,
+                requestid: owner.request_id(),
+            };
+            let written = Nodes::new(&target.url)?
+                .post_write("/finish", &body)
+                .await?;
+            emit(target.json, &written, |_| format!("finished task {id}\n"))
+        }
+        JobCommand::Fail {
+            target,
+            owner,
+            id,
+            error,
+            retry_in,
+        } => {
+            let body = FailRequestJson {
+                clientid: owner.client_id,
+                id,
+                error: text_or_file("--error", error)?,
+                retry_in_ms: retry_in,
+                requestid: owner.request_id(),
+            };
+            rpc::job::check_fail(&body).map_err(cli::CliError::Usage)?;
+            let written = Nodes::new(&target.url)?.post_write("/fail", &body).await?;
+            emit(target.json, &written, |written| {
+                if written.is_empty() {
+                    format!("failed task {id}; that was its last attempt: its job is dead\n")
+                } else {
+                    let retry: Vec<Option<TaskJson>> = written.iter().cloned().map(Some).collect();
+                    format!(
+                        "failed task {id}; its retry:\n{}",
+                        cli::task::render_tasks(&retry)
+                    )
+                }
+            })
+        }
+        JobCommand::Cancel {
+            target,
+            asker,
+            group,
+            keys,
+        } => {
+            let body = asker.keys(group, keys)?;
+            let written = Nodes::new(&target.url)?
+                .post_write("/cancel", &body)
+                .await?;
+            emit(target.json, &written, |_| {
+                format!(
+                    "cancelled {} in group {} (and the jobs waiting for them)\n",
+                    body.keys.join(", "),
+                    body.group
+                )
+            })
+        }
+        JobCommand::Retry {
+            target,
+            asker,
+            group,
+            keys,
+        } => {
+            let body = asker.keys(group, keys)?;
+            let written = Nodes::new(&target.url)?.post_write("/retry", &body).await?;
+            let written: Vec<Option<TaskJson>> = written.into_iter().map(Some).collect();
+            print_tasks(&written, target.json)
+        }
+    }
+}
+
+/// Changes `group`'s settings as `change` says; prints the settings afterwards.
+async fn change_settings(
+    target: &Target,
+    group: &str,
+    change: rpc::job::SettingsChangeJson,
+    summary: Option<String>,
+) -> Result<(), cli::CliError> {
+    rpc::job::check_settings_change(&change).map_err(cli::CliError::Usage)?;
+    let settings: rpc::job::SettingsJson = cli::nodes::Nodes::new(&target.url)?
+        .put_json(&settings_path(group), &change)
+        .await?;
+    emit(target.json, &settings, |settings| {
+        let mut out = summary.unwrap_or_default();
+        out.push_str(&cli::job::render_settings(settings, false));
+        out
+    })
+}
+
+fn settings_path(group: &str) -> String {
+    format!("/groups/{}/settings", cli::nodes::encode(group))
+}
+
+async fn run_group(command: GroupCommand) -> Result<(), cli::CliError> {
+    use rpc::job::BackoffJson;
+    use rpc::job::SettingsChangeJson;
+    use rpc::job::SettingsJson;
+    match command {
+        GroupCommand::Settings {
+            target,
+            asker,
+            group,
+            max_running,
+            max_attempts,
+            backoff_base,
+            backoff_factor,
+            backoff_max,
+            retention,
+        } => {
+            let nodes = cli::nodes::Nodes::new(&target.url)?;
+            let backoff_given =
+                backoff_base.is_some() || backoff_factor.is_some() || backoff_max.is_some();
+            let changes = max_running.is_some()
+                || max_attempts.is_some()
+                || backoff_given
+                || retention.is_some();
+            if !changes {
+                let settings: SettingsJson = nodes.get_json(&settings_path(&group)).await?;
+                return emit(target.json, &settings, |s| {
+                    cli::job::render_settings(s, true)
+                });
             }
-            other => format!("%{other:02X}"),
-        })
-        .collect()
+            let backoff = match (backoff_base, backoff_factor, backoff_max) {
+                (None, None, None) => None,
+                (Some(base_ms), Some(factor), Some(max_ms)) => Some(BackoffJson {
+                    base_ms,
+                    factor,
+                    max_ms,
+                }),
+                (base, factor, max) => {
+                    // A back-off changes as a whole: fill in what was not given.
+                    let current: SettingsJson = nodes.get_json(&settings_path(&group)).await?;
+                    Some(BackoffJson {
+                        base_ms: base.unwrap_or(current.backoff.base_ms),
+                        factor: factor.unwrap_or(current.backoff.factor),
+                        max_ms: max.unwrap_or(current.backoff.max_ms),
+                    })
+                }
+            };
+            let change = SettingsChangeJson {
+                clientid: asker.client_id,
+                max_running: max_running.map(i64::from),
+                paused: None,
+                max_attempts: max_attempts.map(i64::from),
+                backoff,
+                retention_ms: retention,
+                requestid: asker.request_id(),
+            };
+            change_settings(&target, &group, change, None).await
+        }
+        GroupCommand::Pause {
+            target,
+            asker,
+            group,
+        } => {
+            let change = SettingsChangeJson {
+                clientid: asker.client_id,
+                paused: Some(true),
+                requestid: asker.request_id(),
+                ..SettingsChangeJson::default()
+            };
+            let summary =
+                format!("paused {group}: claims answer empty until `rota group resume {group}`\n");
+            change_settings(&target, &group, change, Some(summary)).await
+        }
+        GroupCommand::Resume {
+            target,
+            asker,
+            group,
+        } => {
+            let change = SettingsChangeJson {
+                clientid: asker.client_id,
+                paused: Some(false),
+                requestid: asker.request_id(),
+                ..SettingsChangeJson::default()
+            };
+            change_settings(&target, &group, change, Some(format!("resumed {group}\n"))).await
+        }
+    }
 }
 
 /// How long a membership command may wait for a leader, a catch-up or a transfer.
@@ -643,6 +1260,8 @@ fn main() -> ExitCode {
             }
             Command::Dev(DevCommand::Down { dir }) => Ok(cli::dev::down(&dir).await?),
             Command::Task(command) => run_task(command).await,
+            Command::Job(command) => run_job(command).await,
+            Command::Group(command) => run_group(command).await,
             Command::Cluster(command) => run_cluster(command).await,
             Command::Completions { shell } => {
                 let mut command = <Cli as clap::CommandFactory>::command();

@@ -42,6 +42,26 @@ pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
     Ok(addrs)
 }
 
+/// The `Content-Type` of a JSON body.
+fn json_content_type() -> (HeaderName, HeaderValue) {
+    (
+        HeaderName::from_static("content-type"),
+        HeaderValue::from_static("application/json"),
+    )
+}
+
+/// Percent-encodes a group name, key or state for a path segment or a query value.
+pub fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
 /// The nodes of `--url`, tried in turn until one answers.
 pub struct Nodes {
     client: HttpClient,
@@ -123,12 +143,14 @@ impl Nodes {
         timeout: Duration,
     ) -> Result<(String, HttpResponse), CliError> {
         let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
-        let content_type = (
-            HeaderName::from_static("content-type"),
-            HeaderValue::from_static("application/json"),
-        );
-        self.send(HttpMethod::POST, path, &[content_type], bytes, timeout)
-            .await
+        self.send(
+            HttpMethod::POST,
+            path,
+            &[json_content_type()],
+            bytes,
+            timeout,
+        )
+        .await
     }
 
     /// `GET path`, parsed as JSON; a 4xx is a refusal (exit 1).
@@ -137,30 +159,58 @@ impl Nodes {
         path: &str,
     ) -> Result<T, CliError> {
         let (addr, response) = self.get(path, CALL_TIMEOUT).await?;
-        let response = response
-            .success(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        response
-            .json(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))
+        answer(&addr, response)
     }
 
     /// Sends a worker write; the written tasks, or a refusal (exit 1).
     pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
-        let (addr, response) = self
-            .post_json(request.path(), request, CALL_TIMEOUT)
-            .await?;
-        let response = response
-            .success(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        match response
-            .json(&addr)
-            .map_err(|e| CliError::Failed(e.to_string()))?
-        {
+        self.post_write(request.path(), request).await
+    }
+
+    /// Sends a write whose answer is the worker API's tasks-or-errors (`/update`,
+    /// `/claim`, `/finish`, `/fail`, `/cancel`, `/retry`); the written tasks, or a refusal
+    /// (exit 1). The body should carry a request id, so that the next node's retry of a
+    /// write the first may have applied applies once.
+    pub async fn post_write<T: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<Vec<TaskJson>, CliError> {
+        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT).await?;
+        match answer(&addr, response)? {
             WriteResultJson::Tasks { tasks } => Ok(tasks),
-            WriteResultJson::Errors { errors } => {
-                Err(CliError::Failed(format!("refused: {}", errors.join("; "))))
-            }
+            WriteResultJson::Errors { errors } => Err(CliError::Refused(errors)),
         }
     }
+
+    /// `PUT path` with `body` (one of rpc's types) as JSON, the answer parsed as JSON; a
+    /// 4xx is a refusal (exit 1) with the node's message.
+    pub async fn put_json<T: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<R, CliError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
+        let (addr, response) = self
+            .send(
+                HttpMethod::PUT,
+                path,
+                &[json_content_type()],
+                bytes,
+                CALL_TIMEOUT,
+            )
+            .await?;
+        answer(&addr, response)
+    }
+}
+
+/// `addr`'s answer parsed as JSON; a 4xx is a refusal (exit 1) with the node's message.
+fn answer<T: serde::de::DeserializeOwned>(
+    addr: &str,
+    response: HttpResponse,
+) -> Result<T, CliError> {
+    response
+        .success(addr)
+        .and_then(|response| response.json(addr))
+        .map_err(|e| CliError::Failed(e.to_string()))
 }
