@@ -89,7 +89,9 @@ impl Scenario {
             Bug::AckBeforeSync | Bug::IdReuse => Scenario::Crash,
             Bug::FollowerRead => Scenario::Partition,
             Bug::WallClockLease => Scenario::Clock,
-            Bug::PartialTransaction | Bug::IgnoreMaxRunning => Scenario::Swarm,
+            Bug::PartialTransaction | Bug::IgnoreMaxRunning | Bug::UnfencedFinish => {
+                Scenario::Swarm
+            }
         }
     }
 }

@@ -115,7 +115,7 @@ impl Mix {
         delete: 10,
         finish: 10,
         renew: 10,
-        jobs: 15,
+        jobs: 25,
     };
     /// Few adds, many claims: queues stay nearly empty, so a task whose lease ends is
     /// claimed again soon, and a lease cut short shows at once.
@@ -125,7 +125,7 @@ impl Mix {
         delete: 5,
         finish: 10,
         renew: 15,
-        jobs: 15,
+        jobs: 25,
     };
 }
 
@@ -306,16 +306,23 @@ impl Worker {
         }
     }
 
-    /// One operation on the job group, `choice` in 0..100: adds of keys from a small
-    /// pool (so keys collide, and a third wait for another key), claims, finishes,
-    /// failures (retried at once) and cancels.
+    /// One operation on the job group, `choice` in 0..100: finishes and failures (retried
+    /// at once) of owned jobs, adds of keys from a small pool (so keys collide, and a
+    /// third wait for another key), claims, and cancels (a fifth, so that owners of
+    /// cancelled jobs are refused often).
     async fn job_step(&mut self, choice: u32) {
         let key = || format!("k{}", madsim::rand::thread_rng().gen_range(0..JOB_KEYS));
         let owns = !self.owned_jobs.is_empty();
         let call = {
             let mut rng = madsim::rand::thread_rng();
             match choice {
-                c if c < 35 => {
+                c if c < 30 && owns => Call::Complete {
+                    id: self.owned_jobs.remove(0),
+                },
+                c if c < 40 && owns => Call::FailJob {
+                    id: self.owned_jobs.remove(0),
+                },
+                c if c < if owns { 60 } else { 40 } => {
                     let own = key();
                     let after = if rng.gen_bool(0.33) {
                         vec![key()].into_iter().filter(|k| *k != own).collect()
@@ -328,14 +335,8 @@ impl Worker {
                         after,
                     }
                 }
-                c if c < 65 => Call::Claim {
+                c if c < 80 => Call::Claim {
                     duration_ms: JOB_LEASE_MS,
-                },
-                c if c < 85 && owns => Call::Complete {
-                    id: self.owned_jobs.remove(0),
-                },
-                c if c < 95 && owns => Call::FailJob {
-                    id: self.owned_jobs.remove(0),
                 },
                 _ => Call::Cancel { key: key() },
             }

@@ -63,3 +63,8 @@ fn partial_transaction_is_caught() {
 fn ignore_max_running_is_caught() {
     assert_caught(Bug::IgnoreMaxRunning);
 }
+
+#[test]
+fn unfenced_finish_is_caught() {
+    assert_caught(Bug::UnfencedFinish);
+}

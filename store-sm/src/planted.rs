@@ -5,7 +5,7 @@
 //! thread because madsim runs a whole simulated cluster on one thread, and the `sim`
 //! runner runs several seeds side by side on different threads.
 //!
-//! The pure machine knows nothing of planted bugs: the three that concern it are injected
+//! The pure machine knows nothing of planted bugs: the four that concern it are injected
 //! around it, by the openraft adapter ([`apply_with_planted_bugs`]) and by the snapshot
 //! decoder ([`next_id_after_live`]).
 
@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::machine::Command;
 use crate::machine::Outcome;
+use crate::machine::Refusal;
 use crate::machine::Request;
 use crate::machine::SettingsChange;
 use crate::machine::SettingsRequest;
@@ -38,17 +39,21 @@ pub enum Bug {
     PartialTransaction,
     /// A claim ignores its group's `max_running`.
     IgnoreMaxRunning,
+    /// A finish of a task that a cancel removed answers success instead of refusing: the
+    /// worker is never told to stop.
+    UnfencedFinish,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 7] = [
         Bug::AckBeforeSync,
         Bug::FollowerRead,
         Bug::WallClockLease,
         Bug::IdReuse,
         Bug::PartialTransaction,
         Bug::IgnoreMaxRunning,
+        Bug::UnfencedFinish,
     ];
 
     /// Its command-line name.
@@ -60,6 +65,7 @@ impl Bug {
             Bug::IdReuse => "id-reuse",
             Bug::PartialTransaction => "partial-transaction",
             Bug::IgnoreMaxRunning => "ignore-max-running",
+            Bug::UnfencedFinish => "unfenced-finish",
         }
     }
 }
@@ -73,7 +79,7 @@ impl fmt::Display for Bug {
 /// A name that is not a known bug.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running"
+    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running, unfenced-finish"
 )]
 pub struct UnknownBug(String);
 
@@ -120,6 +126,9 @@ pub fn is_planted(bug: Bug) -> bool {
 pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
     if is_planted(Bug::IgnoreMaxRunning) {
         return claim_ignoring_max_running(machine, command);
+    }
+    if is_planted(Bug::UnfencedFinish) {
+        return finish_without_fence(machine, command);
     }
     if !is_planted(Bug::PartialTransaction) {
         return machine.apply(command);
@@ -176,6 +185,21 @@ fn claim_ignoring_max_running(machine: &mut TaskMachine, command: &Command) -> A
     });
     machine.apply(&set_limit(limit));
     claimed
+}
+
+/// A finish refused because a cancel removed the task answers success, as a store that
+/// does not fence finishes would (the state is unchanged: the task is gone either way).
+fn finish_without_fence(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
+    let outcome = machine.apply(command);
+    let cancelled = matches!(
+        (&command.request, &*outcome),
+        (Request::Finish(_), Outcome::Refused(refusals))
+            if refusals.iter().any(|r| matches!(r, Refusal::Cancelled { .. }))
+    );
+    if cancelled {
+        return Arc::new(Outcome::Tasks(Vec::new()));
+    }
+    outcome
 }
 
 /// Whether the dedup table already holds `command`'s first outcome.
