@@ -156,7 +156,7 @@ async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<R
     let key = required(&params, "key")?.to_string();
     check_key("key", &key).map_err(ApiError::bad_request)?;
     Ok(read(&node, incoming, consistency(&params)?, |view| {
-        let machine = &view.state.machine;
+        let machine = &view.state.machine.as_of(view.now);
         match machine.job(&group, &key) {
             Some(record) => Ok(Json(job_json(machine, record)).into_response()),
             None => Err(ApiError::not_found(format!(
@@ -219,7 +219,7 @@ async fn page(
         )));
     }
     Ok(read(&node, incoming, consistency(&params)?, |view| {
-        let machine = &view.state.machine;
+        let machine = &view.state.machine.as_of(view.now);
         let mut records = machine.jobs(&group, state, after.as_deref());
         let jobs: Vec<JobJson> = records
             .by_ref()
@@ -259,7 +259,7 @@ async fn get_settings(
     let group = path_segment(group)?;
     let params = query_params(Some(incoming.query()))?;
     Ok(read(&node, incoming, consistency(&params)?, |view| {
-        let machine = &view.state.machine;
+        let machine = &view.state.machine.as_of(view.now);
         let settings = machine.group_settings(&group);
         let running = machine.running_in_group(&group);
         Ok(Json(settings_json(&group, &settings, running)).into_response())

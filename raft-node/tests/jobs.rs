@@ -348,3 +348,20 @@ async fn bad_job_input_is_a_400_that_names_the_field() {
         (400, true)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_lease_shows_in_reads_before_any_write() {
+    let cluster = TestCluster::start(1, "always");
+    cluster.wait_ready(&[1]).await;
+    let add = json!({"clientid": 1, "adds": [{"group": "l", "key": "k", "max_attempts": 1}]});
+    post(&cluster, 1, "/update", add).await;
+    let claim = json!({"clientid": 7, "group": "l", "duration": 300});
+    let claimed = post(&cluster, 1, "/claim", claim).await;
+    assert_eq!(claimed["tasks"][0]["attempt"], 1);
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let job = get(&cluster, 1, "/job?group=l&key=k").await;
+    assert_eq!(job["state"], "dead", "{job}");
+    assert_eq!(job["history"][0]["outcome"], "lost");
+    let settings = get(&cluster, 1, "/groups/l/settings").await;
+    assert_eq!(settings["running"], 0);
+}

@@ -93,6 +93,17 @@ impl TaskMachine {
         self.dedup.evict(now);
     }
 
+    /// The machine as the next command at `now` would find it: a copy (O(1)) in which
+    /// log time has passed to `now`, so leases that ended by then have lapsed and
+    /// expired records are gone. Reads of job state use it, so that a lapsed lease shows
+    /// as lost before any command arrives; the replicated state is not touched.
+    pub fn as_of(&self, now: LogTime) -> TaskMachine {
+        let mut view = self.clone();
+        let now = view.advance_time(now);
+        view.pass_time(now);
+        view
+    }
+
     /// A lease ended at `end` without a finish or fail: the attempt is lost, and the job
     /// is dead if that was its last attempt; otherwise the task is claimable again.
     fn lapse(&mut self, end: LogTime, id: TaskId, now: LogTime) {

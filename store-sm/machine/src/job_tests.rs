@@ -454,3 +454,19 @@ fn a_seed_worker_deleting_its_task_after_the_lease_lapsed_finishes_the_job() {
     })));
     assert_eq!(store.state("g", "other"), JobState::Cancelled);
 }
+
+#[test]
+fn reads_as_of_a_later_time_see_a_lapsed_lease_before_any_command() {
+    let mut store = Store::new();
+    tasks(store.add(vec![keyed("k", |j| j.max_attempts = Some(1))]));
+    store.claim(7, "g").expect("claimable");
+    let later = LogTime::from_millis(store.now + 5_000);
+    let view = store.machine.as_of(later);
+    assert_eq!(view.job("g", "k").map(|r| r.state), Some(JobState::Dead));
+    assert_eq!(view.running_in_group("g"), 0);
+    assert_eq!(
+        store.state("g", "k"),
+        JobState::Running,
+        "the machine itself is untouched"
+    );
+}

@@ -177,7 +177,7 @@ impl TaskMachine {
 
     /// Moves log time to `max(stamp, previous time)`, so time never goes back even when
     /// a new leader's clock is behind the old one's.
-    fn advance_time(&mut self, stamp: LogTime) -> LogTime {
+    pub(crate) fn advance_time(&mut self, stamp: LogTime) -> LogTime {
         self.log_time = self.log_time.max(stamp);
         self.log_time
     }
