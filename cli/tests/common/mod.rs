@@ -198,7 +198,14 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("node {id} did not come up at {addr}");
+        let log = std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log")))
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        panic!(
+            "node {id} did not come up at {addr}; the end of its log:\n{}",
+            tail.join("\n")
+        );
     }
 
     /// Waits until `ids` report the same applied index and state hash; returns the hash.
