@@ -83,7 +83,10 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
     let mut done = vec![false; n];
     let mut done_count = 0;
     let mut bits = vec![0u64; n.div_ceil(64)];
-    let mut seen: HashSet<Vec<u64>> = HashSet::new();
+    // Memoised on the operations placed and what their answers leave undetermined: the
+    // job records (a cancel and an add of the same key answer alike in either order but
+    // leave the job cancelled or live), so that one order never hides the other.
+    let mut seen: HashSet<(Vec<u64>, u64)> = HashSet::new();
     // Each frame: the state before placing an op, the op placed, and where to resume.
     let mut stack: Vec<(ModelState, usize)> = Vec::new();
     let mut state = ModelState {
@@ -116,7 +119,7 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
                 }
                 if let Some(after) = apply(group, &state, ops[candidate]) {
                     bits[candidate / 64] |= 1 << (candidate % 64);
-                    if seen.insert(bits.clone()) {
+                    if seen.insert((bits.clone(), job_fingerprint(&after.machine))) {
                         stack.push((std::mem::replace(&mut state, after), candidate));
                         done[candidate] = true;
                         done_count += 1;
@@ -146,6 +149,25 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
         bits[undone / 64] &= !(1 << (undone % 64));
         next_candidate = undone + 1;
     }
+}
+
+/// A digest of the model's job records (key, state, task, run, attempts): constant for
+/// a group without jobs. `DefaultHasher::new` has fixed keys, so runs replay.
+fn job_fingerprint(machine: &TaskMachine) -> u64 {
+    use std::hash::Hash;
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for record in machine.iter_jobs() {
+        (
+            &record.key,
+            record.state,
+            record.task,
+            record.run,
+            record.attempts,
+        )
+            .hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// The model before any operation: empty, with the job group's settings as the
@@ -355,6 +377,57 @@ mod tests {
 
     fn verdict(ops: &[Op]) -> Verdict {
         check_group("g", &ops.iter().collect::<Vec<_>>())
+    }
+
+    fn job_task(id: u64, data: &str, at: i64, owner: i64, attempt: u32) -> TaskJson {
+        TaskJson {
+            key: Some("k".into()),
+            attempt,
+            ..task(id, data, at, owner)
+        }
+    }
+
+    #[test]
+    fn a_cancel_concurrent_with_an_add_of_its_key_may_go_first() {
+        // The second cancel finds the job already cancelled only if it goes before the
+        // add of "b"; the claim of "b" then says it did. Both orders answer alike, so a
+        // search that remembered only which operations it placed would try the add
+        // first, fail at the claim, and never try the cancel first.
+        let add_job = |worker: u64, span, id, data: &str, at| {
+            let call = Call::AddJob {
+                data: data.into(),
+                key: "k".into(),
+                after: Vec::new(),
+            };
+            let answer = Answer::Tasks(vec![job_task(id, data, at, worker as i64, 0)]);
+            op(worker, span, call, answer)
+        };
+        let cancel = |span| {
+            op(
+                3,
+                span,
+                Call::Cancel { key: "k".into() },
+                Answer::Tasks(vec![]),
+            )
+        };
+        let claim = op(
+            4,
+            (200, 300),
+            Call::Claim { duration_ms: 1_000 },
+            Answer::Tasks(vec![job_task(3, "b", 3_000, 4, 1)]),
+        );
+        let ops = [
+            add_job(1, (0, 10), 1, "a", 1_000),
+            cancel((20, 30)),
+            add_job(2, (40, 100), 2, "b", 1_500),
+            cancel((40, 100)),
+            claim,
+        ];
+        assert!(
+            matches!(verdict(&ops), Verdict::Linearizable { .. }),
+            "{:?}",
+            verdict(&ops)
+        );
     }
 
     #[test]
