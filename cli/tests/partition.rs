@@ -14,13 +14,18 @@
 mod common;
 mod netns;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use netns::Lab;
 use netns::workload::GROUP;
+use netns::workload::JOB_GROUP;
 use netns::workload::Workers;
 use netns::workload::check;
+use netns::workload::check_jobs;
+use rpc::job::JobJson;
+use rpc::job::JobPageJson;
 use rpc::worker::TaskJson;
 
 /// The default election timeout is 300-600 ms: a new leader within this, or the test fails.
@@ -233,6 +238,29 @@ async fn split(lab: &Lab, minority: &[u64], leader: u64) -> u64 {
     lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await
 }
 
+/// Every job record of the job group, by key, read page by page from `addr`.
+async fn final_jobs(addr: &str) -> BTreeMap<String, JobJson> {
+    let client = rpc::client::HttpClient::new();
+    let mut jobs = BTreeMap::new();
+    let mut after = String::new();
+    loop {
+        let path = format!("/jobs?group={JOB_GROUP}&limit=1000&after={after}");
+        let page: JobPageJson = client
+            .get(addr, &path, Duration::from_secs(5))
+            .await
+            .expect("the leader serves the job records")
+            .success(addr)
+            .expect("200")
+            .json(addr)
+            .expect("a page of jobs");
+        jobs.extend(page.jobs.into_iter().map(|job| (job.key.clone(), job)));
+        match page.next {
+            Some(next) => after = next,
+            None => return jobs,
+        }
+    }
+}
+
 /// Stops the workers, waits for the nodes to agree, and checks the history.
 async fn finish(lab: &Lab, workers: Workers) {
     lab.heal();
@@ -252,11 +280,28 @@ async fn finish(lab: &Lab, workers: Workers) {
         .expect("200")
         .json(&addr)
         .expect("tasks");
+    let jobs = final_jobs(&addr).await;
+    let live_jobs = jobs.values().filter(|job| job.task.is_some()).count();
     assert_eq!(
-        final_tasks.len() as u64,
+        (final_tasks.len() + live_jobs) as u64,
         tasks,
-        "the listing and the state hash count the same tasks"
+        "the listings (tasks and live jobs) and the state hash count the same tasks"
     );
+    match check_jobs(&history, &jobs) {
+        Ok(report) => {
+            lab.say(&format!("job checker: {report:?}"));
+            assert!(
+                report.added >= 5 && report.finished >= 1,
+                "too little job work to prove anything: {report:?}"
+            );
+        }
+        Err(problems) => panic!(
+            "{} job violations after faults [{}]:\n{}",
+            problems.len(),
+            lab.faults_summary(),
+            problems.join("\n")
+        ),
+    }
     match check(&history, &final_tasks) {
         Ok(report) => {
             lab.say(&format!("checker: {report:?}"));

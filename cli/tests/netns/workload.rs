@@ -4,7 +4,9 @@
 //!
 //! A smaller workload than the simulation's (one group; no finish, depends or read
 //! checks), on real time and real sockets; the id-order and final-state checks are the
-//! simulation's own (`sim_tests::history`).
+//! simulation's own (`sim_tests::history`). Beside it, job traffic in [`JOB_GROUP`]:
+//! keyed adds, claims and finishes with a result, checked against the final job records
+//! ([`check_jobs`]).
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -16,6 +18,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
+use rpc::job::FinishRequestJson;
+use rpc::job::JobJson;
 use rpc::retry::NotDefinite;
 use rpc::retry::RetryPolicy;
 use rpc::retry::RoundRobin;
@@ -46,6 +50,12 @@ const SETTLE_MAX: Duration = Duration::from_secs(45);
 /// The one group the workers share, so that they contend for the same tasks.
 pub const GROUP: &str = "work";
 
+/// The group of the job traffic.
+pub const JOB_GROUP: &str = "jobs";
+
+/// How long a job claim lasts: longer than a run, so only a finish ends it.
+const JOB_LEASE_MS: i64 = 600_000;
+
 /// What a write asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteKind {
@@ -57,6 +67,12 @@ pub enum WriteKind {
     Renew(u64, String, i64),
     /// Delete task `id`.
     Delete(u64),
+    /// Add a job with this key (its payload too) to the job group.
+    AddJob(String),
+    /// Claim a job.
+    ClaimJob,
+    /// Finish job task `id` (of this key) with the key as its result.
+    Finish(u64, String),
 }
 
 /// The outcome a worker learned.
@@ -129,6 +145,7 @@ impl Workers {
                     history: history.clone(),
                     started,
                     owned: Vec::new(),
+                    owned_jobs: Vec::new(),
                     sent: 0,
                     rng: seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
                 };
@@ -180,6 +197,8 @@ struct Worker {
     started: Instant,
     /// Task versions (id, payload) this worker claimed and may renew or delete.
     owned: Vec<(u64, String)>,
+    /// Job task versions (id, key) this worker claimed and may finish.
+    owned_jobs: Vec<(u64, String)>,
     sent: u64,
     rng: u64,
 }
@@ -217,6 +236,15 @@ impl Worker {
                     let duration = 200 + self.random(2800) as i64;
                     self.write(WriteKind::Renew(id, data, duration)).await;
                 }
+                85..=89 => {
+                    let key = format!("w{}-j{}", self.id, self.sent);
+                    self.write(WriteKind::AddJob(key)).await;
+                }
+                90..=93 => self.write(WriteKind::ClaimJob).await,
+                94..=97 if !self.owned_jobs.is_empty() => {
+                    let (id, key) = self.owned_jobs.remove(0);
+                    self.write(WriteKind::Finish(id, key)).await;
+                }
                 _ => self.read().await,
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -235,6 +263,19 @@ impl Worker {
                 .with_change(ChangeJson::renewal(*id, data, *duration))
                 .into(),
             WriteKind::Delete(id) => update.with_deletes([*id]).into(),
+            WriteKind::AddJob(key) => update
+                .with_add(AddJson {
+                    key: Some(key.clone()),
+                    ..AddJson::in_group(JOB_GROUP).with_data(key)
+                })
+                .into(),
+            WriteKind::ClaimJob => ClaimRequestJson::new(client, JOB_GROUP, JOB_LEASE_MS).into(),
+            WriteKind::Finish(id, key) => WriteRequestJson::Finish(FinishRequestJson {
+                clientid: client,
+                id: *id,
+                result: Some(serde_json::Value::String(key.clone())),
+                requestid: None,
+            }),
         };
         request.with_request_id(request_id)
     }
@@ -265,6 +306,13 @@ impl Worker {
         {
             self.owned
                 .extend(tasks.iter().map(|t| (t.id, t.data.clone())));
+        }
+        if let (WriteKind::ClaimJob, WriteResult::Tasks(tasks)) = (&kind, &result) {
+            self.owned_jobs.extend(
+                tasks
+                    .iter()
+                    .map(|t| (t.id, t.key.clone().unwrap_or_default())),
+            );
         }
         if !matches!(result, WriteResult::Unknown) {
             self.acked.fetch_add(1, Ordering::SeqCst);
@@ -350,6 +398,21 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
                 continue;
             }
         };
+        if matches!(
+            write.kind,
+            WriteKind::AddJob(_) | WriteKind::ClaimJob | WriteKind::Finish(..)
+        ) {
+            // Checked by `check_jobs`; their ids still count for uniqueness and order.
+            for task in tasks {
+                if let Some(other) = writers.insert(task.id, index) {
+                    problems.push(format!(
+                        "task id {} written by two acknowledged writes: {:?} and {:?}",
+                        task.id, history.writes[other], write
+                    ));
+                }
+            }
+            continue;
+        }
         match write.kind {
             WriteKind::Claim(_) if tasks.is_empty() => report.empty_claims += 1,
             WriteKind::Claim(_) => report.claims += 1,
@@ -358,6 +421,7 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
                 deleted_ids.insert(id);
             }
             WriteKind::Renew(..) => {}
+            WriteKind::AddJob(_) | WriteKind::ClaimJob | WriteKind::Finish(..) => {}
         }
         if tasks.is_empty() && !matches!(write.kind, WriteKind::Delete(_)) {
             continue;
@@ -408,6 +472,91 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
                     after.ownerid, after.id, before.ownerid, before.id, before.timespec
                 ));
             }
+        }
+    }
+    if problems.is_empty() {
+        Ok(report)
+    } else {
+        Err(problems)
+    }
+}
+
+/// What the job check counted.
+#[derive(Debug, Default)]
+pub struct JobReport {
+    /// Acknowledged keyed adds found in the final records.
+    pub added: usize,
+    /// Acknowledged claims that took a job.
+    pub claimed: usize,
+    /// Acknowledged finishes found succeeded with their result.
+    pub finished: usize,
+}
+
+/// Checks the job traffic against the final job records (`jobs`, by key): every
+/// acknowledged keyed add has a record; every job an acknowledged claim took was added
+/// by an acknowledged add (or one whose answer was lost) and claimed by one claim only;
+/// every acknowledged finish left its job succeeded with the result it sent, and no job
+/// succeeded without one.
+pub fn check_jobs(
+    history: &History,
+    jobs: &BTreeMap<String, JobJson>,
+) -> Result<JobReport, Vec<String>> {
+    let mut problems = Vec::new();
+    let mut report = JobReport::default();
+    let mut claimed_by: BTreeMap<String, u64> = BTreeMap::new();
+    let mut finished = BTreeSet::new();
+    for write in &history.writes {
+        let WriteResult::Tasks(tasks) = &write.result else {
+            continue;
+        };
+        match &write.kind {
+            WriteKind::AddJob(key) => match jobs.get(key) {
+                Some(_) => report.added += 1,
+                None => problems.push(format!("acknowledged job {key:?} has no record")),
+            },
+            WriteKind::ClaimJob => {
+                for task in tasks {
+                    report.claimed += 1;
+                    let key = task.key.clone().unwrap_or_default();
+                    if task.attempt != 1 {
+                        problems.push(format!(
+                            "job {key:?} was claimed as attempt {} though no lease of it ever lapsed",
+                            task.attempt
+                        ));
+                    }
+                    if let Some(first) = claimed_by.insert(key.clone(), write.worker) {
+                        problems.push(format!(
+                            "job {key:?} claimed twice: by worker {first} and by worker {}",
+                            write.worker
+                        ));
+                    }
+                }
+            }
+            WriteKind::Finish(_, key) => {
+                finished.insert(key.clone());
+                match jobs.get(key) {
+                    Some(job)
+                        if job.state == "succeeded"
+                            && job.result == Some(serde_json::Value::String(key.clone())) =>
+                    {
+                        report.finished += 1
+                    }
+                    other => {
+                        problems.push(format!("acknowledged finish of job {key:?} left {other:?}"))
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (key, job) in jobs {
+        let unanswered = history.writes.iter().any(|w| {
+            matches!((&w.kind, &w.result), (WriteKind::Finish(_, k), WriteResult::Unknown) if k == key)
+        });
+        if job.state == "succeeded" && !finished.contains(key) && !unanswered {
+            problems.push(format!(
+                "job {key:?} succeeded though no finish of it was sent"
+            ));
         }
     }
     if problems.is_empty() {
