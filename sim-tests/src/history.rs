@@ -97,6 +97,12 @@ pub enum Call {
         /// The job's key.
         key: String,
     },
+    /// Pause or resume the group (`PUT /groups/{group}/settings`); answered as an empty
+    /// list of tasks.
+    Pause {
+        /// Pause (true) or resume (false).
+        paused: bool,
+    },
 }
 
 /// A definite answer.

@@ -84,8 +84,9 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
     let mut done_count = 0;
     let mut bits = vec![0u64; n.div_ceil(64)];
     // Memoised on the operations placed and what their answers leave undetermined: the
-    // job records (a cancel and an add of the same key answer alike in either order but
-    // leave the job cancelled or live), so that one order never hides the other.
+    // job records and settings (a cancel and an add of the same key, or a pause and a
+    // resume, answer alike in either order but leave different states), so that one
+    // order never hides the other.
     let mut seen: HashSet<(Vec<u64>, u64)> = HashSet::new();
     // Each frame: the state before placing an op, the op placed, and where to resume.
     let mut stack: Vec<(ModelState, usize)> = Vec::new();
@@ -151,8 +152,8 @@ pub fn check_group(group: &str, ops: &[&Op]) -> Verdict {
     }
 }
 
-/// A digest of the model's job records (key, state, task, run, attempts): constant for
-/// a group without jobs. `DefaultHasher::new` has fixed keys, so runs replay.
+/// A digest of the model's job records (key, state, task, run, attempts) and group
+/// settings: constant for a group without jobs. `DefaultHasher::new` has fixed keys, so runs replay.
 fn job_fingerprint(machine: &TaskMachine) -> u64 {
     use std::hash::Hash;
     use std::hash::Hasher;
@@ -166,6 +167,9 @@ fn job_fingerprint(machine: &TaskMachine) -> u64 {
             record.attempts,
         )
             .hash(&mut hasher);
+    }
+    for (group, settings) in machine.configured_groups() {
+        (group, settings.paused, settings.max_running).hash(&mut hasher);
     }
     hasher.finish()
 }
@@ -282,6 +286,17 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
             }),
             stamp(0),
         ),
+        Call::Pause { paused } => (
+            Request::Settings(SettingsRequest {
+                client,
+                group: group.to_string(),
+                change: SettingsChange {
+                    paused: Some(*paused),
+                    ..SettingsChange::default()
+                },
+            }),
+            0,
+        ),
         Call::Cancel { key } => (
             Request::Cancel(CancelRequest {
                 client,
@@ -308,6 +323,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
     });
     match (&*outcome, &op.result) {
         (Outcome::Refused(_), Answer::Refused(_)) => Some(next),
+        (Outcome::Settings(_), Answer::Tasks(tasks)) if tasks.is_empty() => Some(next),
         (Outcome::Tasks(model), Answer::Tasks(observed)) if model.len() == observed.len() => {
             for (model, observed) in model.iter().zip(observed) {
                 if !same_task(model, observed) || observed.id <= next.highest_observed {

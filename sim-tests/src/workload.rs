@@ -38,6 +38,13 @@ use crate::history::Op;
 /// and `after` names jobs that exist.
 const JOB_KEYS: u32 = 8;
 
+fn json_content_type() -> (rpc::client::HeaderName, HeaderValue) {
+    (
+        rpc::client::HeaderName::from_static("content-type"),
+        HeaderValue::from_static("application/json"),
+    )
+}
+
 /// Sets the job group's settings the checkers assume ([`JOB_MAX_RUNNING`]), through
 /// any node, before the workers start.
 pub async fn configure_job_group(addrs: Vec<String>) {
@@ -51,10 +58,7 @@ pub async fn configure_job_group(addrs: Vec<String>) {
     };
     let body = serde_json::to_vec(&body).expect("settings serialise");
     let path = format!("/groups/{JOB_GROUP}/settings");
-    let content_type = (
-        rpc::client::HeaderName::from_static("content-type"),
-        HeaderValue::from_static("application/json"),
-    );
+    let content_type = json_content_type();
     loop {
         let answer = nodes
             .client()
@@ -308,8 +312,8 @@ impl Worker {
 
     /// One operation on the job group, `choice` in 0..100: finishes and failures (retried
     /// at once) of owned jobs, adds of keys from a small pool (so keys collide, and a
-    /// third wait for another key), claims, and cancels (a fifth, so that owners of
-    /// cancelled jobs are refused often).
+    /// third wait for another key), claims, cancels (so that owners of cancelled jobs
+    /// are refused often) and pauses or resumes of the group.
     async fn job_step(&mut self, choice: u32) {
         let key = || format!("k{}", madsim::rand::thread_rng().gen_range(0..JOB_KEYS));
         let owns = !self.owned_jobs.is_empty();
@@ -338,10 +342,68 @@ impl Worker {
                 c if c < 80 => Call::Claim {
                     duration_ms: JOB_LEASE_MS,
                 },
-                _ => Call::Cancel { key: key() },
+                c if c < 95 => Call::Cancel { key: key() },
+                _ => Call::Pause {
+                    paused: rng.gen_bool(0.5),
+                },
             }
         };
-        self.write(JOB_GROUP, call).await;
+        match call {
+            Call::Pause { paused } => self.pause(paused).await,
+            call => self.write(JOB_GROUP, call).await,
+        }
+    }
+
+    /// Pauses or resumes the job group through any node, with one request id until a
+    /// node answers 200 (the simulation heals every fault in the end).
+    async fn pause(&mut self, paused: bool) {
+        self.sent += 1;
+        let body = SettingsChangeJson {
+            clientid: self.id as i64,
+            paused: Some(paused),
+            requestid: Some(format!("w{}-r{}", self.id, self.sent)),
+            ..SettingsChangeJson::default()
+        };
+        let body = serde_json::to_vec(&body).expect("settings serialise");
+        let path = format!("/groups/{JOB_GROUP}/settings");
+        let invoked_us = self.now_us();
+        loop {
+            let answer = self
+                .nodes
+                .client()
+                .send(
+                    self.nodes.current(),
+                    HttpMethod::PUT,
+                    &path,
+                    std::slice::from_ref(&json_content_type()),
+                    body.clone().into(),
+                    WORKER_CALL_TIMEOUT,
+                )
+                .await;
+            match answer {
+                Ok(r) if r.status.is_success() => break,
+                Ok(r) if r.status.is_client_error() => {
+                    panic!(
+                        "worker {} sent settings the API rejects: {}",
+                        self.id, r.status
+                    )
+                }
+                _ => {
+                    self.record(|h| h.retries += 1);
+                    self.nodes.next_node();
+                    madsim::time::sleep(RETRY.pause).await;
+                }
+            }
+        }
+        let op = Op {
+            worker: self.id,
+            group: JOB_GROUP.to_string(),
+            invoked_us,
+            completed_us: self.now_us(),
+            call: Call::Pause { paused },
+            result: Answer::Tasks(Vec::new()),
+        };
+        self.record(|h| h.ops.push(op));
     }
 
     /// A third of adds depend on a task of the same group this worker saw last time it
@@ -425,7 +487,7 @@ impl Worker {
                 keys: vec![key.clone()],
                 requestid: None,
             }),
-            Call::Read => return None,
+            Call::Read | Call::Pause { .. } => return None,
         };
         Some(request.with_request_id(request_id))
     }
