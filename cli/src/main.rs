@@ -783,7 +783,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
                 requestid: owner.request_id(),
             };
             let written = Nodes::new(&target.url)?
-                .post_write("/finish", &body)
+                .post_write(rpc::job::FINISH_PATH, &body)
                 .await?;
             emit(target.json, &written, |_| format!("finished task {id}\n"))
         }
@@ -802,7 +802,9 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
                 requestid: owner.request_id(),
             };
             rpc::job::check_fail(&body).map_err(cli::CliError::Usage)?;
-            let written = Nodes::new(&target.url)?.post_write("/fail", &body).await?;
+            let written = Nodes::new(&target.url)?
+                .post_write(rpc::job::FAIL_PATH, &body)
+                .await?;
             emit(target.json, &written, |written| {
                 if written.is_empty() {
                     format!("failed task {id}; that was its last attempt: its job is dead\n")
@@ -823,7 +825,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
         } => {
             let body = asker.keys(group, keys)?;
             let written = Nodes::new(&target.url)?
-                .post_write("/cancel", &body)
+                .post_write(rpc::job::CANCEL_PATH, &body)
                 .await?;
             emit(target.json, &written, |_| {
                 format!(
@@ -840,7 +842,9 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
             keys,
         } => {
             let body = asker.keys(group, keys)?;
-            let written = Nodes::new(&target.url)?.post_write("/retry", &body).await?;
+            let written = Nodes::new(&target.url)?
+                .post_write(rpc::job::RETRY_PATH, &body)
+                .await?;
             let written: Vec<Option<TaskJson>> = written.into_iter().map(Some).collect();
             print_tasks(&written, target.json)
         }

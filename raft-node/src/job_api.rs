@@ -15,6 +15,9 @@ use axum::routing::get;
 use axum::routing::post;
 use rpc::job::AttemptJson;
 use rpc::job::BackoffJson;
+use rpc::job::CANCEL_PATH;
+use rpc::job::FAIL_PATH;
+use rpc::job::FINISH_PATH;
 use rpc::job::FailRequestJson;
 use rpc::job::FinishRequestJson;
 use rpc::job::JOBS_PAGE_DEFAULT;
@@ -22,6 +25,7 @@ use rpc::job::JOBS_PAGE_MAX;
 use rpc::job::JobJson;
 use rpc::job::JobPageJson;
 use rpc::job::KeysRequestJson;
+use rpc::job::RETRY_PATH;
 use rpc::job::SettingsChangeJson;
 use rpc::job::SettingsJson;
 use rpc::job::check_fail;
@@ -61,10 +65,10 @@ use crate::worker_api::write;
 /// The job API routes.
 pub fn routes() -> Router<SharedNode> {
     Router::new()
-        .route("/finish", post(post_finish))
-        .route("/fail", post(post_fail))
-        .route("/cancel", post(post_cancel))
-        .route("/retry", post(post_retry))
+        .route(FINISH_PATH, post(post_finish))
+        .route(FAIL_PATH, post(post_fail))
+        .route(CANCEL_PATH, post(post_cancel))
+        .route(RETRY_PATH, post(post_retry))
         .route("/job", get(get_job))
         .route("/jobs", get(get_jobs))
         .route("/dead", get(get_dead))
@@ -78,7 +82,7 @@ async fn post_finish(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let json: FinishRequestJson = parse_json(&incoming.body, "/finish")?;
+    let json: FinishRequestJson = parse_json(&incoming.body, FINISH_PATH)?;
     let result = json
         .result
         .as_ref()
@@ -98,7 +102,7 @@ async fn post_fail(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let json: FailRequestJson = parse_json(&incoming.body, "/fail")?;
+    let json: FailRequestJson = parse_json(&incoming.body, FAIL_PATH)?;
     check_fail(&json).map_err(ApiError::bad_request)?;
     let request_id = request_id(&incoming, json.requestid)?;
     let request = Request::Fail(FailRequest {
@@ -114,7 +118,7 @@ async fn post_cancel(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let json: KeysRequestJson = parse_json(&incoming.body, "/cancel")?;
+    let json: KeysRequestJson = parse_json(&incoming.body, CANCEL_PATH)?;
     check_keys_request(&json).map_err(ApiError::bad_request)?;
     let request_id = request_id(&incoming, json.requestid)?;
     let request = Request::Cancel(CancelRequest {
@@ -129,7 +133,7 @@ async fn post_retry(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let json: KeysRequestJson = parse_json(&incoming.body, "/retry")?;
+    let json: KeysRequestJson = parse_json(&incoming.body, RETRY_PATH)?;
     check_keys_request(&json).map_err(ApiError::bad_request)?;
     let request_id = request_id(&incoming, json.requestid)?;
     let request = Request::Retry(RetryRequest {

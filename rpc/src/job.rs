@@ -13,11 +13,23 @@ use task_machine::constants::BACKOFF_FACTOR_MILLI_MAX;
 use task_machine::constants::JOB_AFTER_KEYS_MAX;
 use task_machine::constants::JOB_ERROR_BYTES_MAX;
 use task_machine::constants::JOB_INTERVAL_MS_MAX;
-use task_machine::constants::JOB_KEY_BYTES_MAX;
 use task_machine::constants::JOB_RESULT_BYTES_MAX;
 use task_machine::constants::JOB_RETENTION_MS_MAX;
+use task_machine::jobs::check_key_length;
 
 use crate::worker::AddJson;
+
+/// Where a finish is posted.
+pub const FINISH_PATH: &str = "/finish";
+
+/// Where a fail is posted.
+pub const FAIL_PATH: &str = "/fail";
+
+/// Where a cancel is posted.
+pub const CANCEL_PATH: &str = "/cancel";
+
+/// Where a retry is posted.
+pub const RETRY_PATH: &str = "/retry";
 
 /// Most job records one `/jobs` or `/dead` read returns; `next` continues.
 pub const JOBS_PAGE_MAX: usize = 1_000;
@@ -283,13 +295,7 @@ pub fn check_add_job(index: usize, add: &AddJson) -> Result<(), String> {
 
 /// Why a key is malformed (empty, or longer than 256 bytes), naming `field`.
 pub fn check_key(field: &str, key: &str) -> Result<(), String> {
-    if key.is_empty() || key.len() > JOB_KEY_BYTES_MAX {
-        return Err(format!(
-            "{field}: a key is 1 to {JOB_KEY_BYTES_MAX} bytes; this one is {} bytes",
-            key.len()
-        ));
-    }
-    Ok(())
+    check_key_length(key).map_err(|reason| format!("{field}: {reason}"))
 }
 
 /// Checks a cancel or retry body.

@@ -379,10 +379,10 @@ impl WriteRequestJson {
         match self {
             Self::Update(_) => UPDATE_PATH,
             Self::Claim(_) => CLAIM_PATH,
-            Self::Finish(_) => "/finish",
-            Self::Fail(_) => "/fail",
-            Self::Cancel(_) => "/cancel",
-            Self::Retry(_) => "/retry",
+            Self::Finish(_) => crate::job::FINISH_PATH,
+            Self::Fail(_) => crate::job::FAIL_PATH,
+            Self::Cancel(_) => crate::job::CANCEL_PATH,
+            Self::Retry(_) => crate::job::RETRY_PATH,
         }
     }
 

@@ -13,7 +13,6 @@ use crate::constants::JOB_AFTER_KEYS_MAX;
 use crate::constants::JOB_ATTEMPT_HISTORY_MAX;
 use crate::constants::JOB_ERROR_BYTES_MAX;
 use crate::constants::JOB_INTERVAL_MS_MAX;
-use crate::constants::JOB_KEY_BYTES_MAX;
 use crate::constants::JOB_RESULT_BYTES_MAX;
 use crate::constants::JOB_RETENTION_MS_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
@@ -42,16 +41,10 @@ pub(crate) enum AddPlan {
 
 /// Refuses a key that is empty or longer than [`JOB_KEY_BYTES_MAX`].
 fn check_key(field: impl FnOnce() -> String, key: &str) -> Result<(), Refusal> {
-    if key.is_empty() || key.len() > JOB_KEY_BYTES_MAX {
-        return Err(Refusal::InvalidField {
-            field: field(),
-            reason: format!(
-                "a key is 1 to {JOB_KEY_BYTES_MAX} bytes; this one is {} bytes",
-                key.len()
-            ),
-        });
-    }
-    Ok(())
+    check_key_length(key).map_err(|reason| Refusal::InvalidField {
+        field: field(),
+        reason,
+    })
 }
 
 fn invalid(field: &str, reason: String) -> Refusal {

@@ -15,14 +15,27 @@ use crate::LogTime;
 use crate::constants::BACKOFF_BASE_MS_DEFAULT;
 use crate::constants::BACKOFF_FACTOR_MILLI_DEFAULT;
 use crate::constants::BACKOFF_MAX_MS_DEFAULT;
+use crate::constants::JOB_KEY_BYTES_MAX;
 use crate::constants::JOB_RETENTION_MS_DEFAULT;
-use crate::types::ClientId;
-use crate::types::GroupName;
-use crate::types::Millis;
-use crate::types::TaskId;
+use crate::ids::ClientId;
+use crate::ids::GroupName;
+use crate::ids::Millis;
+use crate::ids::TaskId;
 
 /// A job's key: unique among the live tasks of its group.
 pub type JobKey = Arc<str>;
+
+/// Why `key` is no valid job key (empty, or longer than [`JOB_KEY_BYTES_MAX`]), or
+/// `Ok`: the one statement of the rule, for the machine and the HTTP edge alike.
+pub fn check_key_length(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > JOB_KEY_BYTES_MAX {
+        return Err(format!(
+            "a key is 1 to {JOB_KEY_BYTES_MAX} bytes; this one is {} bytes",
+            key.len()
+        ));
+    }
+    Ok(())
+}
 
 /// What an add does when its key names a live task of the group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

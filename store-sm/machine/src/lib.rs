@@ -11,6 +11,7 @@
 pub mod constants;
 mod dedup;
 mod group_index;
+mod ids;
 #[cfg(debug_assertions)]
 mod invariants;
 mod job_apply;

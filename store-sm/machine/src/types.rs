@@ -4,7 +4,6 @@
 //! so that a change to either is visible at the boundary where one maps to the other.
 
 use std::fmt;
-use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -13,6 +12,7 @@ use crate::LogTime;
 use crate::constants::CLAIM_DURATION_MS_MAX;
 use crate::constants::REQUEST_ID_BYTES_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
+pub use crate::ids::*;
 use crate::jobs::AddJob;
 use crate::jobs::CancelRequest;
 use crate::jobs::FailRequest;
@@ -23,22 +23,6 @@ use crate::jobs::JobState;
 use crate::jobs::RetryRequest;
 use crate::jobs::SettingsRequest;
 use crate::jobs::TaskJob;
-
-/// A task version's identity and fencing token; strictly increasing, never reused.
-pub type TaskId = u64;
-
-/// The numeric identity a worker chooses for itself (the seed's `clientid`).
-pub type ClientId = i64;
-
-/// A count of milliseconds: a duration, or a time as a request states it, before the
-/// machine resolves it to a [`LogTime`].
-pub type Millis = i64;
-
-/// A cluster node's id, as the machine records membership history.
-pub type MemberId = u64;
-
-/// A group name, shared between a group's tasks and its index.
-pub type GroupName = Arc<str>;
 
 /// One immutable task version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,16 +181,7 @@ pub struct Command {
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.request {
-            Request::LegacyUpdate(u) => {
-                let lists = [
-                    u.adds.len(),
-                    u.updates.len(),
-                    u.deletes.len(),
-                    u.depends.len(),
-                ];
-                write_update(f, u.client, lists)?
-            }
-            Request::Update(u) => {
+            Request::LegacyUpdate(u) | Request::Update(u) => {
                 let lists = [
                     u.adds.len(),
                     u.updates.len(),
