@@ -14,7 +14,8 @@ use task_machine::constants::JOB_AFTER_KEYS_MAX;
 use task_machine::constants::JOB_ERROR_BYTES_MAX;
 use task_machine::constants::JOB_INTERVAL_MS_MAX;
 use task_machine::constants::JOB_RESULT_BYTES_MAX;
-use task_machine::constants::JOB_RETENTION_MS_MAX;
+use task_machine::jobs::Backoff;
+use task_machine::jobs::SettingsChange;
 use task_machine::jobs::check_key_length;
 
 use crate::worker::AddJson;
@@ -370,27 +371,21 @@ pub fn check_settings_change(change: &SettingsChangeJson) -> Result<(), String> 
     };
     count("max_running", change.max_running)?;
     count("max_attempts", change.max_attempts)?;
-    if let Some(backoff) = &change.backoff {
-        if !(0..=JOB_RETENTION_MS_MAX).contains(&backoff.base_ms) {
-            return Err(format!(
-                "backoff.base_ms: {} is not between 0 and {JOB_RETENTION_MS_MAX}",
-                backoff.base_ms
-            ));
-        }
-        if !(backoff.base_ms..=JOB_RETENTION_MS_MAX).contains(&backoff.max_ms) {
-            return Err(format!(
-                "backoff.max_ms: {} is not between base_ms ({}) and {JOB_RETENTION_MS_MAX}",
-                backoff.max_ms, backoff.base_ms
-            ));
-        }
-        factor_milli(backoff.factor)?;
-    }
-    if let Some(retention) = change.retention_ms
-        && !(0..=JOB_RETENTION_MS_MAX).contains(&retention)
-    {
-        return Err(format!(
-            "retention_ms: {retention} is not between 0 and {JOB_RETENTION_MS_MAX}"
-        ));
+    let backoff = match &change.backoff {
+        Some(backoff) => Some(Backoff {
+            base_ms: backoff.base_ms,
+            factor_milli: factor_milli(backoff.factor)?,
+            max_ms: backoff.max_ms,
+        }),
+        None => None,
+    };
+    let bounded = SettingsChange {
+        backoff,
+        retention_ms: change.retention_ms,
+        ..SettingsChange::default()
+    };
+    if let Some((field, reason)) = bounded.problems().into_iter().next() {
+        return Err(format!("{field}: {reason}"));
     }
     Ok(())
 }

@@ -8,13 +8,11 @@ use std::sync::Arc;
 
 use crate::LogTime;
 use crate::TaskMachine;
-use crate::constants::BACKOFF_FACTOR_MILLI_MAX;
 use crate::constants::JOB_AFTER_KEYS_MAX;
 use crate::constants::JOB_ATTEMPT_HISTORY_MAX;
 use crate::constants::JOB_ERROR_BYTES_MAX;
 use crate::constants::JOB_INTERVAL_MS_MAX;
 use crate::constants::JOB_RESULT_BYTES_MAX;
-use crate::constants::JOB_RETENTION_MS_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
 use crate::jobs::*;
 use crate::types::*;
@@ -906,44 +904,12 @@ impl TaskMachine {
             refusals.push(invalid("group", "is missing or empty".to_string()));
         }
         let change = &request.change;
-        if let Some(backoff) = &change.backoff {
-            if !(0..=JOB_RETENTION_MS_MAX).contains(&backoff.base_ms) {
-                refusals.push(invalid(
-                    "backoff.base_ms",
-                    format!(
-                        "{} is not between 0 and {JOB_RETENTION_MS_MAX}",
-                        backoff.base_ms
-                    ),
-                ));
-            }
-            if !(backoff.base_ms.max(0)..=JOB_RETENTION_MS_MAX).contains(&backoff.max_ms) {
-                refusals.push(invalid(
-                    "backoff.max_ms",
-                    format!(
-                        "{} is not between base_ms and {JOB_RETENTION_MS_MAX}",
-                        backoff.max_ms
-                    ),
-                ));
-            }
-            if !(1000..=BACKOFF_FACTOR_MILLI_MAX).contains(&backoff.factor_milli) {
-                refusals.push(invalid(
-                    "backoff.factor",
-                    format!(
-                        "{} is not between 1 and {}",
-                        backoff.factor_milli as f64 / 1000.0,
-                        BACKOFF_FACTOR_MILLI_MAX / 1000
-                    ),
-                ));
-            }
-        }
-        if let Some(retention) = change.retention_ms
-            && !(0..=JOB_RETENTION_MS_MAX).contains(&retention)
-        {
-            refusals.push(invalid(
-                "retention_ms",
-                format!("{retention} is not between 0 and {JOB_RETENTION_MS_MAX}"),
-            ));
-        }
+        refusals.extend(
+            change
+                .problems()
+                .into_iter()
+                .map(|(field, reason)| invalid(field, reason)),
+        );
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
         }

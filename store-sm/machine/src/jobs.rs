@@ -14,9 +14,11 @@ use serde::Serialize;
 use crate::LogTime;
 use crate::constants::BACKOFF_BASE_MS_DEFAULT;
 use crate::constants::BACKOFF_FACTOR_MILLI_DEFAULT;
+use crate::constants::BACKOFF_FACTOR_MILLI_MAX;
 use crate::constants::BACKOFF_MAX_MS_DEFAULT;
 use crate::constants::JOB_KEY_BYTES_MAX;
 use crate::constants::JOB_RETENTION_MS_DEFAULT;
+use crate::constants::JOB_RETENTION_MS_MAX;
 use crate::ids::ClientId;
 use crate::ids::GroupName;
 use crate::ids::Millis;
@@ -365,6 +367,45 @@ pub struct SettingsChange {
     pub backoff: Option<Backoff>,
     /// New retention.
     pub retention_ms: Option<Millis>,
+}
+
+impl SettingsChange {
+    /// Every field out of its range, as `(field, reason)`: the one statement of the
+    /// settings' bounds, which the machine refuses by and the HTTP edge answers 400 by.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if let Some(backoff) = &self.backoff {
+            if !(0..=JOB_RETENTION_MS_MAX).contains(&backoff.base_ms) {
+                let reason = format!(
+                    "{} is not between 0 and {JOB_RETENTION_MS_MAX}",
+                    backoff.base_ms
+                );
+                problems.push(("backoff.base_ms", reason));
+            }
+            if !(backoff.base_ms.max(0)..=JOB_RETENTION_MS_MAX).contains(&backoff.max_ms) {
+                let reason = format!(
+                    "{} is not between base_ms and {JOB_RETENTION_MS_MAX}",
+                    backoff.max_ms
+                );
+                problems.push(("backoff.max_ms", reason));
+            }
+            if !(1000..=BACKOFF_FACTOR_MILLI_MAX).contains(&backoff.factor_milli) {
+                let reason = format!(
+                    "{} is not between 1 and {}",
+                    f64::from(backoff.factor_milli) / 1000.0,
+                    BACKOFF_FACTOR_MILLI_MAX / 1000
+                );
+                problems.push(("backoff.factor", reason));
+            }
+        }
+        if let Some(retention) = self.retention_ms
+            && !(0..=JOB_RETENTION_MS_MAX).contains(&retention)
+        {
+            let reason = format!("{retention} is not between 0 and {JOB_RETENTION_MS_MAX}");
+            problems.push(("retention_ms", reason));
+        }
+        problems
+    }
 }
 
 /// `/finish`: the owner ends its claim with success.
