@@ -2,7 +2,8 @@
 //! percentiles per operation.
 //!
 //! In `cycle` mode each worker adds a task, claims one, and deletes what it claimed; in
-//! `add` mode it only adds. Workers spread over the given URLs. The run stops after
+//! `job` mode it adds a task with a fresh key, claims one, and finishes it with a small
+//! result (the job cycle); in `add` mode it only adds. Workers spread over the given URLs. The run stops after
 //! `--duration` seconds or `--max-cycles` cycles, whichever comes first.
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use rpc::client::HttpClient;
+use rpc::job::FinishRequestJson;
 use rpc::worker::AddJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::UpdateRequestJson;
@@ -30,6 +32,8 @@ pub const WORKERS_MAX: u64 = 4096;
 pub enum BenchMode {
     /// add, claim, delete.
     Cycle,
+    /// add with a key, claim, finish with a result.
+    Job,
     /// add only.
     Add,
 }
@@ -115,13 +119,21 @@ async fn worker(
     let addr = &config.addrs[(index as usize) % config.addrs.len()];
     let client_id = 1_000_000 + index as i64;
     let mut samples = Samples::default();
+    // Keys are unique per run and worker, so that runs against one cluster never meet
+    // each other's live keys.
+    let run = std::process::id();
+    let mut sequence = 0u64;
     while !stop.load(Ordering::Relaxed) {
         if cycles.fetch_add(1, Ordering::Relaxed) >= config.max_cycles {
             break;
         }
         let started = Instant::now();
-        let add = UpdateRequestJson::by(client_id)
-            .with_add(AddJson::in_group(config.group.clone()).with_data("bench"));
+        let mut task = AddJson::in_group(config.group.clone()).with_data("bench");
+        if config.mode == BenchMode::Job {
+            sequence += 1;
+            task.key = Some(format!("bench-{run}-{index}-{sequence}"));
+        }
+        let add = UpdateRequestJson::by(client_id).with_add(task);
         match call(&client, addr, add).await {
             Ok(_) => samples.record("add", started),
             Err(e) => {
@@ -146,10 +158,25 @@ async fn worker(
         };
         let Some(id) = claimed else { continue };
         let started = Instant::now();
-        let delete = UpdateRequestJson::by(client_id).with_deletes([id]);
-        match call(&client, addr, delete).await {
-            Ok(_) => samples.record("delete", started),
-            Err(e) => samples.fail("delete", e),
+        let (op, end): (_, WriteRequestJson) = match config.mode {
+            BenchMode::Job => (
+                "finish",
+                FinishRequestJson {
+                    clientid: client_id,
+                    id,
+                    result: Some(serde_json::json!({ "ok": true })),
+                    requestid: None,
+                }
+                .into(),
+            ),
+            _ => (
+                "delete",
+                UpdateRequestJson::by(client_id).with_deletes([id]).into(),
+            ),
+        };
+        match call(&client, addr, end).await {
+            Ok(_) => samples.record(op, started),
+            Err(e) => samples.fail(op, e),
         }
     }
     samples
@@ -224,6 +251,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     );
     let done_ops = match config.mode {
         BenchMode::Cycle => "delete",
+        BenchMode::Job => "finish",
         BenchMode::Add => "add",
     };
     let completed = all.latencies_us.get(done_ops).map_or(0, Vec::len);
@@ -231,7 +259,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
         "{:<8} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
         "op", "count", "per second", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"
     ));
-    for op in ["add", "claim", "delete"] {
+    for op in ["add", "claim", "delete", "finish"] {
         let Some(latencies) = all.latencies_us.get_mut(op) else {
             continue;
         };
@@ -249,10 +277,10 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     }
     report.push_str(&format!(
         "{}: {completed} in {elapsed:.2}s = {:.0} per second\n",
-        if config.mode == BenchMode::Cycle {
-            "cycles"
-        } else {
-            "adds"
+        match config.mode {
+            BenchMode::Cycle => "cycles",
+            BenchMode::Job => "job cycles",
+            BenchMode::Add => "adds",
         },
         completed as f64 / elapsed
     ));

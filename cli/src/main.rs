@@ -71,7 +71,7 @@ enum Command {
         /// Concurrent workers.
         #[arg(long, default_value_t = 16)]
         workers: u64,
-        /// cycle: add, claim, delete; add: add only.
+        /// cycle: add, claim, delete; job: add with a key, claim, finish; add: add only.
         #[arg(long, value_enum, default_value = "cycle")]
         mode: cli::bench::BenchMode,
         /// Longest run, in seconds.

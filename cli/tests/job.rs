@@ -448,3 +448,46 @@ async fn a_jobs_whole_life_through_the_cli() {
         assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
     }
 }
+
+#[tokio::test]
+async fn bench_job_mode_runs_whole_job_cycles() {
+    let cluster = DevCluster::up().await;
+    let report = cluster
+        .rota(&[
+            "bench",
+            "--mode",
+            "job",
+            "--workers",
+            "2",
+            "--max-cycles",
+            "12",
+            "--group",
+            "bench-jobs",
+        ])
+        .await;
+    let text = report.ok();
+    assert!(text.contains("job cycles: 12 in"), "{text}");
+    let finish_line = text
+        .lines()
+        .find(|l| l.starts_with("finish"))
+        .unwrap_or_else(|| panic!("no finish line: {text}"));
+    assert!(finish_line.trim_end().ends_with(" 0"), "errors: {text}");
+
+    // Every cycle left a succeeded job record with the bench's result.
+    let listed = cluster
+        .rota(&[
+            "job",
+            "list",
+            "--group",
+            "bench-jobs",
+            "--state",
+            "succeeded",
+            "--all",
+            "--json",
+        ])
+        .await
+        .json();
+    let jobs = listed["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 12, "{listed}");
+    assert!(jobs.iter().all(|j| j["result"]["ok"] == true), "{listed}");
+}

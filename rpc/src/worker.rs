@@ -406,6 +406,12 @@ impl From<UpdateRequestJson> for WriteRequestJson {
     }
 }
 
+impl From<crate::job::FinishRequestJson> for WriteRequestJson {
+    fn from(finish: crate::job::FinishRequestJson) -> Self {
+        Self::Finish(finish)
+    }
+}
+
 impl From<ClaimRequestJson> for WriteRequestJson {
     fn from(claim: ClaimRequestJson) -> Self {
         Self::Claim(claim)

@@ -8,6 +8,7 @@
 //! normal build too.
 
 pub mod history;
+pub mod job_checks;
 pub mod linearizability;
 
 /// The group the simulated workers use for jobs (keys, dependencies, finish, fail,
@@ -16,6 +17,10 @@ pub const JOB_GROUP: &str = "jobs";
 
 /// The job group's `max_running`, set before the workers start.
 pub const JOB_MAX_RUNNING: u32 = 2;
+
+/// The job group's `max_attempts`, set before the workers start: low, so that jobs the
+/// workers fail die and the checkers see that dead jobs are never handed out.
+pub const JOB_MAX_ATTEMPTS: u32 = 3;
 
 /// How long a job claim lasts: longer than any run, so a job's lease never lapses while
 /// the workers run and the checkers need no log time for finish, fail or cancel.

@@ -35,6 +35,7 @@ use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 
 use crate::JOB_GROUP;
+use crate::JOB_MAX_ATTEMPTS;
 use crate::JOB_MAX_RUNNING;
 use crate::history::Answer;
 use crate::history::Call;
@@ -187,6 +188,7 @@ fn initial_machine(group: &str) -> TaskMachine {
                 group: group.to_string(),
                 change: SettingsChange {
                     max_running: Some(JOB_MAX_RUNNING),
+                    max_attempts: Some(JOB_MAX_ATTEMPTS),
                     ..SettingsChange::default()
                 },
             }),

@@ -25,6 +25,8 @@ use crate::history::CheckReport;
 use crate::history::History;
 use crate::history::Op;
 use crate::history::check;
+use crate::job_checks::JobReport;
+use crate::job_checks::check_jobs;
 use crate::linearizability::Verdict;
 use crate::linearizability::check_group;
 use crate::workload::GROUPS;
@@ -124,6 +126,8 @@ pub struct RunReport {
     pub faults: Vec<String>,
     /// The guarantee checks' counts.
     pub check: CheckReport,
+    /// The job checks' counts.
+    pub jobs: JobReport,
     /// Operations in the history (writes and linearizable reads).
     pub ops: usize,
     /// Groups whose search gave up (inconclusive, not a failure).
@@ -327,6 +331,10 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         Ok(report) => report,
         Err(problems) => return Err(trace.fail(problems)),
     };
+    let jobs = match check_jobs(&history) {
+        Ok(report) => report,
+        Err(problems) => return Err(trace.fail(problems)),
+    };
     let searched = match check_linearizable(&history) {
         Ok(searched) => searched,
         Err(problems) => return Err(trace.fail(problems)),
@@ -334,6 +342,7 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
     Ok(RunReport {
         nodes: size,
         check,
+        jobs,
         ops: history.ops.len(),
         groups_gave_up: searched.gave_up,
         longest_group_history: searched.longest,

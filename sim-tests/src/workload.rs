@@ -28,6 +28,7 @@ use rpc::worker::WriteResultJson;
 
 use crate::JOB_GROUP;
 use crate::JOB_LEASE_MS;
+use crate::JOB_MAX_ATTEMPTS;
 use crate::JOB_MAX_RUNNING;
 use crate::history::Answer;
 use crate::history::Call;
@@ -45,7 +46,8 @@ fn json_content_type() -> (rpc::client::HeaderName, HeaderValue) {
     )
 }
 
-/// Sets the job group's settings the checkers assume ([`JOB_MAX_RUNNING`]), through
+/// Sets the job group's settings the checkers assume ([`JOB_MAX_RUNNING`],
+/// [`JOB_MAX_ATTEMPTS`]), through
 /// any node, before the workers start.
 pub async fn configure_job_group(addrs: Vec<String>) {
     let Some(mut nodes) = RoundRobin::new(addrs, 0) else {
@@ -53,6 +55,7 @@ pub async fn configure_job_group(addrs: Vec<String>) {
     };
     let body = SettingsChangeJson {
         max_running: Some(i64::from(JOB_MAX_RUNNING)),
+        max_attempts: Some(i64::from(JOB_MAX_ATTEMPTS)),
         requestid: Some("configure-job-group".into()),
         ..SettingsChangeJson::default()
     };

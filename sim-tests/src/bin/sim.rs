@@ -165,12 +165,14 @@ mod runner {
             Ok(_) if args.quiet => {}
             Ok(r) => {
                 println!(
-                    "ok   {scenario:<10} seed {seed:<6} {} nodes, {} faults, {} ops ({} writes, {} claims), longest group {} ops, digest {}",
+                    "ok   {scenario:<10} seed {seed:<6} {} nodes, {} faults, {} ops ({} writes, {} claims, {} job claims, {} job successes), longest group {} ops, digest {}",
                     r.nodes,
                     r.faults.len(),
                     r.ops,
                     r.check.writes,
                     r.check.claims,
+                    r.jobs.claims,
+                    r.jobs.successes,
                     r.longest_group_history,
                     &r.digest[..16.min(r.digest.len())]
                 );
