@@ -16,6 +16,13 @@ use store_sm::raft_types::SyncMode;
 /// Default longest claim: one day.
 pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
 const _: () = assert!(CLAIM_DURATION_MAX_MS_DEFAULT <= CLAIM_DURATION_MS_MAX);
+
+/// Waiting requests (blocking claims, waits for outcomes, watches) a node holds by
+/// default.
+pub const MAX_WAITERS_DEFAULT: usize = 10_000;
+
+/// Most waiting requests a node may be configured to hold.
+pub const MAX_WAITERS_MAX: usize = 1_000_000;
 /// Default request body limit: 1 MiB.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 
@@ -137,6 +144,10 @@ pub struct Flags {
     /// snapshot instead.
     #[arg(long, env = "ROTA_LOGS_KEPT_AFTER_SNAPSHOT")]
     pub logs_kept_after_snapshot: Option<u64>,
+    /// Most waiting requests (blocking claims, waits for outcomes, watches) held at once;
+    /// more get 503 with Retry-After.
+    #[arg(long, env = "ROTA_MAX_WAITERS")]
+    pub max_waiters: Option<usize>,
 }
 
 impl Flags {
@@ -163,6 +174,7 @@ impl Flags {
             logs_kept_after_snapshot: self
                 .logs_kept_after_snapshot
                 .or(other.logs_kept_after_snapshot),
+            max_waiters: self.max_waiters.or(other.max_waiters),
         }
     }
 }
@@ -235,6 +247,8 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     /// Entries kept behind a snapshot.
     pub logs_kept_after_snapshot: u64,
+    /// Most waiting requests held at once.
+    pub max_waiters: usize,
     /// Raft timing.
     pub timing: RaftTiming,
 }
@@ -294,6 +308,7 @@ impl NodeConfig {
             logs_kept_after_snapshot: flags
                 .logs_kept_after_snapshot
                 .unwrap_or(LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT),
+            max_waiters: max_waiters(flags.max_waiters)?,
             timing: RaftTiming::default(),
         })
     }
@@ -408,6 +423,18 @@ fn connection_limits(
         });
     }
     Ok(limits)
+}
+
+/// The bound on waiting requests: at least one, and few enough to keep in memory.
+fn max_waiters(flag: Option<usize>) -> Result<usize, ConfigError> {
+    let max = flag.unwrap_or(MAX_WAITERS_DEFAULT);
+    if !(1..=MAX_WAITERS_MAX).contains(&max) {
+        return Err(ConfigError::Invalid {
+            name: "max-waiters",
+            problem: format!("{max} is not between 1 and {MAX_WAITERS_MAX}"),
+        });
+    }
+    Ok(max)
 }
 
 /// The edge's bound on a claim's duration: positive, and at most the machine's own

@@ -34,7 +34,6 @@ use rpc::job::check_keys_request;
 use rpc::job::check_settings_change;
 use rpc::job::factor_milli;
 use rpc::job::result_text;
-use rpc::worker::parse_limit;
 use store_sm::machine::AttemptEnd;
 use store_sm::machine::Backoff;
 use store_sm::machine::CancelRequest;
@@ -55,6 +54,7 @@ use crate::node::SharedNode;
 use crate::relay::Incoming;
 use crate::relay::respond;
 use crate::worker_api::consistency;
+use crate::worker_api::limit_param;
 use crate::worker_api::parse_json;
 use crate::worker_api::path_segment;
 use crate::worker_api::query_params;
@@ -210,13 +210,7 @@ async fn page(
 ) -> Result<Response, ApiError> {
     let group = required(&params, "group")?.to_string();
     let after = params.get("after").filter(|a| !a.is_empty()).cloned();
-    let limit = params
-        .get("limit")
-        .map(|v| parse_limit(v))
-        .transpose()
-        .map_err(ApiError::bad_request)?
-        .flatten()
-        .unwrap_or(JOBS_PAGE_DEFAULT);
+    let limit = limit_param(&params)?.unwrap_or(JOBS_PAGE_DEFAULT);
     if limit > JOBS_PAGE_MAX {
         return Err(ApiError::bad_request(format!(
             "limit {limit} is above {JOBS_PAGE_MAX}; page with after= instead"
@@ -239,7 +233,7 @@ async fn page(
     .await)
 }
 
-fn settings_json(group: &str, settings: &GroupSettings, running: usize) -> SettingsJson {
+pub(crate) fn settings_json(group: &str, settings: &GroupSettings, running: usize) -> SettingsJson {
     SettingsJson {
         group: group.to_string(),
         max_running: settings.max_running,
@@ -342,7 +336,7 @@ fn attempt_json(attempt: &store_sm::machine::Attempt) -> AttemptJson {
 }
 
 /// A record as the API shows it, with its live task's data and available time.
-fn job_json(machine: &TaskMachine, record: &JobRecord) -> JobJson {
+pub(crate) fn job_json(machine: &TaskMachine, record: &JobRecord) -> JobJson {
     let task = record.task.and_then(|id| machine.task(id));
     JobJson {
         group: record.group.to_string(),

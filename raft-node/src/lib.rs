@@ -22,6 +22,8 @@ pub mod runtime;
 pub mod service;
 pub mod storage;
 pub mod types;
+pub mod waiting;
+pub mod watch_api;
 pub mod worker_api;
 
 use std::io;
@@ -46,6 +48,7 @@ use crate::node::SharedNode;
 use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
 use crate::types::NodeTypes;
+use crate::waiting::feed::ChangeFeed;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +104,8 @@ pub struct RunningNode {
 impl RunningNode {
     /// Stops serving, then stops Raft.
     pub async fn shutdown(self) {
+        // Waiters first: the servers wait for every open request before they stop.
+        self.node.waiters.stop();
         let _ = self.shutdown.send(true);
         for server in self.servers {
             let _ = server.await;
@@ -116,6 +121,7 @@ impl RunningNode {
 pub fn api_router(node: SharedNode) -> Router {
     worker_api::routes()
         .merge(job_api::routes())
+        .merge(watch_api::routes())
         .merge(admin_api::routes())
         .route("/metrics", axum::routing::get(metrics::get_metrics))
         .route("/openapi.json", axum::routing::get(openapi::get_openapi))
@@ -181,11 +187,13 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     log_stats: Option<Arc<LogStats>>,
     wall: impl WallClock,
 ) -> Result<RunningNode, StartError> {
-    let state_machine =
+    let mut state_machine =
         TaskStateMachine::open(snapshots).map_err(|source| StartError::Storage {
             dir: config.data_dir.display().to_string(),
             source,
         })?;
+    let feed = Arc::new(ChangeFeed::default());
+    state_machine.observe(feed.clone());
     let state = state_machine.reader();
 
     let api_listener = bind(config.listen_api).await?;
@@ -210,7 +218,9 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     if applied_at > LogTime::EPOCH {
         clock.follow(applied_at);
     }
-    let node = Arc::new(Node::new(config, raft, state, clock, client, log_stats));
+    let node = Arc::new(Node::new(
+        config, raft, state, clock, client, log_stats, feed,
+    ));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![
         tokio::spawn(http::serve(

@@ -17,6 +17,8 @@ use crate::clock::LogClock;
 use crate::config::NodeConfig;
 use crate::metrics::requests::HttpMetrics;
 use crate::types::NodeRaft;
+use crate::waiting::Waiters;
+use crate::waiting::feed::ChangeFeed;
 
 /// How long a forwarded request or a linearizable read may take.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,6 +39,10 @@ pub struct Node {
     pub http_metrics: Arc<HttpMetrics>,
     /// The log store's write counters, when the store keeps them.
     pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
+    /// Every change this node applied, recently, by group; wakes waiters.
+    pub feed: Arc<ChangeFeed>,
+    /// The waiting requests this node holds.
+    pub waiters: Arc<Waiters>,
     request_nonce: u64,
     request_counter: AtomicU64,
 }
@@ -53,8 +59,11 @@ impl Node {
         clock: LogClock,
         client: HttpClient,
         log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
+        feed: Arc<ChangeFeed>,
     ) -> Self {
         Self {
+            waiters: Arc::new(Waiters::new(config.max_waiters)),
+            feed,
             config,
             raft,
             state,

@@ -15,6 +15,9 @@ use rpc::job::JOBS_PAGE_DEFAULT;
 use rpc::job::JOBS_PAGE_MAX;
 use rpc::schema::INTEGER_SPELLING;
 use rpc::schema::reference as ref_schema;
+use rpc::watch::WAIT_MS_MAX;
+use rpc::watch::WATCH_PAGE_DEFAULT;
+use rpc::watch::WATCH_PAGE_MAX;
 use rpc::worker::CLAIM_PATH;
 use rpc::worker::UPDATE_PATH;
 use serde_json::Value;
@@ -199,6 +202,22 @@ fn job_paths(limits: &Limits) -> Value {
     })
 }
 
+fn watch_paths() -> Value {
+    let wait_ms = json!({"name": "wait_ms", "in": "query", "required": false, "description": format!("wait up to this many milliseconds for the first change (default 0, at most {WAIT_MS_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": WAIT_MS_MAX}});
+    let limit = json!({"name": "limit", "in": "query", "required": false, "description": format!("changes per page, whole revisions (default {WATCH_PAGE_DEFAULT}, at most {WATCH_PAGE_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": WATCH_PAGE_MAX}});
+    json!({
+        "/watch": {"get": {"tags": ["waiting"], "summary": "A group's changes (tasks written and removed, job records, settings) after a revision, in log order, from this node's applied state; waits up to wait_ms for the first. With Accept: text/event-stream, a stream of them (event = kind, data = the change, id = its revision on the last change of each revision; Last-Event-ID resumes) until the client leaves",
+            "parameters": [query("group", "the group", true),
+                {"name": "after", "in": "query", "required": false, "description": "changes after this revision (a log index); default: the node's current revision", "schema": {"type": "integer", "minimum": 0}},
+                wait_ms, limit],
+            "responses": {
+                "200": ok("the changes, and the revision to ask from next", ref_schema("WatchPage")),
+                "400": error("malformed group, after, wait_ms or limit, named"),
+                "410": {"description": "the node no longer keeps changes that far back; re-read the group and watch from the revision given", "content": {"application/json": {"schema": ref_schema("WatchGone")}}},
+                "503": error("the node holds its maximum of waiting requests (--max-waiters) or is stopping; Retry-After says when to retry")}}}
+    })
+}
+
 /// The document of a node with the default configuration: the checked-in copy.
 pub fn document() -> Value {
     document_for(&Limits::default())
@@ -269,10 +288,10 @@ pub fn document_for(limits: &Limits) -> Value {
         },
         "components": {"schemas": schemas(limits)}
     });
-    if let (Some(paths), Value::Object(jobs)) =
-        (document["paths"].as_object_mut(), job_paths(limits))
-    {
-        paths.extend(jobs);
+    for more in [job_paths(limits), watch_paths()] {
+        if let (Some(paths), Value::Object(more)) = (document["paths"].as_object_mut(), more) {
+            paths.extend(more);
+        }
     }
     document
 }

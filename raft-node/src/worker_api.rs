@@ -108,6 +108,14 @@ pub(crate) fn path_segment(path: Result<Path<String>, PathRejection>) -> Result<
 }
 
 /// The consistency a read asked for with `?consistency=`.
+/// The `limit` query parameter: `None` when absent, empty or 0 (the seed's "no limit").
+pub(crate) fn limit_param(params: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
+    match params.get("limit") {
+        Some(value) => parse_limit(value).map_err(ApiError::bad_request),
+        None => Ok(None),
+    }
+}
+
 pub(crate) fn consistency(params: &HashMap<String, String>) -> Result<Consistency, ApiError> {
     Ok(Consistency::parse(
         params.get("consistency").map(String::as_str),
@@ -199,12 +207,7 @@ async fn get_group(
 ) -> Result<Response, ApiError> {
     let name = path_segment(name)?;
     let params = query_params(Some(incoming.query()))?;
-    let limit = params
-        .get("limit")
-        .map(|v| parse_limit(v))
-        .transpose()
-        .map_err(ApiError::bad_request)?
-        .flatten();
+    let limit = limit_param(&params)?;
     let owned = params
         .get("owned")
         .map(|v| parse_owned(v))

@@ -10,4 +10,5 @@ pub mod client;
 pub mod job;
 pub mod retry;
 pub mod schema;
+pub mod watch;
 pub mod worker;

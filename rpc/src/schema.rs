@@ -27,6 +27,7 @@ use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 use crate::admin;
 use crate::job;
+use crate::watch;
 use crate::worker;
 
 /// Where the document keeps its schemas; every `$ref` points here.
@@ -89,6 +90,8 @@ pub fn answer_schemas() -> Map<String, Value> {
     add::<job::JobJson>(&mut generator);
     add::<job::JobPageJson>(&mut generator);
     add::<job::SettingsJson>(&mut generator);
+    add::<watch::WatchPageJson>(&mut generator);
+    add::<watch::WatchGoneJson>(&mut generator);
     add::<admin::ClusterStatusJson>(&mut generator);
     add::<admin::ProbeJson>(&mut generator);
     add::<admin::StateHashJson>(&mut generator);

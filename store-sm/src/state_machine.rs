@@ -21,6 +21,7 @@ use openraft::RaftSnapshotBuilder;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 
+use crate::machine::Change;
 use crate::machine::Outcome;
 use crate::machine::TaskMachine;
 use crate::planted;
@@ -112,11 +113,28 @@ impl StateReader {
     }
 }
 
+/// Told of every change to the applied state, in log order, while apply holds the
+/// state (so keep each call short): the node's change feed and its waiters.
+pub trait ApplyObserver: Send + Sync + 'static {
+    /// The entry at log index `index` was applied: `state` is the state after it and
+    /// `changes` what its command changed (empty for blank and membership entries).
+    fn applied(&self, index: u64, state: &AppliedState, changes: &[Change]);
+
+    /// The state was replaced whole (opened, or a snapshot installed) as of log index
+    /// `index`: changes up to it are unknown.
+    fn reset(&self, index: u64, state: &AppliedState);
+}
+
 /// Rota's [`RaftStateMachine`].
 pub struct TaskStateMachine<C, P> {
     shared: Arc<RwLock<AppliedState>>,
     persistence: P,
+    observer: Option<Arc<dyn ApplyObserver>>,
     _config: PhantomData<fn() -> C>,
+}
+
+fn index_of(applied: Option<RotaLogId>) -> u64 {
+    applied.map_or(0, |id| id.index)
 }
 
 impl<C: RotaConfig, P: SnapshotPersistence> TaskStateMachine<C, P> {
@@ -129,8 +147,18 @@ impl<C: RotaConfig, P: SnapshotPersistence> TaskStateMachine<C, P> {
         Ok(Self {
             shared: Arc::new(RwLock::new(state)),
             persistence,
+            observer: None,
             _config: PhantomData,
         })
+    }
+
+    /// Tells `observer` of every change from now on, starting with the state as opened.
+    pub fn observe(&mut self, observer: Arc<dyn ApplyObserver>) {
+        {
+            let state = self.read();
+            observer.reset(index_of(state.applied), &state);
+        }
+        self.observer = Some(observer);
     }
 
     /// A handle for queries.
@@ -209,20 +237,30 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
             let response = {
                 let mut state = self.write();
                 state.applied = Some(entry.log_id);
-                match entry.payload {
-                    EntryPayload::Blank => empty_response(),
-                    EntryPayload::Normal(command) => {
-                        planted::apply_with_planted_bugs(&mut state.machine, &command)
-                    }
+                let (response, changed) = match entry.payload {
+                    EntryPayload::Blank => (empty_response(), false),
+                    EntryPayload::Normal(command) => (
+                        planted::apply_with_planted_bugs(&mut state.machine, &command),
+                        true,
+                    ),
                     EntryPayload::Membership(membership) => {
                         state
                             .machine
                             .note_members(membership.nodes().map(|(id, _)| *id));
                         state.membership =
                             RotaStoredMembership::new(Some(entry.log_id), membership);
-                        empty_response()
+                        (empty_response(), false)
                     }
+                };
+                if let Some(observer) = &self.observer {
+                    let changes = if changed {
+                        state.machine.changes()
+                    } else {
+                        &[]
+                    };
+                    observer.applied(entry.log_id.index, &state, changes);
                 }
+                response
             };
             if let Some(responder) = responder {
                 responder.send(response);
@@ -252,7 +290,12 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
         // Durable before the state changes: a crash right after must not find an applied
         // state that no snapshot or log on disk can rebuild.
         self.persistence.save(&stored)?;
-        *self.write() = state;
+        let mut current = self.write();
+        *current = state;
+        if let Some(observer) = &self.observer {
+            observer.reset(index_of(current.applied), &current);
+        }
+        drop(current);
         tracing::info!(last_log_id = ?meta.last_log_id, bytes = stored.data.len(), "snapshot installed");
         Ok(())
     }

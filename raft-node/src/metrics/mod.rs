@@ -20,6 +20,7 @@ use self::text::gauge;
 use self::text::header;
 use crate::node::Node;
 use crate::node::SharedNode;
+use crate::waiting::WaitKind;
 
 /// Groups listed in `rota_group_tasks` at most; the rest are summed in one series.
 pub const GROUP_SERIES_MAX: usize = 1000;
@@ -29,6 +30,7 @@ pub fn render(node: &Node) -> String {
     let mut out = String::new();
     render_raft(&mut out, node);
     render_tasks(&mut out, node);
+    render_waiting(&mut out, node);
     if let Some(stats) = &node.log_stats {
         render_log(&mut out, &stats.snapshot());
     }
@@ -140,6 +142,58 @@ fn render_tasks(out: &mut String, node: &Node) {
             .sum();
         let _ = writeln!(out, "rota_group_tasks{{group=\"(other)\"}} {other}");
     }
+}
+
+/// One series per kind of waiter.
+fn per_kind(out: &mut String, name: &str, kind: &str, help: &str, value: impl Fn(WaitKind) -> u64) {
+    header(out, name, kind, help);
+    for wait in WaitKind::ALL {
+        let _ = writeln!(out, "{name}{{kind=\"{}\"}} {}", wait.as_str(), value(wait));
+    }
+}
+
+/// Waiting requests by kind, their wake-ups, and the change feed's size.
+fn render_waiting(out: &mut String, node: &Node) {
+    let waiters = &node.waiters;
+    per_kind(
+        out,
+        "rota_waiters",
+        "gauge",
+        "Requests waiting now, by kind (claim, job, watch).",
+        |kind| waiters.waiting(kind) as u64,
+    );
+    gauge(
+        out,
+        "rota_waiters_max",
+        "Most waiting requests this node holds (--max-waiters).",
+        waiters.max(),
+    );
+    per_kind(
+        out,
+        "rota_waiter_wakeups_total",
+        "counter",
+        "Times a waiting request was woken to look again, by kind.",
+        |kind| waiters.wakeups(kind),
+    );
+    per_kind(
+        out,
+        "rota_waiter_wasted_wakeups_total",
+        "counter",
+        "Wake-ups that found nothing to answer with and waited again, by kind.",
+        |kind| waiters.wasted(kind),
+    );
+    gauge(
+        out,
+        "rota_feed_changes",
+        "Changes the watch feed keeps.",
+        node.feed.kept(),
+    );
+    gauge(
+        out,
+        "rota_feed_revision",
+        "The feed's revision: the last applied log index.",
+        node.feed.revision(),
+    );
 }
 
 /// Log appends, entries and the latency of synced writes.

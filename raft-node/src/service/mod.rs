@@ -11,11 +11,13 @@ mod backup;
 mod membership;
 mod read;
 mod status;
+mod watch;
 mod write;
 
 pub use self::backup::Backup;
 pub use self::read::Consistency;
 pub use self::read::ReadView;
+pub use self::watch::WatchRequest;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::ForwardToLeader;

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::Change;
 use crate::LogTime;
 use crate::TaskMachine;
 use crate::constants::JOB_AFTER_KEYS_MAX;
@@ -929,12 +930,13 @@ impl TaskMachine {
         if let Some(retention) = change.retention_ms {
             settings.retention_ms = retention;
         }
+        let group = self.intern_group(&request.group);
         if settings == GroupSettings::default() {
-            self.settings.remove(request.group.as_str());
+            self.settings.remove(&group);
         } else {
-            let group = self.intern_group(&request.group);
-            self.settings.insert(group, settings);
+            self.settings.insert(Arc::clone(&group), settings);
         }
+        self.changes.push(Change::Settings(group));
         Outcome::Settings(settings)
     }
 
@@ -946,6 +948,10 @@ impl TaskMachine {
         }
         jobs.by_state
             .insert((record.state, Arc::clone(&record.key)));
+        self.changes.push(Change::Job {
+            group: Arc::clone(&record.group),
+            key: Arc::clone(&record.key),
+        });
         jobs.records
             .insert(Arc::clone(&record.key), Arc::new(record));
     }
@@ -960,6 +966,10 @@ impl TaskMachine {
     ) -> Option<R> {
         let jobs = self.jobs.get_mut(group)?;
         let record = Arc::make_mut(jobs.records.get_mut(key)?);
+        self.changes.push(Change::Job {
+            group: Arc::clone(&record.group),
+            key: Arc::clone(&record.key),
+        });
         let before = record.state;
         let answer = change(record);
         if record.state != before {
@@ -980,6 +990,10 @@ impl TaskMachine {
         };
         jobs.by_state
             .remove(&(record.state, Arc::clone(&record.key)));
+        self.changes.push(Change::JobDropped {
+            group: Arc::clone(&record.group),
+            key: Arc::clone(&record.key),
+        });
         let now_empty = jobs.records.is_empty();
         if let Some(id) = record.cancelled_task {
             self.cancelled.remove(&id);

@@ -470,3 +470,74 @@ fn reads_as_of_a_later_time_see_a_lapsed_lease_before_any_command() {
         "the machine itself is untouched"
     );
 }
+
+#[test]
+fn the_change_journal_lists_what_each_command_changed() {
+    let g: GroupName = Arc::from("g");
+    let job_change = |key: &str| Change::Job {
+        group: Arc::clone(&g),
+        key: Arc::from(key),
+    };
+    let mut store = Store::new();
+    let seed = tasks(store.add(vec![AddTask::seed("g", "seed", None)])).remove(0);
+    assert_eq!(store.machine.changes(), [Change::TaskWritten(seed.id)]);
+
+    // A record may be touched more than once by one command: readers take the last.
+    let first = tasks(store.add(vec![job("k")])).remove(0);
+    let changes = store.machine.changes();
+    assert!(changes.contains(&job_change("k")), "{changes:?}");
+    assert!(
+        changes.contains(&Change::TaskWritten(first.id)),
+        "{changes:?}"
+    );
+    assert!(
+        changes
+            .iter()
+            .all(|c| *c == job_change("k") || *c == Change::TaskWritten(first.id)),
+        "{changes:?}"
+    );
+
+    // A refusal changes nothing, and says so.
+    refusals(&store.add(vec![job("k")]));
+    assert_eq!(store.machine.changes(), []);
+
+    let claimed = store.claim(7, "g").expect("claimable");
+    let removed = Change::TaskRemoved {
+        group: Arc::clone(&g),
+        id: seed.id,
+    };
+    assert!(store.machine.changes().contains(&removed));
+    assert!(
+        store
+            .machine
+            .changes()
+            .contains(&Change::TaskWritten(claimed.id))
+    );
+
+    store.settings(
+        "g",
+        SettingsChange {
+            paused: Some(true),
+            ..SettingsChange::default()
+        },
+    );
+    assert_eq!(store.machine.changes(), [Change::Settings(Arc::clone(&g))]);
+    store.settings(
+        "g",
+        SettingsChange {
+            paused: Some(false),
+            ..SettingsChange::default()
+        },
+    );
+
+    // A job lease that lapses shows in the journal of the next command, whatever it is.
+    let job_task = store.claim(8, "g").expect("the job");
+    assert_eq!(job_task.job.key.as_deref(), Some("k"));
+    store.wait(5_000);
+    store.add(vec![AddTask::seed("other", "x", None)]);
+    assert!(
+        store.machine.changes().contains(&job_change("k")),
+        "{:?}",
+        store.machine.changes()
+    );
+}

@@ -8,6 +8,7 @@
 //! snapshot can be encoded from a clone while apply goes on. The machine knows nothing
 //! of planted bugs: the simulation injects them around it (`store_sm::planted`).
 
+mod changes;
 pub mod constants;
 mod dedup;
 mod group_index;
@@ -30,6 +31,8 @@ use imbl::OrdSet;
 use self::constants::CLAIM_DURATION_MS_MAX;
 use self::constants::REQUEST_ID_BYTES_MAX;
 use self::constants::REQUEST_ITEMS_MAX;
+
+pub use self::changes::Change;
 
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
@@ -84,6 +87,8 @@ pub struct TaskMachine {
     expiries: OrdSet<(LogTime, GroupName, JobKey)>,
     /// Task versions a cancel removed, so their owner's next write is told why.
     cancelled: OrdMap<TaskId, (GroupName, JobKey)>,
+    /// What the last command changed (see [`Change`]); not state.
+    changes: Vec<Change>,
 }
 
 impl Default for TaskMachine {
@@ -107,6 +112,7 @@ impl TaskMachine {
             leases: OrdSet::new(),
             expiries: OrdSet::new(),
             cancelled: OrdMap::new(),
+            changes: Vec::new(),
         }
     }
 
@@ -129,6 +135,7 @@ impl TaskMachine {
     /// refused command changes nothing but the machine's time and dedup table. Debug and
     /// simulation builds assert the machine's invariants after every command.
     pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
+        self.changes.clear();
         let now = self.advance_time(command.stamp);
         self.pass_time(now);
         #[cfg(debug_assertions)]
@@ -388,6 +395,7 @@ impl TaskMachine {
         if task.job.leased {
             index.running += 1;
         }
+        self.changes.push(Change::TaskWritten(task.id));
         self.tasks.insert(task.id, task);
     }
 
@@ -410,7 +418,18 @@ impl TaskMachine {
         if now_empty {
             self.groups.remove(&*task.group);
         }
+        self.changes.push(Change::TaskRemoved {
+            group: Arc::clone(&task.group),
+            id,
+        });
         Some(task)
+    }
+
+    /// What the last applied command changed, in order: tasks written and removed, job
+    /// records changed or dropped, settings changed (also what passing log time did
+    /// before it: lapsed leases, expired records). Empty after a refusal or a replay.
+    pub fn changes(&self) -> &[Change] {
+        &self.changes
     }
 
     /// One task by id.

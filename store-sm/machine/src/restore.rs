@@ -134,6 +134,7 @@ impl TaskMachine {
         for (key, applied_at, outcome) in dedup {
             machine.dedup.insert(key, applied_at, outcome);
         }
+        machine.changes.clear();
         Ok(machine)
     }
 }

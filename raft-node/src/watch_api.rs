@@ -1,0 +1,215 @@
+//! `GET /watch` (issue 13): a group's changes after a revision, as a JSON page (long
+//! poll with `wait_ms`) or, with `Accept: text/event-stream`, as server-sent events
+//! that run until the client leaves or the node stops. Served by any node from its own
+//! applied state, never relayed.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use axum::http::header::ACCEPT;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::response::sse::Event;
+use axum::response::sse::Sse;
+use axum::routing::get;
+use rpc::watch::WATCH_PAGE_DEFAULT;
+use rpc::watch::WATCH_PAGE_MAX;
+use rpc::watch::WATCH_PATH;
+use rpc::watch::WatchEventJson;
+use rpc::watch::WatchGoneJson;
+use rpc::watch::WatchPageJson;
+use rpc::watch::parse_wait_ms;
+
+use crate::http::ApiError;
+use crate::node::SharedNode;
+use crate::relay::Incoming;
+use crate::service::WatchRequest;
+use crate::waiting::feed::FeedPage;
+use crate::waiting::feed::Forgotten;
+use crate::worker_api::limit_param;
+use crate::worker_api::query_params;
+
+/// How long one wait of an event stream lasts before it sends a keep-alive comment.
+const STREAM_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The watch routes.
+pub fn routes() -> Router<SharedNode> {
+    Router::new().route(WATCH_PATH, get(get_watch))
+}
+
+/// The optional wait of a request, `wait_ms` in its query; none: do not wait.
+pub(crate) fn wait_param(params: &HashMap<String, String>) -> Result<Duration, ApiError> {
+    match params.get("wait_ms").filter(|v| !v.is_empty()) {
+        None => Ok(Duration::ZERO),
+        Some(value) => parse_wait_ms(value)
+            .map(Duration::from_millis)
+            .map_err(ApiError::bad_request),
+    }
+}
+
+fn watch_request(params: &HashMap<String, String>) -> Result<WatchRequest, ApiError> {
+    let group = match params.get("group") {
+        Some(group) if !group.is_empty() => group.clone(),
+        _ => return Err(ApiError::bad_request("query parameter group is required")),
+    };
+    let after = match params.get("after").filter(|v| !v.is_empty()) {
+        None => None,
+        Some(value) => Some(value.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "after {value:?} is not a revision (a log index, a whole number from 0)"
+            ))
+        })?),
+    };
+    let limit = limit_param(params)?.unwrap_or(WATCH_PAGE_DEFAULT);
+    if !(1..=WATCH_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is not between 1 and {WATCH_PAGE_MAX}"
+        )));
+    }
+    Ok(WatchRequest {
+        group,
+        after,
+        limit,
+        wait: wait_param(params)?,
+    })
+}
+
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+fn gone(forgotten: &Forgotten) -> WatchGoneJson {
+    WatchGoneJson {
+        error: format!(
+            "this node keeps changes after revision {} only; re-read the group, then watch after revision {}",
+            forgotten.oldest, forgotten.revision
+        ),
+        revision: forgotten.revision,
+        oldest: forgotten.oldest,
+    }
+}
+
+fn page_json(node: u64, group: &str, page: FeedPage) -> WatchPageJson {
+    WatchPageJson {
+        node,
+        group: group.to_string(),
+        revision: page.revision,
+        changes: page.changes.iter().map(|c| (**c).clone()).collect(),
+    }
+}
+
+async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Response {
+    let params = match query_params(Some(incoming.query())) {
+        Ok(params) => params,
+        Err(e) => return e.into_response(),
+    };
+    let mut request = match watch_request(&params) {
+        Ok(request) => request,
+        Err(e) => return e.into_response(),
+    };
+    if wants_event_stream(&incoming.headers) {
+        if request.after.is_none() {
+            request.after = incoming
+                .headers
+                .get("last-event-id")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+        }
+        return stream(node, request).into_response();
+    }
+    match node.watch(&request).await {
+        Ok(Ok(page)) => Json(page_json(node.id(), &request.group, page)).into_response(),
+        Ok(Err(forgotten)) => (StatusCode::GONE, Json(gone(&forgotten))).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// What the event stream does next.
+enum Next {
+    /// Wait for changes after this revision.
+    After(u64),
+    /// The stream has ended.
+    Done,
+}
+
+/// The event stream: each change is an event named by its kind with the change as
+/// JSON; the last event of each revision carries that revision as its id, so a client
+/// that reconnects with `Last-Event-ID` resumes after whole revisions. A forgotten
+/// revision ends the stream with a `gone` event; the node stopping ends it quietly.
+fn stream(
+    node: SharedNode,
+    request: WatchRequest,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let start = request.after.unwrap_or_else(|| node.feed.revision());
+    let events = futures_util::stream::unfold(
+        (node, request, Next::After(start)),
+        |(node, mut request, next)| async move {
+            let Next::After(after) = next else {
+                return None;
+            };
+            request.after = Some(after);
+            request.wait = STREAM_KEEP_ALIVE;
+            let (events, next) = match node.watch(&request).await {
+                Ok(Ok(page)) if page.changes.is_empty() => {
+                    let next = if node.waiters.is_stopping() {
+                        Next::Done
+                    } else {
+                        Next::After(page.revision)
+                    };
+                    (vec![Event::default().comment("keep-alive")], next)
+                }
+                Ok(Ok(page)) => {
+                    let revision = page.revision;
+                    (change_events(&page.changes), Next::After(revision))
+                }
+                Ok(Err(forgotten)) => {
+                    let data = serde_json::to_string(&gone(&forgotten)).unwrap_or_default();
+                    (vec![Event::default().event("gone").data(data)], Next::Done)
+                }
+                Err(e) => {
+                    let data = serde_json::json!({ "error": e.to_string() }).to_string();
+                    (vec![Event::default().event("error").data(data)], Next::Done)
+                }
+            };
+            let items = futures_util::stream::iter(events.into_iter().map(Ok));
+            Some((items, (node, request, next)))
+        },
+    );
+    Sse::new(futures_util::StreamExt::flatten(events))
+}
+
+fn change_events(changes: &[std::sync::Arc<WatchEventJson>]) -> Vec<Event> {
+    changes
+        .iter()
+        .enumerate()
+        .map(|(i, change)| {
+            let kind = match **change {
+                WatchEventJson::Task { .. } => "task",
+                WatchEventJson::Removed { .. } => "removed",
+                WatchEventJson::Job { .. } => "job",
+                WatchEventJson::JobDropped { .. } => "job_dropped",
+                WatchEventJson::Settings { .. } => "settings",
+            };
+            let data = serde_json::to_string(&**change).unwrap_or_default();
+            let event = Event::default().event(kind).data(data);
+            let last_of_revision = changes
+                .get(i + 1)
+                .is_none_or(|next| next.revision() != change.revision());
+            if last_of_revision {
+                event.id(change.revision().to_string())
+            } else {
+                event
+            }
+        })
+        .collect()
+}
