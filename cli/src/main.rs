@@ -457,6 +457,10 @@ enum TaskCommand {
         /// How long the claim owns the task.
         #[arg(long, default_value_t = 60_000)]
         duration_ms: i64,
+        /// When nothing is claimable, wait up to this many milliseconds (at most 60000)
+        /// for a task instead of answering empty at once.
+        #[arg(long, value_name = "MS")]
+        wait_ms: Option<u64>,
     },
     /// Show tasks by id.
     #[command(after_help = "Example:\n  rota task get --url 127.0.0.1:7001 12 13")]
@@ -584,10 +588,13 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             writer,
             group,
             duration_ms,
+            wait_ms,
         } => {
-            let written = writer
-                .write(&target, writer.claim(group, duration_ms))
-                .await?;
+            let claim = ClaimRequestJson {
+                wait_ms,
+                ..writer.claim(group, duration_ms)
+            };
+            let written = writer.write(&target, claim).await?;
             print_tasks(&written, target.json)
         }
         TaskCommand::Get { target, ids } => {

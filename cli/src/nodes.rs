@@ -164,7 +164,12 @@ impl Nodes {
 
     /// Sends a worker write; the written tasks, or a refusal (exit 1).
     pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
-        self.post_write(request.path(), request).await
+        let timeout = CALL_TIMEOUT + request.wait();
+        let (addr, response) = self.post_json(request.path(), request, timeout).await?;
+        match answer(&addr, response)? {
+            WriteResultJson::Tasks { tasks } => Ok(tasks),
+            WriteResultJson::Errors { errors } => Err(CliError::Refused(errors)),
+        }
     }
 
     /// Sends a write whose answer is the worker API's tasks-or-errors (`/update`,

@@ -48,6 +48,8 @@ use crate::node::SharedNode;
 use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
 use crate::types::NodeTypes;
+use crate::waiting::Observer;
+use crate::waiting::claims::ClaimQueues;
 use crate::waiting::feed::ChangeFeed;
 
 /// Why a node could not start.
@@ -192,8 +194,11 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             dir: config.data_dir.display().to_string(),
             source,
         })?;
-    let feed = Arc::new(ChangeFeed::default());
-    state_machine.observe(feed.clone());
+    let observer = Arc::new(Observer {
+        feed: Arc::new(ChangeFeed::default()),
+        claims: Arc::new(ClaimQueues::default()),
+    });
+    state_machine.observe(observer.clone());
     let state = state_machine.reader();
 
     let api_listener = bind(config.listen_api).await?;
@@ -219,7 +224,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         clock.follow(applied_at);
     }
     let node = Arc::new(Node::new(
-        config, raft, state, clock, client, log_stats, feed,
+        config, raft, state, clock, client, log_stats, &observer,
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![

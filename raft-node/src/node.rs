@@ -17,7 +17,9 @@ use crate::clock::LogClock;
 use crate::config::NodeConfig;
 use crate::metrics::requests::HttpMetrics;
 use crate::types::NodeRaft;
+use crate::waiting::Observer;
 use crate::waiting::Waiters;
+use crate::waiting::claims::ClaimQueues;
 use crate::waiting::feed::ChangeFeed;
 
 /// How long a forwarded request or a linearizable read may take.
@@ -43,6 +45,8 @@ pub struct Node {
     pub feed: Arc<ChangeFeed>,
     /// The waiting requests this node holds.
     pub waiters: Arc<Waiters>,
+    /// The blocking claims waiting on this node (the leader), by group.
+    pub claims: Arc<ClaimQueues>,
     request_nonce: u64,
     request_counter: AtomicU64,
 }
@@ -59,11 +63,12 @@ impl Node {
         clock: LogClock,
         client: HttpClient,
         log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
-        feed: Arc<ChangeFeed>,
+        observer: &Observer,
     ) -> Self {
         Self {
+            claims: Arc::clone(&observer.claims),
             waiters: Arc::new(Waiters::new(config.max_waiters)),
-            feed,
+            feed: Arc::clone(&observer.feed),
             config,
             raft,
             state,

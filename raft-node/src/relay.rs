@@ -7,6 +7,8 @@
 //! again. A write whose client sent no request id gets one here, in an
 //! `Idempotency-Key` header, so that the relay's own retries apply once.
 
+use std::time::Duration;
+
 use axum::extract::FromRequest;
 use axum::extract::Request;
 use axum::http::HeaderMap;
@@ -63,6 +65,8 @@ pub struct Incoming {
     pub body: Bytes,
     /// Whether a relay must add a request id (a write whose client sent none).
     needs_request_id: bool,
+    /// How long a relay of this request may take (longer for one that waits).
+    relay_timeout: Duration,
 }
 
 impl FromRequest<SharedNode> for Incoming {
@@ -78,6 +82,7 @@ impl FromRequest<SharedNode> for Incoming {
             headers: parts.headers,
             body,
             needs_request_id: false,
+            relay_timeout: FORWARD_TIMEOUT,
         })
     }
 }
@@ -86,6 +91,13 @@ impl Incoming {
     /// Whether another node already relayed this request (it is never relayed twice).
     pub fn is_forwarded(&self) -> bool {
         self.headers.contains_key(FORWARDED_HEADER)
+    }
+
+    /// Lets a relay of this request take `wait` longer: the request waits that long at
+    /// the leader before it answers.
+    pub fn waiting(mut self, wait: Duration) -> Self {
+        self.relay_timeout = FORWARD_TIMEOUT + wait;
+        self
     }
 
     /// Marks this request as a write that carries `request_id` (or none): a relay of a
@@ -151,7 +163,7 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
             path_and_query,
             &headers,
             incoming.body,
-            FORWARD_TIMEOUT,
+            incoming.relay_timeout,
         )
         .await;
     match sent {

@@ -1,6 +1,7 @@
 //! The worker API (SPEC section 2): the seed's endpoints, fields and answers.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -14,6 +15,7 @@ use axum::routing::get;
 use axum::routing::post;
 use rpc::job::OnConflictJson;
 use rpc::job::check_add_job;
+use rpc::watch::check_wait_ms;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
@@ -371,12 +373,23 @@ async fn post_claim(
             json.duration
         )));
     }
+    let wait_ms = json.wait_ms.unwrap_or(0);
+    check_wait_ms(wait_ms).map_err(ApiError::bad_request)?;
     let request_id = request_id(&incoming, json.requestid)?;
-    let request = Request::Claim(ClaimRequest {
+    let claim = ClaimRequest {
         client: json.clientid,
         group: json.group,
         duration_ms: json.duration,
         depends: json.depends,
-    });
-    Ok(write(&node, incoming, request, request_id).await)
+    };
+    if wait_ms == 0 {
+        return Ok(write(&node, incoming, Request::Claim(claim), request_id).await);
+    }
+    let wait = Duration::from_millis(wait_ms);
+    let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
+    let outcome = node.claim_waiting(claim, request_id, wait).await;
+    Ok(respond(&node, incoming, outcome, |outcome| {
+        Json(outcome_json(&outcome)).into_response()
+    })
+    .await)
 }

@@ -163,6 +163,12 @@ pub struct UpdateRequestJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
+    /// When nothing is claimable, wait up to this many milliseconds (at most 60 000) for
+    /// a task, then claim it; the usual empty list at the deadline. Waiting costs no log
+    /// entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 60_000))]
+    pub wait_ms: Option<u64>,
 }
 
 /// The body of `POST /claim`.
@@ -188,6 +194,12 @@ pub struct ClaimRequestJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
+    /// When nothing is claimable, wait up to this many milliseconds (at most 60 000) for
+    /// a task, then claim it; the usual empty list at the deadline. Waiting costs no log
+    /// entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 60_000))]
+    pub wait_ms: Option<u64>,
 }
 
 /// A task id in a request body: a JSON integer from 0 to 2^64-1. Anything else gets a
@@ -383,6 +395,15 @@ impl WriteRequestJson {
             Self::Fail(_) => crate::job::FAIL_PATH,
             Self::Cancel(_) => crate::job::CANCEL_PATH,
             Self::Retry(_) => crate::job::RETRY_PATH,
+        }
+    }
+
+    /// How long the node may wait before it answers (a blocking claim's `wait_ms`):
+    /// a client's deadline for the call is this plus its usual one.
+    pub fn wait(&self) -> std::time::Duration {
+        match self {
+            Self::Claim(claim) => std::time::Duration::from_millis(claim.wait_ms.unwrap_or(0)),
+            _ => std::time::Duration::ZERO,
         }
     }
 

@@ -8,6 +8,7 @@
 //! leader once (`relay`).
 
 mod backup;
+mod claim_wait;
 mod membership;
 mod read;
 mod status;
@@ -15,6 +16,7 @@ mod watch;
 mod write;
 
 pub use self::backup::Backup;
+pub use self::claim_wait::proposal_request_id;
 pub use self::read::Consistency;
 pub use self::read::ReadView;
 pub use self::watch::WatchRequest;

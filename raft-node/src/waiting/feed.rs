@@ -1,6 +1,6 @@
 //! The change feed: every change this node applies, kept per group for a while, with a
 //! signal per group that wakes whoever waits on it (watches, blocking claims, waits for
-//! outcomes). Fed in log order by the state machine ([`ApplyObserver`]), so a group's
+//! outcomes). Fed in log order by the state machine (through [`super::Observer`]), so a group's
 //! changes are never out of order or skipped, on a follower as on the leader; only the
 //! oldest are forgotten, and a watch that asks for them is told so (410).
 
@@ -15,7 +15,6 @@ use rpc::watch::WatchEventJson;
 use store_sm::machine::Change;
 use store_sm::machine::GroupName;
 use store_sm::state_machine::AppliedState;
-use store_sm::state_machine::ApplyObserver;
 use tokio::sync::Notify;
 
 use crate::job_api::job_json;
@@ -267,8 +266,10 @@ impl FeedState {
     }
 }
 
-impl ApplyObserver for ChangeFeed {
-    fn applied(&self, index: u64, applied: &AppliedState, changes: &[Change]) {
+impl ChangeFeed {
+    /// Keeps the changes of the entry at `index` (`applied` is the state after it),
+    /// wakes the groups they touch and returns those groups.
+    pub fn record(&self, index: u64, applied: &AppliedState, changes: &[Change]) -> Vec<GroupName> {
         let events = events(index, applied, changes);
         let mut state = self.lock();
         state.revision = index;
@@ -286,14 +287,17 @@ impl ApplyObserver for ChangeFeed {
         state.trim();
         touched.sort();
         touched.dedup();
-        for group in touched {
-            if let Some(feed) = state.groups.get(&group) {
+        for group in &touched {
+            if let Some(feed) = state.groups.get(group) {
                 feed.signal.notify_waiters();
             }
         }
+        touched
     }
 
-    fn reset(&self, index: u64, _applied: &AppliedState) {
+    /// Forgets every change: the state was replaced whole as of `index`. Wakes every
+    /// waiter, so that a watch behind `index` learns its revision is forgotten.
+    pub fn reset(&self, index: u64) {
         let mut state = self.lock();
         state.revision = index;
         state.oldest = index;
@@ -344,7 +348,7 @@ mod tests {
                 request,
             });
             let changes = self.state.machine.changes().to_vec();
-            self.feed.applied(self.index, &self.state, &changes);
+            self.feed.record(self.index, &self.state, &changes);
         }
 
         fn add(&mut self, group: &str, data: &str) {
@@ -429,7 +433,7 @@ mod tests {
         let woken = signal.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        log.feed.reset(50, &log.state);
+        log.feed.reset(50);
         assert!(
             futures_util::FutureExt::now_or_never(woken).is_some(),
             "a reset wakes the group's waiters"

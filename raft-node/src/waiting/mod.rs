@@ -3,6 +3,7 @@
 //! hundred bytes and a place in a [`tokio::sync::Notify`] list. Waiting costs no log
 //! entry; only what a waiter finally does (a claim) is proposed.
 
+pub mod claims;
 pub mod feed;
 
 use std::sync::Arc;
@@ -11,9 +12,54 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 
+use store_sm::machine::Change;
+use store_sm::machine::LogTime;
+use store_sm::machine::TaskMachine;
+use store_sm::state_machine::AppliedState;
+use store_sm::state_machine::ApplyObserver;
 use tokio::sync::Notify;
 
+use self::claims::ClaimQueues;
+use self::feed::ChangeFeed;
 use crate::service::ServiceError;
+
+/// What the state machine tells of each applied entry: the feed keeps its changes and
+/// wakes their groups' watchers, and each touched group's blocking claims are granted
+/// as many claims as it has claimable tasks.
+pub struct Observer {
+    /// The change feed.
+    pub feed: Arc<ChangeFeed>,
+    /// The blocking claims.
+    pub claims: Arc<ClaimQueues>,
+}
+
+impl ApplyObserver for Observer {
+    fn applied(&self, index: u64, state: &AppliedState, changes: &[Change]) {
+        let machine = &state.machine;
+        for group in self.feed.record(index, state, changes) {
+            grant_claims(&self.claims, machine, &group, machine.log_time());
+        }
+    }
+
+    fn reset(&self, index: u64, _state: &AppliedState) {
+        self.feed.reset(index);
+    }
+}
+
+/// Grants `group`'s blocking claims as many claims as `machine` (as of `now`) has
+/// claimable tasks; how many waiters that woke.
+pub fn grant_claims(
+    claims: &ClaimQueues,
+    machine: &TaskMachine,
+    group: &str,
+    now: LogTime,
+) -> usize {
+    let waiting = claims.waiting(group);
+    if waiting == 0 {
+        return 0;
+    }
+    claims.grant(group, machine.claimable_count(group, now, waiting))
+}
 
 /// What a request waits for, for the bound and the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -104,6 +104,37 @@ impl GroupIndex {
         })
     }
 
+    /// How many claimable tasks are available at `now`, counting at most `limit`.
+    pub(crate) fn available_count(&self, now: LogTime, limit: usize) -> usize {
+        let mut count = 0;
+        for level in self.levels.values() {
+            count += level
+                .range(..=(now, TaskId::MAX))
+                .take(limit - count)
+                .count();
+            if count >= limit {
+                break;
+            }
+        }
+        count
+    }
+
+    /// The earliest time after `now` at which a claimable task becomes available.
+    pub(crate) fn next_available_after(&self, now: LogTime) -> Option<LogTime> {
+        self.levels
+            .values()
+            .filter_map(|level| {
+                level
+                    .range((
+                        std::ops::Bound::Excluded((now, TaskId::MAX)),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .next()
+                    .map(|&(at, _)| at)
+            })
+            .min()
+    }
+
     /// Every task at or before `upper`, in `(available time, id)` order across levels and
     /// blocked tasks: the seed's listing order. O(levels) per task.
     pub(crate) fn in_order(&self, upper: LogTime) -> impl Iterator<Item = TaskId> + '_ {

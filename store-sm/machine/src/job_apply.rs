@@ -166,6 +166,35 @@ impl TaskMachine {
         settings.paused || (settings.max_running > 0 && running >= settings.max_running as usize)
     }
 
+    /// How many claims of `group` at `now` would each get a task, counting at most
+    /// `limit`: none while the group is paused, at most `max_running` less the running
+    /// leases. Ask a machine [`TaskMachine::as_of`] `now`, so that lapsed leases count
+    /// as ended. Blocking claims wake about this many waiters.
+    pub fn claimable_count(&self, group: &str, now: LogTime, limit: usize) -> usize {
+        let Some(index) = self.groups.get(group) else {
+            return 0;
+        };
+        let settings = self.group_settings(group);
+        if settings.paused || limit == 0 {
+            return 0;
+        }
+        let limit = match settings.max_running {
+            0 => limit,
+            max => limit.min((max as usize).saturating_sub(index.running)),
+        };
+        if limit == 0 {
+            return 0;
+        }
+        index.available_count(now, limit)
+    }
+
+    /// When, after `now`, a task of `group` next becomes claimable by time alone (a
+    /// lease ending, an available time or a back-off passing); `None` if nothing will
+    /// without another command.
+    pub fn next_claimable_after(&self, group: &str, now: LogTime) -> Option<LogTime> {
+        self.groups.get(group)?.next_available_after(now)
+    }
+
     /// Checks the job fields of an update's adds and decides what each add does.
     pub(crate) fn plan_adds(&self, adds: &[AddTask], refusals: &mut Vec<Refusal>) -> Vec<AddPlan> {
         let mut added: BTreeSet<(&str, &str)> = BTreeSet::new();

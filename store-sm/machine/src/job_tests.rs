@@ -541,3 +541,46 @@ fn the_change_journal_lists_what_each_command_changed() {
         store.machine.changes()
     );
 }
+
+#[test]
+fn claimable_counts_follow_the_claim_rules() {
+    let mut store = Store::new();
+    let none = store
+        .machine
+        .claimable_count("g", LogTime::from_millis(store.now), 10);
+    assert_eq!(none, 0);
+    store.add(vec![job("a"), job("b"), job("c")]);
+    let later = AddTask::seed("g", "later", Some(-60_000));
+    store.add(vec![later]);
+    let now = || LogTime::from_millis(T0 + 100);
+    assert_eq!(store.machine.claimable_count("g", now(), 10), 3);
+    assert_eq!(store.machine.claimable_count("g", now(), 2), 2);
+    assert_eq!(
+        store.machine.next_claimable_after("g", now()),
+        Some(LogTime::from_millis(T0 + 2 + 60_000))
+    );
+
+    // max_running 2 with one lease: one more claim gets a task.
+    store.settings(
+        "g",
+        SettingsChange {
+            max_running: Some(2),
+            ..SettingsChange::default()
+        },
+    );
+    store.claim(7, "g").expect("a job");
+    assert_eq!(store.machine.claimable_count("g", now(), 10), 1);
+    // The lease lapses after a second: seen as ended by a machine as of then.
+    let after_lease = LogTime::from_millis(store.now + 2_000);
+    let view = store.machine.as_of(after_lease);
+    assert_eq!(view.claimable_count("g", after_lease, 10), 2);
+
+    store.settings(
+        "g",
+        SettingsChange {
+            paused: Some(true),
+            ..SettingsChange::default()
+        },
+    );
+    assert_eq!(store.machine.claimable_count("g", now(), 10), 0);
+}

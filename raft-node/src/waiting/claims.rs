@@ -1,0 +1,196 @@
+//! Blocking claims' queues: per group, the waiting claims in arrival order, and how
+//! many of them hold a grant (their claim is being proposed). When a group's claimable
+//! count changes, the oldest waiters without a grant get one, as many as there are
+//! claimable tasks beyond the grants already out, and only those are woken: a thousand
+//! waiters and ten adds wake ten claims, longest waiter first.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::MutexGuard;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+
+use store_sm::machine::GroupName;
+use tokio::sync::Notify;
+
+struct Queued {
+    wake: Arc<Notify>,
+    granted: bool,
+}
+
+#[derive(Default)]
+struct GroupQueue {
+    /// By arrival: the longest waiter first.
+    waiting: BTreeMap<u64, Queued>,
+    granted: usize,
+}
+
+/// Every group's blocking claims on this node.
+#[derive(Default)]
+pub struct ClaimQueues {
+    groups: Mutex<HashMap<GroupName, GroupQueue>>,
+    arrivals: AtomicU64,
+}
+
+impl ClaimQueues {
+    fn lock(&self) -> MutexGuard<'_, HashMap<GroupName, GroupQueue>> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a blocking claim on `group`; it leaves the queue when the ticket drops.
+    pub fn join(self: &Arc<Self>, group: &str) -> ClaimTicket {
+        let seq = self.arrivals.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        let mut groups = self.lock();
+        let queue = match groups.get_mut(group) {
+            Some(queue) => queue,
+            None => groups.entry(Arc::from(group)).or_default(),
+        };
+        queue.waiting.insert(
+            seq,
+            Queued {
+                wake: Arc::clone(&wake),
+                granted: false,
+            },
+        );
+        ClaimTicket {
+            queues: Arc::clone(self),
+            group: Arc::from(group),
+            seq,
+            wake,
+        }
+    }
+
+    /// Waiters queued on `group`, granted or not: the most tasks worth counting.
+    pub fn waiting(&self, group: &str) -> usize {
+        self.lock().get(group).map_or(0, |q| q.waiting.len())
+    }
+
+    /// `claimable` tasks of `group` are there to claim: grants go to the oldest waiters
+    /// without one until grants match them, and those waiters are woken. Returns how
+    /// many were woken.
+    pub fn grant(&self, group: &str, claimable: usize) -> usize {
+        let mut groups = self.lock();
+        let Some(queue) = groups.get_mut(group) else {
+            return 0;
+        };
+        let free = claimable.saturating_sub(queue.granted);
+        let mut woken = 0;
+        for queued in queue.waiting.values_mut().filter(|q| !q.granted).take(free) {
+            queued.granted = true;
+            queued.wake.notify_one();
+            woken += 1;
+        }
+        queue.granted += woken;
+        woken
+    }
+
+    fn set_granted(&self, ticket: &ClaimTicket, granted: bool) -> bool {
+        let mut groups = self.lock();
+        let Some(queue) = groups.get_mut(&ticket.group) else {
+            return false;
+        };
+        let Some(queued) = queue.waiting.get_mut(&ticket.seq) else {
+            return false;
+        };
+        let was = queued.granted;
+        if was != granted {
+            queued.granted = granted;
+            if granted {
+                queue.granted += 1;
+            } else {
+                queue.granted -= 1;
+            }
+        }
+        was
+    }
+}
+
+/// One blocking claim's place in its group's queue.
+pub struct ClaimTicket {
+    queues: Arc<ClaimQueues>,
+    group: GroupName,
+    seq: u64,
+    wake: Arc<Notify>,
+}
+
+impl ClaimTicket {
+    /// Resolves when this waiter is granted a claim (a permit is kept if the grant came
+    /// first, so none is lost).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Whether this waiter holds a grant.
+    pub fn is_granted(&self) -> bool {
+        let groups = self.queues.lock();
+        groups
+            .get(&self.group)
+            .and_then(|q| q.waiting.get(&self.seq))
+            .is_some_and(|q| q.granted)
+    }
+
+    /// The waiter's claim came back without a task (or was not made): it gives its
+    /// grant back and waits again in its place.
+    pub fn release_grant(&self) {
+        self.queues.set_granted(self, false);
+    }
+}
+
+impl Drop for ClaimTicket {
+    fn drop(&mut self) {
+        let mut groups = self.queues.lock();
+        let Some(queue) = groups.get_mut(&self.group) else {
+            return;
+        };
+        let removed = queue.waiting.remove(&self.seq);
+        if removed.is_some_and(|queued| queued.granted) {
+            // A grant that was never used: the next waiter looks again in its place.
+            queue.granted -= 1;
+            if let Some(next) = queue.waiting.values().find(|q| !q.granted) {
+                next.wake.notify_one();
+            }
+        }
+        if queue.waiting.is_empty() {
+            groups.remove(&self.group);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    #[test]
+    fn grants_go_to_the_oldest_waiters_only_and_are_not_given_twice() {
+        let queues = Arc::new(ClaimQueues::default());
+        let tickets: Vec<ClaimTicket> = (0..5).map(|_| queues.join("g")).collect();
+        assert_eq!(queues.waiting("g"), 5);
+        assert_eq!(queues.grant("g", 2), 2);
+        let granted: Vec<bool> = tickets.iter().map(ClaimTicket::is_granted).collect();
+        assert_eq!(granted, [true, true, false, false, false]);
+        assert!(
+            tickets[0].woken().now_or_never().is_some(),
+            "its permit waits"
+        );
+        assert!(tickets[2].woken().now_or_never().is_none());
+        // The same count again grants nothing more: the two grants still cover it.
+        assert_eq!(queues.grant("g", 2), 0);
+        // The first lost its race: the next grant goes back to it, the longest waiter.
+        tickets[0].release_grant();
+        assert_eq!(queues.grant("g", 2), 1);
+        assert!(tickets[0].is_granted());
+        // A granted waiter that leaves frees its grant for the next.
+        let mut tickets = tickets;
+        drop(tickets.remove(1));
+        assert_eq!(queues.grant("g", 2), 1);
+        assert!(tickets[1].is_granted(), "the third arrival now");
+        drop(tickets);
+        assert_eq!(queues.waiting("g"), 0);
+        assert_eq!(queues.grant("g", 5), 0);
+    }
+}

@@ -1,0 +1,290 @@
+//! Blocking claims through real nodes (issue 13): a waiting claim is served by an add
+//! through another node, many waiters and a few adds wake as many claims without a
+//! stampede, waiting costs no log entry, and a leader kill during waits loses no task
+//! and hands none out twice.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use common::TestCluster;
+use rpc::worker::AddJson;
+use rpc::worker::ClaimRequestJson;
+use rpc::worker::TaskJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker::WriteResultJson;
+
+fn waiting_claim(client: i64, group: &str, duration_ms: i64, wait_ms: u64) -> ClaimRequestJson {
+    ClaimRequestJson {
+        wait_ms: Some(wait_ms),
+        ..ClaimRequestJson::new(client, group, duration_ms)
+    }
+}
+
+async fn add(cluster: &TestCluster, via: u64, group: &str, data: &str) {
+    add_through(cluster, &[via], group, data).await;
+}
+
+/// Adds a task through the first of `nodes` that takes it, retrying with one request id.
+async fn add_through(cluster: &TestCluster, nodes: &[u64], group: &str, data: &str) {
+    let mut request = UpdateRequestJson::by(1).with_add(AddJson::in_group(group).with_data(data));
+    request.requestid = Some(format!("add-{group}-{data}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for via in nodes.iter().cycle() {
+        match cluster.write(*via, "/update", &request).await {
+            Ok(WriteResultJson::Tasks { .. }) => return,
+            Ok(refused) => panic!("add refused: {refused:?}"),
+            Err(e) => assert!(Instant::now() < deadline, "add {data} never succeeded: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// POSTs a blocking claim with a deadline long enough for its wait.
+async fn claim(
+    cluster: &TestCluster,
+    via: u64,
+    request: &ClaimRequestJson,
+) -> Result<Vec<TaskJson>, String> {
+    let wait = Duration::from_millis(request.wait_ms.unwrap_or(0));
+    let response = cluster
+        .client
+        .post_json(
+            cluster.api(via),
+            "/claim",
+            request,
+            common::CALL_TIMEOUT + wait,
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .success(cluster.api(via))
+        .map_err(|e| e.to_string())?;
+    match response.json(cluster.api(via)).map_err(|e| e.to_string())? {
+        WriteResultJson::Tasks { tasks } => Ok(tasks),
+        WriteResultJson::Errors { errors } => Err(errors.join("; ")),
+    }
+}
+
+async fn metric(cluster: &TestCluster, id: u64, series: &str) -> f64 {
+    let response = cluster
+        .client
+        .get(cluster.api(id), "/metrics", common::CALL_TIMEOUT)
+        .await
+        .expect("metrics");
+    let text = String::from_utf8_lossy(&response.body).to_string();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+async fn applied_index(cluster: &TestCluster, id: u64) -> u64 {
+    metric(cluster, id, "rota_feed_revision").await as u64
+}
+
+#[tokio::test]
+async fn a_waiting_claim_is_served_by_an_add_through_another_node() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let other = (1..=3)
+        .find(|&id| id != leader && id != follower)
+        .expect("another follower");
+
+    // Sent to a follower, which relays the whole wait to the leader.
+    let waiting = {
+        let request = waiting_claim(7, "q", 60_000, 30_000);
+        let api = cluster.api(follower).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let answer = client
+                .post_json(&api, "/claim", &request, Duration::from_secs(45))
+                .await
+                .expect("answered");
+            let tasks: WriteResultJson = answer.json(&api).expect("JSON");
+            (tasks, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    add(&cluster, other, "q", "wanted").await;
+    let (answer, waited) = waiting.await.expect("the claim ended");
+    let WriteResultJson::Tasks { tasks } = answer else {
+        panic!("refused: {answer:?}");
+    };
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    assert_eq!((tasks[0].data.as_str(), tasks[0].ownerid), ("wanted", 7));
+    assert!(
+        waited < Duration::from_secs(30),
+        "served by the add, not the deadline"
+    );
+
+    // Nothing to claim: the usual empty answer at the deadline; over a minute is a 400.
+    let empty = claim(&cluster, leader, &waiting_claim(7, "q", 60_000, 200)).await;
+    assert_eq!(empty.expect("answered").len(), 0);
+    let too_long = cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/claim",
+            &waiting_claim(7, "q", 60_000, 60_001),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(too_long.status.as_u16(), 400);
+    assert!(String::from_utf8_lossy(&too_long.body).contains("wait_ms"));
+}
+
+#[tokio::test]
+async fn many_waiters_and_ten_adds_wake_ten_claims_and_idle_waiting_writes_nothing() {
+    const WAITERS: i64 = 1_000;
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let before = applied_index(&cluster, 1).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let request = waiting_claim(100 + i, "crowd", 60_000, 20_000);
+            let api = cluster.api(1).to_string();
+            let client = cluster.client.clone();
+            tokio::spawn(async move {
+                let answer = client
+                    .post_json(&api, "/claim", &request, Duration::from_secs(40))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                answer
+                    .json::<WriteResultJson>(&api)
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    // Every waiter is parked before the adds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&cluster, 1, "rota_waiters{kind=\"claim\"}").await < WAITERS as f64 {
+        assert!(Instant::now() < deadline, "the waiters never all parked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Idle waiting proposed nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        applied_index(&cluster, 1).await,
+        before,
+        "waiting wrote to the log"
+    );
+
+    for i in 0..10 {
+        add(&cluster, 1, "crowd", &format!("t{i}")).await;
+    }
+    let mut claimed = BTreeSet::new();
+    let mut empty = 0;
+    for waiter in waiters {
+        match waiter.await.expect("joined").expect("answered") {
+            WriteResultJson::Tasks { tasks } if tasks.is_empty() => empty += 1,
+            WriteResultJson::Tasks { tasks } => {
+                claimed.insert(tasks[0].data.clone());
+            }
+            WriteResultJson::Errors { errors } => panic!("refused: {errors:?}"),
+        }
+    }
+    assert_eq!((claimed.len(), empty), (10, WAITERS as usize - 10));
+    // Ten adds and ten claims: no claim was proposed for a waiter that got nothing.
+    let entries = applied_index(&cluster, 1).await - before;
+    assert_eq!(entries, 20, "log entries for 10 adds and 10 claims");
+    let wasted = metric(
+        &cluster,
+        1,
+        "rota_waiter_wasted_wakeups_total{kind=\"claim\"}",
+    )
+    .await;
+    assert_eq!(wasted, 0.0);
+}
+
+#[tokio::test]
+async fn a_leader_kill_during_waits_loses_no_task_and_hands_none_out_twice() {
+    const TASKS: usize = 40;
+    const WORKERS: i64 = 8;
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+
+    // Workers claim with a wait through the survivors and delete what they claim; a
+    // call that fails is retried with its request id through the other survivor.
+    let done = AtomicUsize::new(0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let other = |via: u64| {
+        if via == survivors[0] {
+            survivors[1]
+        } else {
+            survivors[0]
+        }
+    };
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (cluster, done, survivors, other) = (&cluster, &done, &survivors, &other);
+            async move {
+                let mut deleted = Vec::new();
+                let mut round = 0;
+                while done.load(Ordering::SeqCst) < TASKS && Instant::now() < deadline {
+                    round += 1;
+                    let mut request = waiting_claim(w + 1, "k", 2_000, 1_500);
+                    request.requestid = Some(format!("w{w}-claim{round}"));
+                    let mut via = survivors[(w as usize + round) % survivors.len()];
+                    let tasks = loop {
+                        match claim(cluster, via, &request).await {
+                            Ok(tasks) => break tasks,
+                            Err(_) if Instant::now() < deadline => {
+                                via = other(via);
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                            Err(e) => panic!("claims failed until the deadline: {e}"),
+                        }
+                    };
+                    let Some(task) = tasks.first() else { continue };
+                    let mut delete = UpdateRequestJson::by(w + 1).with_deletes([task.id]);
+                    delete.requestid = Some(format!("w{w}-delete{round}"));
+                    while Instant::now() < deadline {
+                        match cluster.write(via, "/update", &delete).await {
+                            Ok(WriteResultJson::Tasks { .. }) => {
+                                deleted.push(task.data.clone());
+                                done.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                            // Its lease lapsed and someone else claimed it: not ours.
+                            Ok(WriteResultJson::Errors { .. }) => break,
+                            Err(_) => {
+                                via = other(via);
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                }
+                deleted
+            }
+        })
+        .collect();
+    let producer = async {
+        for i in 0..TASKS {
+            add_through(&cluster, &survivors, "k", &format!("job{i}")).await;
+            if i == TASKS / 2 {
+                cluster.kill(leader);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (results, ()) = tokio::join!(futures_util::future::join_all(workers), producer);
+    let mut deleted_by: BTreeMap<String, usize> = BTreeMap::new();
+    for data in results.into_iter().flatten() {
+        *deleted_by.entry(data).or_default() += 1;
+    }
+    let twice: Vec<_> = deleted_by.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "deleted twice: {twice:?}");
+    assert_eq!(
+        deleted_by.len(),
+        TASKS,
+        "every task claimed and finished once: {deleted_by:?}"
+    );
+}
