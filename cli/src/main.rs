@@ -277,6 +277,24 @@ enum JobCommand {
         #[arg(long)]
         key: String,
     },
+    /// Wait until jobs have finished (succeeded, dead or cancelled) and show them; exit 1
+    /// if some have not within --timeout.
+    #[command(
+        after_help = "Examples:\n  rota job wait --url 127.0.0.1:7001 --group etl extract transform load\n  rota job wait --url 127.0.0.1:7001 --group mail --timeout 30s welcome-42 --json"
+    )]
+    Wait {
+        #[command(flatten)]
+        target: Target,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// Give up after this long: 90s, 5m, 1h (default 5m).
+        #[arg(long, value_parser = duration_ms, default_value = "5m")]
+        timeout: i64,
+        /// The jobs' keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
     /// List a group's job records in key order, one page at a time (or --all).
     #[command(
         after_help = "Examples:\n  rota job list --url 127.0.0.1:7001 --group mail --state failed\n  rota job list --url 127.0.0.1:7001 --group mail --all --json"
@@ -564,6 +582,55 @@ impl Writer {
     }
 }
 
+/// `rota job wait`: long polls of `/jobs/wait` until every job has finished or
+/// `timeout_ms` passed.
+async fn wait_for_jobs(
+    target: &Target,
+    group: &str,
+    keys: &[String],
+    timeout_ms: i64,
+) -> Result<(), cli::CliError> {
+    if keys.len() > rpc::job::WAIT_KEYS_MAX {
+        return Err(cli::CliError::Usage(format!(
+            "name at most {} jobs at once",
+            rpc::job::WAIT_KEYS_MAX
+        )));
+    }
+    let nodes = cli::nodes::Nodes::new(&target.url)?;
+    let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
+    let key_query: String = keys
+        .iter()
+        .map(|k| format!("&key={}", cli::nodes::encode(k)))
+        .collect();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let wait = left.min(Duration::from_millis(rpc::watch::WAIT_MS_MAX));
+        let path = format!(
+            "/jobs/wait?group={}{key_query}&wait_ms={}",
+            cli::nodes::encode(group),
+            wait.as_millis()
+        );
+        let answer: rpc::job::JobWaitJson = nodes.get_json_waiting(&path, wait).await?;
+        if answer.finished || left.is_zero() {
+            if target.json {
+                println!("{}", cli::json_text(&answer)?);
+            } else {
+                print!("{}", cli::job::render_jobs(&answer.jobs));
+                for key in &answer.missing {
+                    println!("{key}: no such job in {group}");
+                }
+            }
+            if answer.finished {
+                return Ok(());
+            }
+            return Err(cli::CliError::Failed(format!(
+                "not every job had finished after {}",
+                cli::job::format_duration(timeout_ms)
+            )));
+        }
+    }
+}
+
 async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
     use cli::nodes::Nodes;
     use cli::task::read_data;
@@ -739,6 +806,12 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
                 .await?;
             emit(target.json, &job, cli::job::render_job)
         }
+        JobCommand::Wait {
+            target,
+            group,
+            timeout,
+            keys,
+        } => wait_for_jobs(&target, &group, &keys, timeout).await,
         JobCommand::List {
             target,
             paging,

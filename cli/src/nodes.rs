@@ -158,7 +158,16 @@ impl Nodes {
         &self,
         path: &str,
     ) -> Result<T, CliError> {
-        let (addr, response) = self.get(path, CALL_TIMEOUT).await?;
+        self.get_json_waiting(path, Duration::ZERO).await
+    }
+
+    /// As [`Nodes::get_json`], for a read that may wait `wait` at the node first.
+    pub async fn get_json_waiting<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        wait: Duration,
+    ) -> Result<T, CliError> {
+        let (addr, response) = self.get(path, CALL_TIMEOUT + wait).await?;
         answer(&addr, response)
     }
 

@@ -491,3 +491,33 @@ async fn bench_job_mode_runs_whole_job_cycles() {
     assert_eq!(jobs.len(), 12, "{listed}");
     assert!(jobs.iter().all(|j| j["result"]["ok"] == true), "{listed}");
 }
+
+#[tokio::test]
+async fn job_wait_returns_once_the_jobs_finish_and_fails_at_its_timeout() {
+    let cluster = DevCluster::up().await;
+    cluster
+        .rota(&["job", "add", "--group", "w", "--key", "only", "--data", "x"])
+        .await
+        .ok();
+    let early = cluster
+        .rota(&["job", "wait", "--group", "w", "--timeout", "1s", "only"])
+        .await;
+    assert_eq!(early.code, 1, "{}", early.stderr);
+    assert!(
+        early.stderr.contains("not every job had finished"),
+        "{}",
+        early.stderr
+    );
+
+    let task = claim(&cluster, "w", "3").await.expect("the job");
+    cluster
+        .rota(&["job", "finish", "--client", "3", "--id", &id_of(&task)])
+        .await
+        .ok();
+    let done = cluster
+        .rota(&["job", "wait", "--group", "w", "only", "--json"])
+        .await
+        .json();
+    assert_eq!(done["finished"], true, "{done}");
+    assert_eq!(done["jobs"][0]["state"], "succeeded");
+}

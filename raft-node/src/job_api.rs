@@ -24,10 +24,12 @@ use rpc::job::JOBS_PAGE_DEFAULT;
 use rpc::job::JOBS_PAGE_MAX;
 use rpc::job::JobJson;
 use rpc::job::JobPageJson;
+use rpc::job::JobWaitJson;
 use rpc::job::KeysRequestJson;
 use rpc::job::RETRY_PATH;
 use rpc::job::SettingsChangeJson;
 use rpc::job::SettingsJson;
+use rpc::job::WAIT_KEYS_MAX;
 use rpc::job::check_fail;
 use rpc::job::check_key;
 use rpc::job::check_keys_request;
@@ -60,6 +62,7 @@ use crate::worker_api::path_segment;
 use crate::worker_api::query_params;
 use crate::worker_api::read;
 use crate::worker_api::request_id;
+use crate::worker_api::wait_param;
 use crate::worker_api::write;
 
 /// The job API routes.
@@ -71,6 +74,7 @@ pub fn routes() -> Router<SharedNode> {
         .route(RETRY_PATH, post(post_retry))
         .route("/job", get(get_job))
         .route("/jobs", get(get_jobs))
+        .route("/jobs/wait", get(get_jobs_wait))
         .route("/dead", get(get_dead))
         .route(
             "/groups/{group}/settings",
@@ -159,14 +163,81 @@ async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<R
     let group = required(&params, "group")?.to_string();
     let key = required(&params, "key")?.to_string();
     check_key("key", &key).map_err(ApiError::bad_request)?;
-    Ok(read(&node, incoming, consistency(&params)?, |view| {
+    let wait = wait_param(&params)?;
+    let consistency = consistency(&params)?;
+    let keys = [key.clone()];
+    let view = node.wait_jobs(&group, &keys, consistency, wait).await;
+    Ok(respond(&node, incoming.waiting(wait), view, |view| {
         let machine = &view.state.machine.as_of(view.now);
         match machine.job(&group, &key) {
-            Some(record) => Ok(Json(job_json(machine, record)).into_response()),
-            None => Err(ApiError::not_found(format!(
+            Some(record) => Json(job_json(machine, record)).into_response(),
+            None => ApiError::not_found(format!(
                 "no job with key {key:?} in group {group:?} (never added, or its record passed the group's retention)"
-            ))),
+            ))
+            .into_response(),
         }
+    })
+    .await)
+}
+
+/// `GET /jobs/wait?group=G&key=A&key=B&wait_ms=`: the named jobs once all finished.
+async fn get_jobs_wait(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let mut group = None;
+    let mut keys: Vec<String> = Vec::new();
+    let mut rest = Vec::new();
+    for (name, value) in form_urlencoded::parse(incoming.query().as_bytes()) {
+        match &*name {
+            "key" => keys.push(value.into_owned()),
+            "group" if group.is_none() => group = Some(value.into_owned()),
+            _ => rest.push((name.into_owned(), value.into_owned())),
+        }
+    }
+    let mut params = HashMap::new();
+    for (name, value) in rest {
+        if params.insert(name.clone(), value).is_some() {
+            return Err(ApiError::bad_request(format!(
+                "query parameter {name} is given twice"
+            )));
+        }
+    }
+    let group = group
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| ApiError::bad_request("query parameter group is required (once)"))?;
+    if keys.is_empty() || keys.len() > WAIT_KEYS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "name 1 to {WAIT_KEYS_MAX} jobs, each as key=K; {} given",
+            keys.len()
+        )));
+    }
+    for key in &keys {
+        check_key("key", key).map_err(ApiError::bad_request)?;
+    }
+    let wait = wait_param(&params)?;
+    let consistency = consistency(&params)?;
+    let view = node.wait_jobs(&group, &keys, consistency, wait).await;
+    Ok(respond(&node, incoming.waiting(wait), view, |view| {
+        let machine = &view.state.machine.as_of(view.now);
+        let mut answer = JobWaitJson {
+            finished: true,
+            jobs: Vec::with_capacity(keys.len()),
+            missing: Vec::new(),
+        };
+        for key in &keys {
+            match machine.job(&group, key) {
+                Some(record) => {
+                    answer.finished &= record.state.is_finished();
+                    answer.jobs.push(job_json(machine, record));
+                }
+                None => {
+                    answer.finished = false;
+                    answer.missing.push(key.clone());
+                }
+            }
+        }
+        Json(answer).into_response()
     })
     .await)
 }

@@ -13,6 +13,7 @@ use axum::extract::State;
 use rpc::admin::RESTORE_BYTES_MAX;
 use rpc::job::JOBS_PAGE_DEFAULT;
 use rpc::job::JOBS_PAGE_MAX;
+use rpc::job::WAIT_KEYS_MAX;
 use rpc::schema::INTEGER_SPELLING;
 use rpc::schema::reference as ref_schema;
 use rpc::watch::WAIT_MS_MAX;
@@ -172,8 +173,8 @@ fn job_paths(limits: &Limits) -> Value {
             "/retry": {"post": {"tags": ["jobs"], "summary": "Re-drive dead jobs by key with a fresh attempt budget; answers their new task versions",
                 "parameters": [idempotency_key()],
                 "requestBody": json_body(ref_schema("KeysRequest")), "responses": write_responses(limits)}},
-            "/job": {"get": {"tags": ["jobs"], "summary": "A job's record by group and key",
-                "parameters": [query("group", "the job's group", true), query("key", "the job's key", true), consistency()],
+            "/job": {"get": {"tags": ["jobs"], "summary": "A job's record by group and key; with wait_ms, answered once the job has finished (succeeded, dead or cancelled) or at the deadline",
+                "parameters": [query("group", "the job's group", true), query("key", "the job's key", true), consistency(), wait_ms()],
                 "responses": merge(json!({"200": ok("the record", ref_schema("Job")), "404": error("no job with this key in the group (never added, or past the retention)")}), read_errors())}},
             "/jobs": {"get": {"tags": ["jobs"], "summary": "A group's job records in key order, by state if asked, one page at a time",
                 "parameters": [query("group", "the group", true),
@@ -182,6 +183,11 @@ fn job_paths(limits: &Limits) -> Value {
                     page_limit.clone(),
                     consistency()],
                 "responses": merge(json!({"200": ok("a page", ref_schema("JobPage"))}), read_errors())}},
+            "/jobs/wait": {"get": {"tags": ["jobs", "waiting"], "summary": "Several jobs' records, answered once every one has finished (succeeded, dead or cancelled) or at the deadline",
+                "parameters": [query("group", "the jobs' group", true),
+                    {"name": "key", "in": "query", "required": true, "description": format!("a job's key; repeat for each job (1 to {WAIT_KEYS_MAX})"), "schema": {"type": "array", "items": {"type": "string"}}, "style": "form", "explode": true},
+                    consistency(), wait_ms()],
+                "responses": merge(json!({"200": ok("the records, whether all finished, and keys with no record", ref_schema("JobWait"))}), read_errors())}},
             "/dead": {"get": {"tags": ["jobs"], "summary": "A group's dead jobs (dead letters) in key order, one page at a time",
                 "parameters": [query("group", "the group", true),
                     query("after", "start after this key (the previous page's next)", false),
@@ -202,14 +208,18 @@ fn job_paths(limits: &Limits) -> Value {
     })
 }
 
+/// The `wait_ms` query parameter of a read that may wait.
+fn wait_ms() -> Value {
+    json!({"name": "wait_ms", "in": "query", "required": false, "description": format!("wait up to this many milliseconds (default 0, at most {WAIT_MS_MAX}); waiting writes nothing to the log"), "schema": {"type": "integer", "minimum": 0, "maximum": WAIT_MS_MAX}})
+}
+
 fn watch_paths() -> Value {
-    let wait_ms = json!({"name": "wait_ms", "in": "query", "required": false, "description": format!("wait up to this many milliseconds for the first change (default 0, at most {WAIT_MS_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": WAIT_MS_MAX}});
     let limit = json!({"name": "limit", "in": "query", "required": false, "description": format!("changes per page, whole revisions (default {WATCH_PAGE_DEFAULT}, at most {WATCH_PAGE_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": WATCH_PAGE_MAX}});
     json!({
         "/watch": {"get": {"tags": ["waiting"], "summary": "A group's changes (tasks written and removed, job records, settings) after a revision, in log order, from this node's applied state; waits up to wait_ms for the first. With Accept: text/event-stream, a stream of them (event = kind, data = the change, id = its revision on the last change of each revision; Last-Event-ID resumes) until the client leaves",
             "parameters": [query("group", "the group", true),
                 {"name": "after", "in": "query", "required": false, "description": "changes after this revision (a log index); default: the node's current revision", "schema": {"type": "integer", "minimum": 0}},
-                wait_ms, limit],
+                wait_ms(), limit],
             "responses": {
                 "200": ok("the changes, and the revision to ask from next", ref_schema("WatchPage")),
                 "400": error("malformed group, after, wait_ms or limit, named"),

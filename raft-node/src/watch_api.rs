@@ -24,7 +24,6 @@ use rpc::watch::WATCH_PATH;
 use rpc::watch::WatchEventJson;
 use rpc::watch::WatchGoneJson;
 use rpc::watch::WatchPageJson;
-use rpc::watch::parse_wait_ms;
 
 use crate::http::ApiError;
 use crate::node::SharedNode;
@@ -34,6 +33,7 @@ use crate::waiting::feed::FeedPage;
 use crate::waiting::feed::Forgotten;
 use crate::worker_api::limit_param;
 use crate::worker_api::query_params;
+use crate::worker_api::wait_param;
 
 /// How long one wait of an event stream lasts before it sends a keep-alive comment.
 const STREAM_KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -41,16 +41,6 @@ const STREAM_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The watch routes.
 pub fn routes() -> Router<SharedNode> {
     Router::new().route(WATCH_PATH, get(get_watch))
-}
-
-/// The optional wait of a request, `wait_ms` in its query; none: do not wait.
-pub(crate) fn wait_param(params: &HashMap<String, String>) -> Result<Duration, ApiError> {
-    match params.get("wait_ms").filter(|v| !v.is_empty()) {
-        None => Ok(Duration::ZERO),
-        Some(value) => parse_wait_ms(value)
-            .map(Duration::from_millis)
-            .map_err(ApiError::bad_request),
-    }
 }
 
 fn watch_request(params: &HashMap<String, String>) -> Result<WatchRequest, ApiError> {

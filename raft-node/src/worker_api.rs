@@ -16,6 +16,7 @@ use axum::routing::post;
 use rpc::job::OnConflictJson;
 use rpc::job::check_add_job;
 use rpc::watch::check_wait_ms;
+use rpc::watch::parse_wait_ms;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
@@ -115,6 +116,16 @@ pub(crate) fn limit_param(params: &HashMap<String, String>) -> Result<Option<usi
     match params.get("limit") {
         Some(value) => parse_limit(value).map_err(ApiError::bad_request),
         None => Ok(None),
+    }
+}
+
+/// The optional wait of a request, `wait_ms` in its query; none: do not wait.
+pub(crate) fn wait_param(params: &HashMap<String, String>) -> Result<Duration, ApiError> {
+    match params.get("wait_ms").filter(|v| !v.is_empty()) {
+        None => Ok(Duration::ZERO),
+        Some(value) => parse_wait_ms(value)
+            .map(Duration::from_millis)
+            .map_err(ApiError::bad_request),
     }
 }
 

@@ -365,3 +365,83 @@ async fn a_lapsed_lease_shows_in_reads_before_any_write() {
     let settings = get(&cluster, 1, "/groups/l/settings").await;
     assert_eq!(settings["running"], 0);
 }
+
+#[tokio::test]
+async fn a_wait_for_outcomes_returns_when_the_jobs_finish() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let adds = json!({"clientid": 1, "adds": [
+        {"group": "w", "key": "a", "data": "1"},
+        {"group": "w", "key": "b", "data": "2"}]});
+    post(&cluster, leader, "/update", adds).await;
+
+    // Not finished: the record as it is at the deadline.
+    let waited = get(&cluster, follower, "/job?group=w&key=a&wait_ms=200").await;
+    assert_eq!(waited["state"], "waiting");
+
+    // Waiting through a follower for both; a worker finishes them meanwhile.
+    let waiter = {
+        let api = cluster.api(follower).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let answer = client
+                .get(
+                    &api,
+                    "/jobs/wait?group=w&key=a&key=b&wait_ms=30000",
+                    std::time::Duration::from_secs(45),
+                )
+                .await
+                .expect("answered");
+            let json: Value = serde_json::from_slice(&answer.body).expect("JSON");
+            (json, started.elapsed())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for _ in 0..2 {
+        let task = first_task(&post(&cluster, leader, "/claim", claim("w", 5)).await);
+        let body = json!({"clientid": 5, "id": task["id"], "result": {"done": task["key"]}});
+        post(&cluster, leader, "/finish", body).await;
+    }
+    let (answer, waited) = waiter.await.expect("the wait ended");
+    assert_eq!(answer["finished"], true, "{answer}");
+    assert_eq!(answer["missing"], json!([]));
+    let states: Vec<&str> = answer["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["state"].as_str())
+        .collect();
+    assert_eq!(states, vec!["succeeded", "succeeded"]);
+    assert!(
+        waited < std::time::Duration::from_secs(30),
+        "woken by the finishes"
+    );
+
+    // A finished job answers at once; a key never added is listed as missing.
+    let done = get(&cluster, follower, "/job?group=w&key=b&wait_ms=30000").await;
+    assert_eq!(done["result"]["done"], "b");
+    let partly = get(
+        &cluster,
+        leader,
+        "/jobs/wait?group=w&key=a&key=zzz&wait_ms=100",
+    )
+    .await;
+    assert_eq!(
+        (partly["finished"].clone(), partly["missing"].clone()),
+        (json!(false), json!(["zzz"]))
+    );
+
+    for (path, field) in [
+        ("/jobs/wait?group=w&wait_ms=10", "key"),
+        ("/jobs/wait?key=a", "group"),
+        ("/jobs/wait?group=w&key=a&wait_ms=60001", "wait_ms"),
+        ("/job?group=w&key=a&wait_ms=-1", "wait_ms"),
+    ] {
+        let (status, json) = call(&cluster, leader, Method::GET, path, None).await;
+        assert_eq!(status, 400, "{path}: {json}");
+        let message = json["error"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{path}: {message}");
+    }
+}

@@ -196,6 +196,22 @@ pub struct AttemptJson {
     pub error: Option<String>,
 }
 
+/// Most keys one `/jobs/wait` may name.
+pub const WAIT_KEYS_MAX: usize = 1_000;
+
+/// The answer of `GET /jobs/wait`: the named jobs' records once all have finished, or
+/// as they are at the deadline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "JobWait")]
+pub struct JobWaitJson {
+    /// Whether every named job has finished (succeeded, dead or cancelled).
+    pub finished: bool,
+    /// The records of the named jobs that have one, in the order named.
+    pub jobs: Vec<JobJson>,
+    /// Named keys with no record in the group (never added, or past the retention).
+    pub missing: Vec<String>,
+}
+
 /// A job's record, as `GET /job` answers it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "Job")]

@@ -89,6 +89,7 @@ pub fn answer_schemas() -> Map<String, Value> {
     add::<worker::ErrorJson>(&mut generator);
     add::<job::JobJson>(&mut generator);
     add::<job::JobPageJson>(&mut generator);
+    add::<job::JobWaitJson>(&mut generator);
     add::<job::SettingsJson>(&mut generator);
     add::<watch::WatchPageJson>(&mut generator);
     add::<watch::WatchGoneJson>(&mut generator);

@@ -9,6 +9,7 @@
 
 mod backup;
 mod claim_wait;
+mod job_wait;
 mod membership;
 mod read;
 mod status;

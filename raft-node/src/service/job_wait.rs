@@ -1,0 +1,65 @@
+//! Waits for job outcomes (`GET /job` and `/jobs/wait` with `wait_ms`): a read that
+//! is answered when every named job has finished (succeeded, dead or cancelled), or at
+//! its deadline with the records as they are. It reads at the asked consistency each
+//! time the group changes on this node; nothing is proposed.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Consistency;
+use super::ReadView;
+use super::ServiceError;
+use crate::node::Node;
+use crate::waiting::WaitKind;
+
+impl Node {
+    /// A view to answer from once every job of `group` named in `keys` has finished, or
+    /// at the end of `wait`.
+    pub async fn wait_jobs(
+        &self,
+        group: &str,
+        keys: &[String],
+        consistency: Consistency,
+        wait: Duration,
+    ) -> Result<ReadView, ServiceError> {
+        if wait.is_zero() {
+            return self.read(consistency).await;
+        }
+        let slot = self.waiters.enter(WaitKind::Job)?;
+        let deadline = Instant::now() + wait;
+        let signal = self.feed.signal(group);
+        let mut woken = false;
+        let answer = loop {
+            let changed = signal.notified();
+            let stopped = self.waiters.stopped();
+            tokio::pin!(changed, stopped);
+            changed.as_mut().enable();
+            stopped.as_mut().enable();
+            let view = match self.read(consistency).await {
+                Ok(view) => view,
+                Err(e) => break Err(e),
+            };
+            let machine = view.state.machine.as_of(view.now);
+            let finished = keys.iter().all(|key| {
+                machine
+                    .job(group, key)
+                    .is_some_and(|record| record.state.is_finished())
+            });
+            if woken {
+                slot.woken(!finished);
+            }
+            if finished || self.waiters.is_stopping() || Instant::now() >= deadline {
+                break Ok(view);
+            }
+            tokio::select! {
+                () = &mut changed => woken = true,
+                () = &mut stopped => woken = false,
+                () = tokio::time::sleep_until(deadline) => woken = false,
+            }
+        };
+        drop(signal);
+        self.feed.release(group);
+        answer
+    }
+}
