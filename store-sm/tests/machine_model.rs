@@ -70,7 +70,7 @@ fn resolve(command: &Command, model: &Model) -> Command {
             u.depends.iter_mut().for_each(|id| *id = pick(*id));
             &mut u.client
         }
-        Request::Claim(c) => {
+        Request::Claim(c) | Request::WaitingClaim(c) => {
             c.depends.iter_mut().for_each(|id| *id = pick(*id));
             &mut c.client
         }
@@ -260,14 +260,20 @@ fn request_strategy() -> impl Strategy<Value = Request> {
         group_strategy(),
         prop_oneof![10 => 1i64..5_000, 1 => -10i64..=0],
         few_ids(),
+        prop::bool::weighted(0.25),
     )
-        .prop_map(|(client, group, duration_ms, depends)| {
-            Request::Claim(ClaimRequest {
+        .prop_map(|(client, group, duration_ms, depends, waiting)| {
+            let claim = ClaimRequest {
                 client,
                 group,
                 duration_ms,
                 depends,
-            })
+            };
+            if waiting {
+                Request::WaitingClaim(claim)
+            } else {
+                Request::Claim(claim)
+            }
         });
     prop_oneof![3 => update, 3 => claim, 2 => job_request_strategy()]
 }

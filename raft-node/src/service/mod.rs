@@ -17,7 +17,6 @@ mod watch;
 mod write;
 
 pub use self::backup::Backup;
-pub use self::claim_wait::proposal_request_id;
 pub use self::read::Consistency;
 pub use self::read::ReadView;
 pub use self::watch::WatchRequest;

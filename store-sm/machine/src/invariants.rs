@@ -67,7 +67,11 @@ impl TaskMachine {
             }
             (Effect::Job, Outcome::Tasks(written), _) => self.assert_written(before, written),
             (Effect::Job, Outcome::Settings(_), Request::Settings(_)) => {}
-            (Effect::Claimed(old), Outcome::Tasks(written), Request::Claim(_)) => {
+            (
+                Effect::Claimed(old),
+                Outcome::Tasks(written),
+                Request::Claim(_) | Request::WaitingClaim(_),
+            ) => {
                 assert_eq!(written.len(), 1, "a claim wrote {} tasks", written.len());
                 self.assert_written(before, written);
                 self.assert_removed(before, [old]);

@@ -584,3 +584,44 @@ fn claimable_counts_follow_the_claim_rules() {
     );
     assert_eq!(store.machine.claimable_count("g", now(), 10), 0);
 }
+
+#[test]
+fn a_waiting_claim_forgets_finding_nothing_and_remembers_a_task() {
+    let mut machine = TaskMachine::new();
+    let claim = |machine: &mut TaskMachine, at: Millis| {
+        machine.apply(&Command {
+            stamp: LogTime::from_millis(at),
+            request_id: Some("r".into()),
+            request: Request::WaitingClaim(ClaimRequest {
+                client: 7,
+                group: "g".into(),
+                duration_ms: 1_000,
+                depends: vec![],
+            }),
+        })
+    };
+    assert_eq!(*claim(&mut machine, T0), Outcome::Tasks(vec![]));
+    assert!(
+        machine.dedup().is_empty(),
+        "finding nothing is not remembered"
+    );
+    machine.apply(&Command {
+        stamp: LogTime::from_millis(T0 + 1),
+        request_id: None,
+        request: Request::Update(UpdateRequest {
+            client: 1,
+            adds: vec![AddTask::seed("g", "x", None)],
+            ..UpdateRequest::default()
+        }),
+    });
+    let first = claim(&mut machine, T0 + 2);
+    let Outcome::Tasks(tasks) = &*first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(
+        claim(&mut machine, T0 + 3),
+        first,
+        "a retry gets the same task"
+    );
+}

@@ -169,7 +169,7 @@ impl TaskMachine {
             Request::LegacyUpdate(update) | Request::Update(update) => {
                 changed(self.apply_update(update, now), Effect::Updated)
             }
-            Request::Claim(claim) => self.apply_claim(claim, now),
+            Request::Claim(claim) | Request::WaitingClaim(claim) => self.apply_claim(claim, now),
             Request::Finish(finish) => changed(self.apply_finish(finish, now), Effect::Job),
             Request::Fail(fail) => changed(self.apply_fail(fail, now), Effect::Job),
             Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
@@ -177,7 +177,9 @@ impl TaskMachine {
             Request::Settings(settings) => changed(self.apply_settings(settings, now), Effect::Job),
         };
         let outcome = Arc::new(outcome);
-        if let Some(key) = key {
+        let found_nothing = matches!(&*outcome, Outcome::Tasks(tasks) if tasks.is_empty());
+        let forget = found_nothing && matches!(command.request, Request::WaitingClaim(_));
+        if let Some(key) = key.filter(|_| !forget) {
             self.dedup.insert(key, now, Arc::clone(&outcome));
         }
         (outcome, effect)

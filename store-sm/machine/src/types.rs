@@ -146,6 +146,10 @@ pub enum Request {
     Retry(RetryRequest),
     /// Change a group's settings.
     Settings(SettingsRequest),
+    /// A blocking claim's proposal: a claim whose empty answer is not remembered under
+    /// its request id, so that the waiter may propose it again under the same id until
+    /// it gets a task, which is then remembered as usual (a retry gets that task).
+    WaitingClaim(ClaimRequest),
 }
 
 impl Request {
@@ -154,7 +158,7 @@ impl Request {
         match self {
             Request::LegacyUpdate(update) => update.client,
             Request::Update(update) => update.client,
-            Request::Claim(claim) => claim.client,
+            Request::Claim(claim) | Request::WaitingClaim(claim) => claim.client,
             Request::Finish(finish) => finish.client,
             Request::Fail(fail) => fail.client,
             Request::Cancel(cancel) => cancel.client,
@@ -191,6 +195,9 @@ impl fmt::Display for Command {
                 write_update(f, u.client, lists)?
             }
             Request::Claim(c) => write!(f, "claim(client={} group={:?})", c.client, c.group)?,
+            Request::WaitingClaim(c) => {
+                write!(f, "waiting claim(client={} group={:?})", c.client, c.group)?
+            }
             Request::Finish(r) => write!(f, "finish(client={} id={})", r.client, r.id)?,
             Request::Fail(r) => write!(f, "fail(client={} id={})", r.client, r.id)?,
             Request::Cancel(r) => write!(

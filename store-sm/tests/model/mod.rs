@@ -79,14 +79,17 @@ impl Model {
         }
         let outcome = match &command.request {
             Request::LegacyUpdate(u) | Request::Update(u) => self.update(u, now),
-            Request::Claim(c) => self.claim(c, now),
+            Request::Claim(c) | Request::WaitingClaim(c) => self.claim(c, now),
             Request::Finish(f) => self.finish(f, now),
             Request::Fail(f) => self.fail(f, now),
             Request::Cancel(c) => self.cancel(c, now),
             Request::Retry(r) => self.retry(r, now),
             Request::Settings(s) => self.change_settings(s),
         };
-        if let Some(key) = key {
+        // A waiting claim that found nothing may be proposed again under its id.
+        let retry_allowed = matches!(command.request, Request::WaitingClaim(_))
+            && matches!(&outcome, Outcome::Tasks(tasks) if tasks.is_empty());
+        if let Some(key) = key.filter(|_| !retry_allowed) {
             self.seen.insert(key, outcome.clone());
         }
         outcome
