@@ -45,10 +45,12 @@ pub enum Call {
         /// Tasks of the same group that must exist (left untouched).
         depends: Vec<u64>,
     },
-    /// Claim for this long (ms).
+    /// Claim for this long (ms), waiting up to `wait_ms` for a task (0: answer at once).
     Claim {
         /// Lease length.
         duration_ms: i64,
+        /// How long a blocking claim may wait for a task.
+        wait_ms: u64,
     },
     /// Renew task `id` for this long, keeping its payload.
     Renew {
@@ -125,6 +127,27 @@ pub struct History {
     pub stale_reads: u64,
     /// Calls that failed and were retried (timeouts, 503s, dropped connections).
     pub retries: u64,
+    /// What the watchers saw, one stream per group.
+    pub watches: Vec<WatchStream>,
+}
+
+/// One watcher's view of a group's changes, as `GET /watch` pages gave them through any
+/// node, each asked after the previous page's revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchStream {
+    /// The group watched.
+    pub group: String,
+    /// Runs of pages with no forgotten revision between them, in the order seen.
+    pub segments: Vec<Vec<WatchSeen>>,
+}
+
+/// One change as a watch page gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchSeen {
+    /// The log index of the entry that made it.
+    pub revision: u64,
+    /// A task version written: its id; `None` for any other change.
+    pub task: Option<u64>,
 }
 
 impl History {
@@ -253,7 +276,7 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
         versions.sort_by_key(|(task, _)| task.id);
         check_final(data, versions, &final_by_data, &deleted_ids, &mut problems);
         for pair in versions.windows(2) {
-            if let Call::Claim { duration_ms } = pair[1].1.call {
+            if let Call::Claim { duration_ms, .. } = pair[1].1.call {
                 report.claims += 1;
                 check_claim(data, pair[0], pair[1], duration_ms, &mut problems);
             }
@@ -396,7 +419,7 @@ fn check_claim(
         ));
     }
     let owner_lease_ms = match owner_op.call {
-        Call::Claim { duration_ms } | Call::Renew { duration_ms, .. } => duration_ms,
+        Call::Claim { duration_ms, .. } | Call::Renew { duration_ms, .. } => duration_ms,
         _ => return,
     };
     let lease_us = (owner_lease_ms.max(0) as u64) * 1000;
@@ -465,7 +488,10 @@ mod tests {
                 op(
                     2,
                     (40, 50),
-                    Call::Claim { duration_ms: 100 },
+                    Call::Claim {
+                        duration_ms: 100,
+                        wait_ms: 0,
+                    },
                     Answer::Tasks(vec![task(3, "a", 100, 2)]),
                 ),
             ],
@@ -516,13 +542,19 @@ mod tests {
                 op(
                     1,
                     (1_000_000, 1_000_100),
-                    Call::Claim { duration_ms: 3000 },
+                    Call::Claim {
+                        duration_ms: 3000,
+                        wait_ms: 0,
+                    },
                     Answer::Tasks(vec![task(2, "a", 4_000, 1)]),
                 ),
                 op(
                     2,
                     (2_000_000, 2_000_100),
-                    Call::Claim { duration_ms: 3000 },
+                    Call::Claim {
+                        duration_ms: 3000,
+                        wait_ms: 0,
+                    },
                     Answer::Tasks(vec![task(3, "a", 600_000, 2)]),
                 ),
             ],

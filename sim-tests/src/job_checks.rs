@@ -345,6 +345,7 @@ mod tests {
     fn claim(worker: u64, span: (u64, u64), id: u64, data: &str, key: &str, attempt: u32) -> Op {
         let call = Call::Claim {
             duration_ms: JOB_LEASE_MS,
+            wait_ms: 0,
         };
         let answer = Answer::Tasks(vec![job(id, data, key, worker as i64, attempt)]);
         in_jobs(op(worker, span, call, answer))

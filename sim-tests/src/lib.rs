@@ -10,6 +10,7 @@
 pub mod history;
 pub mod job_checks;
 pub mod linearizability;
+pub mod watch_checks;
 
 /// The group the simulated workers use for jobs (keys, dependencies, finish, fail,
 /// cancel); the other groups carry the seed API's traffic.

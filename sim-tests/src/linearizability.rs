@@ -221,7 +221,7 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
             }),
             stamp(0),
         ),
-        Call::Claim { duration_ms } => (
+        Call::Claim { duration_ms, .. } => (
             Request::Claim(ClaimRequest {
                 client,
                 group: group.to_string(),
@@ -431,7 +431,10 @@ mod tests {
         let claim = op(
             4,
             (200, 300),
-            Call::Claim { duration_ms: 1_000 },
+            Call::Claim {
+                duration_ms: 1_000,
+                wait_ms: 0,
+            },
             Answer::Tasks(vec![job_task(3, "b", 3_000, 4, 1)]),
         );
         let ops = [
@@ -472,7 +475,10 @@ mod tests {
             op(
                 worker,
                 span,
-                Call::Claim { duration_ms: 500 },
+                Call::Claim {
+                    duration_ms: 500,
+                    wait_ms: 0,
+                },
                 Answer::Tasks(vec![task(id, "a", 1_500, worker as i64)]),
             )
         };

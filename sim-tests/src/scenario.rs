@@ -29,6 +29,8 @@ use crate::job_checks::JobReport;
 use crate::job_checks::check_jobs;
 use crate::linearizability::Verdict;
 use crate::linearizability::check_group;
+use crate::watch_checks::WatchReport;
+use crate::watch_checks::check_watches;
 use crate::workload::GROUPS;
 use crate::workload::Mix;
 use crate::workload::Workers;
@@ -91,9 +93,10 @@ impl Scenario {
             Bug::AckBeforeSync | Bug::IdReuse => Scenario::Crash,
             Bug::FollowerRead => Scenario::Partition,
             Bug::WallClockLease => Scenario::Clock,
-            Bug::PartialTransaction | Bug::IgnoreMaxRunning | Bug::UnfencedFinish => {
-                Scenario::Swarm
-            }
+            Bug::PartialTransaction
+            | Bug::IgnoreMaxRunning
+            | Bug::UnfencedFinish
+            | Bug::WatchSkip => Scenario::Swarm,
         }
     }
 }
@@ -128,6 +131,8 @@ pub struct RunReport {
     pub check: CheckReport,
     /// The job checks' counts.
     pub jobs: JobReport,
+    /// The watch checks' counts.
+    pub watched: WatchReport,
     /// Operations in the history (writes and linearizable reads).
     pub ops: usize,
     /// Groups whose search gave up (inconclusive, not a failure).
@@ -335,6 +340,10 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         Ok(report) => report,
         Err(problems) => return Err(trace.fail(problems)),
     };
+    let watched = match check_watches(&history) {
+        Ok(report) => report,
+        Err(problems) => return Err(trace.fail(problems)),
+    };
     let searched = match check_linearizable(&history) {
         Ok(searched) => searched,
         Err(problems) => return Err(trace.fail(problems)),
@@ -343,6 +352,7 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         nodes: size,
         check,
         jobs,
+        watched,
         ops: history.ops.len(),
         groups_gave_up: searched.gave_up,
         longest_group_history: searched.longest,

@@ -18,6 +18,9 @@ use rpc::job::KeysRequestJson;
 use rpc::job::SettingsChangeJson;
 use rpc::retry::RetryPolicy;
 use rpc::retry::RoundRobin;
+use rpc::watch::WatchEventJson;
+use rpc::watch::WatchGoneJson;
+use rpc::watch::WatchPageJson;
 use rpc::worker::AddJson;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
@@ -34,6 +37,17 @@ use crate::history::Answer;
 use crate::history::Call;
 use crate::history::History;
 use crate::history::Op;
+use crate::history::WatchSeen;
+use crate::history::WatchStream;
+
+/// A claim's wait: a third of claims block, for 0.1 to 1.5 s.
+fn blocking_wait_ms(rng: &mut impl Rng) -> u64 {
+    if rng.gen_bool(1.0 / 3.0) {
+        rng.gen_range(100..1_500)
+    } else {
+        0
+    }
+}
 
 /// How many keys the job workload draws from: few, so that adds collide with live keys
 /// and `after` names jobs that exist.
@@ -142,6 +156,8 @@ pub struct Workers {
     drain: Arc<Drain>,
     history: Arc<Mutex<History>>,
     handles: Vec<madsim::task::JoinHandle<()>>,
+    /// One watcher per group, following its changes (`GET /watch`).
+    watchers: Vec<madsim::task::JoinHandle<()>>,
 }
 
 impl Workers {
@@ -171,11 +187,23 @@ impl Workers {
                 madsim::task::spawn(worker_state.run())
             })
             .collect();
+        let watchers = GROUPS
+            .iter()
+            .copied()
+            .chain([JOB_GROUP])
+            .enumerate()
+            .map(|(i, group)| {
+                let nodes = RoundRobin::new(addrs.clone(), i)
+                    .expect("the watchers are given the cluster's addresses");
+                madsim::task::spawn(watch(group, nodes, stop.clone(), history.clone()))
+            })
+            .collect();
         Self {
             stop,
             drain,
             history,
             handles,
+            watchers,
         }
     }
 
@@ -204,11 +232,99 @@ impl Workers {
     /// last one, and returns the history.
     pub async fn stop(self) -> History {
         self.stop.store(true, Ordering::SeqCst);
-        for handle in self.handles {
+        for handle in self.handles.into_iter().chain(self.watchers) {
             let _ = handle.await;
         }
         std::mem::take(&mut *self.history.lock().unwrap_or_else(|p| p.into_inner()))
     }
+}
+
+/// Forgotten answers (410) in a row, from different nodes, after which a watcher takes
+/// the gap and goes on from the current revision.
+const WATCH_FORGOTTEN_TRIES: u32 = 5;
+
+/// Failed calls a watcher makes after the workers stopped before it ends.
+const WATCH_TRIES_AFTER_STOP: u32 = 20;
+
+/// Watches `group`'s changes through any node until the workers stop, each page asked
+/// after the previous one's revision, and adds the stream to the history. A revision
+/// that every node it asks has forgotten ends a segment (the checkers expect no gap
+/// inside one).
+async fn watch(
+    group: &'static str,
+    mut nodes: RoundRobin,
+    stop: Arc<AtomicBool>,
+    history: Arc<Mutex<History>>,
+) {
+    let mut stream = WatchStream {
+        group: group.to_string(),
+        segments: vec![Vec::new()],
+    };
+    let mut after = 0u64;
+    let mut forgotten = 0;
+    let mut tries_after_stop = 0;
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        if stopping {
+            tries_after_stop += 1;
+            if tries_after_stop > WATCH_TRIES_AFTER_STOP {
+                break;
+            }
+        }
+        let wait_ms = if stopping { 0 } else { 500 };
+        let path = format!("/watch?group={group}&after={after}&wait_ms={wait_ms}");
+        let addr = nodes.current().to_string();
+        let answer = nodes
+            .client()
+            .get(
+                &addr,
+                &path,
+                WORKER_CALL_TIMEOUT + Duration::from_millis(wait_ms),
+            )
+            .await;
+        match answer {
+            Ok(r) if r.status.is_success() => {
+                let Ok(page) = r.json::<WatchPageJson>(&addr) else {
+                    nodes.next_node();
+                    continue;
+                };
+                forgotten = 0;
+                if let Some(segment) = stream.segments.last_mut() {
+                    segment.extend(page.changes.iter().map(|change| WatchSeen {
+                        revision: change.revision(),
+                        task: match change {
+                            WatchEventJson::Task { task, .. } => Some(task.id),
+                            _ => None,
+                        },
+                    }));
+                }
+                after = page.revision;
+                if stopping {
+                    break;
+                }
+            }
+            Ok(r) if r.status.as_u16() == 410 => {
+                forgotten += 1;
+                if forgotten >= WATCH_FORGOTTEN_TRIES {
+                    if let Ok(gone) = r.json::<WatchGoneJson>(&addr) {
+                        after = gone.revision;
+                        stream.segments.push(Vec::new());
+                    }
+                    forgotten = 0;
+                }
+                nodes.next_node();
+            }
+            _ => {
+                nodes.next_node();
+                madsim::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    history
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .watches
+        .push(stream);
 }
 
 /// The drain switch and how many workers found the queues dry.
@@ -261,7 +377,7 @@ impl Worker {
                 continue;
             }
             empty_claims = 0;
-            let (job_turn, choice, group, duration_ms) = {
+            let (job_turn, choice, group, duration_ms, wait_ms) = {
                 let mut rng = madsim::rand::thread_rng();
                 let job_turn = rng.gen_range(0u32..100) < self.mix.jobs;
                 let group = GROUPS[rng.gen_range(0..GROUPS.len())];
@@ -270,6 +386,7 @@ impl Worker {
                     rng.gen_range(0u32..100),
                     group,
                     rng.gen_range(200..3000),
+                    blocking_wait_ms(&mut rng),
                 )
             };
             if job_turn {
@@ -288,7 +405,13 @@ impl Worker {
                     let depends = self.depends_on(group);
                     self.write(group, Call::Add { data, depends }).await;
                 }
-                c if c < claims => self.write(group, Call::Claim { duration_ms }).await,
+                c if c < claims => {
+                    let call = Call::Claim {
+                        duration_ms,
+                        wait_ms,
+                    };
+                    self.write(group, call).await;
+                }
                 c if c < deletes && owns => {
                     let (id, _, group) = self.owned.remove(0);
                     self.write(group, Call::Delete { id }).await;
@@ -344,6 +467,7 @@ impl Worker {
                 }
                 c if c < 80 => Call::Claim {
                     duration_ms: JOB_LEASE_MS,
+                    wait_ms: blocking_wait_ms(&mut rng),
                 },
                 c if c < 95 => Call::Cancel { key: key() },
                 _ => Call::Pause {
@@ -431,7 +555,11 @@ impl Worker {
         }
         let group = GROUPS[madsim::rand::thread_rng().gen_range(0..GROUPS.len())];
         let owned_before = self.owned.len();
-        self.write(group, Call::Claim { duration_ms: 500 }).await;
+        let call = Call::Claim {
+            duration_ms: 500,
+            wait_ms: 0,
+        };
+        self.write(group, call).await;
         if self.owned.len() > owned_before {
             return 0;
         }
@@ -449,9 +577,14 @@ impl Worker {
                 .with_add(AddJson::in_group(group).with_data(data))
                 .with_depends(depends.iter().copied())
                 .into(),
-            Call::Claim { duration_ms } => {
-                ClaimRequestJson::new(self.id as i64, group, *duration_ms).into()
+            Call::Claim {
+                duration_ms,
+                wait_ms,
+            } => ClaimRequestJson {
+                wait_ms: (*wait_ms > 0).then_some(*wait_ms),
+                ..ClaimRequestJson::new(self.id as i64, group, *duration_ms)
             }
+            .into(),
             Call::Renew {
                 id,
                 data,
@@ -504,10 +637,15 @@ impl Worker {
             return;
         };
         let invoked_us = self.now_us();
-        // The simulation heals every fault in the end, so a worker never gives up.
+        // The simulation heals every fault in the end, so a worker never gives up. A
+        // blocking claim's call may take its wait longer.
+        let policy = RetryPolicy {
+            call_timeout: RETRY.call_timeout + request.wait(),
+            ..RETRY
+        };
         let retried = self
             .nodes
-            .write_until_definite(&request, RETRY, || false)
+            .write_until_definite(&request, policy, || false)
             .await;
         self.record(|h| h.retries += retried.retries);
         let result = match retried.answer {

@@ -68,3 +68,8 @@ fn ignore_max_running_is_caught() {
 fn unfenced_finish_is_caught() {
     assert_caught(Bug::UnfencedFinish);
 }
+
+#[test]
+fn watch_skip_is_caught() {
+    assert_caught(Bug::WatchSkip);
+}

@@ -42,11 +42,14 @@ pub enum Bug {
     /// A finish of a task that a cancel removed answers success instead of refusing: the
     /// worker is never told to stop.
     UnfencedFinish,
+    /// The node's change feed drops the changes of every seventh log entry: watches
+    /// skip them.
+    WatchSkip,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 8] = [
         Bug::AckBeforeSync,
         Bug::FollowerRead,
         Bug::WallClockLease,
@@ -54,6 +57,7 @@ impl Bug {
         Bug::PartialTransaction,
         Bug::IgnoreMaxRunning,
         Bug::UnfencedFinish,
+        Bug::WatchSkip,
     ];
 
     /// Its command-line name.
@@ -66,6 +70,7 @@ impl Bug {
             Bug::PartialTransaction => "partial-transaction",
             Bug::IgnoreMaxRunning => "ignore-max-running",
             Bug::UnfencedFinish => "unfenced-finish",
+            Bug::WatchSkip => "watch-skip",
         }
     }
 }
@@ -79,7 +84,7 @@ impl fmt::Display for Bug {
 /// A name that is not a known bug.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running, unfenced-finish"
+    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running, unfenced-finish, watch-skip"
 )]
 pub struct UnknownBug(String);
 

@@ -270,7 +270,12 @@ impl ChangeFeed {
     /// Keeps the changes of the entry at `index` (`applied` is the state after it),
     /// wakes the groups they touch and returns those groups.
     pub fn record(&self, index: u64, applied: &AppliedState, changes: &[Change]) -> Vec<GroupName> {
-        let events = events(index, applied, changes);
+        let mut events = events(index, applied, changes);
+        if store_sm::planted::is_planted(store_sm::planted::Bug::WatchSkip)
+            && index.is_multiple_of(7)
+        {
+            events.clear();
+        }
         let mut state = self.lock();
         state.revision = index;
         let mut touched: Vec<GroupName> = Vec::new();

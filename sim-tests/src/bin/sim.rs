@@ -44,7 +44,7 @@ mod runner {
         #[arg(long, default_value = "all")]
         scenario: String,
         /// Plant a known bug (ack-before-sync, follower-read, wall-clock-lease, id-reuse,
-        /// partial-transaction, ignore-max-running, unfenced-finish): the run should then fail.
+        /// partial-transaction, ignore-max-running, unfenced-finish, watch-skip): the run should then fail.
         #[arg(long)]
         plant_bug: Option<Bug>,
         /// With --plant-bug: stop at the first seed that catches it, succeed if one does.
@@ -165,7 +165,7 @@ mod runner {
             Ok(_) if args.quiet => {}
             Ok(r) => {
                 println!(
-                    "ok   {scenario:<10} seed {seed:<6} {} nodes, {} faults, {} ops ({} writes, {} claims, {} job claims, {} job successes), longest group {} ops, digest {}",
+                    "ok   {scenario:<10} seed {seed:<6} {} nodes, {} faults, {} ops ({} writes, {} claims, {} job claims, {} job successes, {} watched), longest group {} ops, digest {}",
                     r.nodes,
                     r.faults.len(),
                     r.ops,
@@ -173,6 +173,7 @@ mod runner {
                     r.check.claims,
                     r.jobs.claims,
                     r.jobs.successes,
+                    r.watched.changes,
                     r.longest_group_history,
                     &r.digest[..16.min(r.digest.len())]
                 );
