@@ -288,3 +288,105 @@ async fn a_leader_kill_during_waits_loses_no_task_and_hands_none_out_twice() {
         "every task claimed and finished once: {deleted_by:?}"
     );
 }
+
+#[tokio::test]
+async fn waiters_beyond_the_bound_get_503_and_a_stopping_node_answers_every_waiter() {
+    let cluster = TestCluster::start_with(1, "never", &["--max-waiters", "2"]);
+    cluster.wait_leader(&[1]).await;
+    let waiting: Vec<_> = [
+        "/watch?group=a&wait_ms=30000",
+        "/jobs/wait?group=a&key=k&wait_ms=30000",
+    ]
+    .into_iter()
+    .map(|path| {
+        let api = cluster.api(1).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let answer = client
+                .get(&api, path, Duration::from_secs(40))
+                .await
+                .map(|r| r.status.as_u16());
+            (answer, started.elapsed())
+        })
+    })
+    .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let watches = metric(&cluster, 1, "rota_waiters{kind=\"watch\"}").await;
+        let jobs = metric(&cluster, 1, "rota_waiters{kind=\"job\"}").await;
+        if watches + jobs >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiters never parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let third = cluster
+        .client
+        .post_json(
+            cluster.api(1),
+            "/claim",
+            &waiting_claim(3, "a", 1_000, 30_000),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(third.status.as_u16(), 503);
+    assert!(third.headers.iter().any(|(name, _)| name == "retry-after"));
+    assert!(String::from_utf8_lossy(&third.body).contains("--max-waiters"));
+
+    let status = cluster.terminate(1).expect("the node was running");
+    assert!(status.success(), "stopped with {status}");
+    for waiter in waiting {
+        let (answer, waited) = waiter.await.expect("joined");
+        assert_eq!(answer.expect("answered before the node stopped"), 200);
+        assert!(waited < Duration::from_secs(30), "answered by the shutdown");
+    }
+}
+
+#[tokio::test]
+async fn a_blocking_claim_whose_client_left_hands_nothing_to_it_or_anybody_else() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let mut request = waiting_claim(7, "left", 60_000, 20_000);
+    request.requestid = Some("gone-7".into());
+    let gave_up = cluster
+        .client
+        .post_json(
+            cluster.api(1),
+            "/claim",
+            &request,
+            Duration::from_millis(300),
+        )
+        .await;
+    assert!(gave_up.is_err(), "the client gave up first: {gave_up:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        metric(&cluster, 1, "rota_waiters{kind=\"claim\"}").await,
+        0.0,
+        "the waiter left with its client"
+    );
+    add(&cluster, 1, "left", "after").await;
+    // Nobody claimed it for the client that left: the next worker gets it.
+    let other = claim(&cluster, 1, &waiting_claim(8, "left", 60_000, 0)).await;
+    let other = other.expect("answered");
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert_eq!((other[0].data.as_str(), other[0].ownerid), ("after", 8));
+}
+
+#[tokio::test]
+async fn a_retried_blocking_claim_gets_the_task_its_first_try_claimed_and_no_other() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    add(&cluster, 1, "retry", "one").await;
+    add(&cluster, 1, "retry", "two").await;
+    let mut request = waiting_claim(7, "retry", 60_000, 5_000);
+    request.requestid = Some("claim-once".into());
+    let first = claim(&cluster, 1, &request).await.expect("answered");
+    let again = claim(&cluster, 1, &request).await.expect("answered");
+    assert_eq!(first, again, "a retry answers the first claim");
+    assert_eq!(first.len(), 1);
+    // The other task is still there for somebody else.
+    let other = claim(&cluster, 1, &waiting_claim(8, "retry", 60_000, 0)).await;
+    assert_eq!(other.expect("answered")[0].data, "two");
+}

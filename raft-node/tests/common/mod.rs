@@ -198,6 +198,19 @@ impl TestCluster {
         }
     }
 
+    /// SIGTERM to node `id`; its exit status once it has stopped.
+    pub fn terminate(&self, id: u64) -> Option<std::process::ExitStatus> {
+        let mut child = self.nodes[(id - 1) as usize]
+            .process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        child.wait().ok()
+    }
+
     /// The API address of node `id`.
     pub fn api(&self, id: u64) -> &str {
         &self.nodes[(id - 1) as usize].api_addr
