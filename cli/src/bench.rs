@@ -25,7 +25,7 @@ use rpc::worker::WriteResultJson;
 /// Deadline of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most workers a run may use.
-pub const WORKERS_MAX: u64 = 4096;
+pub const WORKERS_MAX: u64 = 16_384;
 
 /// What the workers do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -34,6 +34,12 @@ pub enum BenchMode {
     Cycle,
     /// add with a key, claim, finish with a result.
     Job,
+    /// wake-up latency: the workers wait in blocking claims while one task at a time is
+    /// added; from the add to the claim's answer.
+    Wake,
+    /// idle cost: the workers wait in blocking claims on an empty group; log entries
+    /// written per second meanwhile.
+    Idle,
     /// add only.
     Add,
 }
@@ -67,34 +73,39 @@ pub enum BenchError {
 }
 
 #[derive(Default)]
-struct Samples {
+pub(crate) struct Samples {
     latencies_us: BTreeMap<&'static str, Vec<u64>>,
     errors: BTreeMap<&'static str, u64>,
     last_error: Option<String>,
 }
 
 impl Samples {
-    fn record(&mut self, op: &'static str, started: Instant) {
+    pub(crate) fn record(&mut self, op: &'static str, started: Instant) {
         self.latencies_us
             .entry(op)
             .or_default()
             .push(started.elapsed().as_micros() as u64);
     }
 
-    fn fail(&mut self, op: &'static str, error: String) {
+    pub(crate) fn fail(&mut self, op: &'static str, error: String) {
         *self.errors.entry(op).or_default() += 1;
         self.last_error = Some(error);
     }
 }
 
-async fn call(
+pub(crate) async fn call(
     client: &HttpClient,
     addr: &str,
     request: impl Into<WriteRequestJson>,
 ) -> Result<WriteResultJson, String> {
     let request = request.into();
     let response = client
-        .post_json(addr, request.path(), &request, REQUEST_TIMEOUT)
+        .post_json(
+            addr,
+            request.path(),
+            &request,
+            REQUEST_TIMEOUT + request.wait(),
+        )
         .await
         .map_err(|e| e.to_string())?
         .success(addr)
@@ -182,7 +193,7 @@ async fn worker(
     samples
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -199,6 +210,11 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
         return Err(BenchError::Usage(format!(
             "--workers: use 1 to {WORKERS_MAX}"
         )));
+    }
+    match config.mode {
+        BenchMode::Wake => return crate::bench_wait::wake(config).await,
+        BenchMode::Idle => return crate::bench_wait::idle(config).await,
+        BenchMode::Cycle | BenchMode::Job | BenchMode::Add => {}
     }
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
@@ -252,7 +268,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     let done_ops = match config.mode {
         BenchMode::Cycle => "delete",
         BenchMode::Job => "finish",
-        BenchMode::Add => "add",
+        BenchMode::Add | BenchMode::Wake | BenchMode::Idle => "add",
     };
     let completed = all.latencies_us.get(done_ops).map_or(0, Vec::len);
     report.push_str(&format!(
@@ -280,7 +296,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
         match config.mode {
             BenchMode::Cycle => "cycles",
             BenchMode::Job => "job cycles",
-            BenchMode::Add => "adds",
+            BenchMode::Add | BenchMode::Wake | BenchMode::Idle => "adds",
         },
         completed as f64 / elapsed
     ));

@@ -71,7 +71,9 @@ enum Command {
         /// Concurrent workers.
         #[arg(long, default_value_t = 16)]
         workers: u64,
-        /// cycle: add, claim, delete; job: add with a key, claim, finish; add: add only.
+        /// cycle: add, claim, delete; job: add with a key, claim, finish; add: add only;
+        /// wake: latency from an add to a blocking claim's answer; idle: log entries per
+        /// second while the workers wait in blocking claims.
         #[arg(long, value_enum, default_value = "cycle")]
         mode: cli::bench::BenchMode,
         /// Longest run, in seconds.

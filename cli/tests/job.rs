@@ -521,3 +521,50 @@ async fn job_wait_returns_once_the_jobs_finish_and_fails_at_its_timeout() {
     assert_eq!(done["finished"], true, "{done}");
     assert_eq!(done["jobs"][0]["state"], "succeeded");
 }
+
+#[tokio::test]
+async fn bench_wake_and_idle_modes_measure_waiting() {
+    let cluster = DevCluster::up().await;
+    let wake = cluster
+        .rota(&[
+            "bench",
+            "--mode",
+            "wake",
+            "--workers",
+            "4",
+            "--duration",
+            "3",
+            "--max-cycles",
+            "20",
+            "--group",
+            "bench-wake",
+        ])
+        .await;
+    let text = wake.ok();
+    let sent = text
+        .lines()
+        .find(|l| l.starts_with("add sent->claimed"))
+        .unwrap_or_else(|| panic!("no latency line: {text}"));
+    let count: u64 = sent
+        .split_whitespace()
+        .nth(2)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no count: {sent}"));
+    assert!(count > 0, "{text}");
+
+    let idle = cluster
+        .rota(&[
+            "bench",
+            "--mode",
+            "idle",
+            "--workers",
+            "20",
+            "--duration",
+            "1",
+            "--group",
+            "bench-idle",
+        ])
+        .await;
+    let text = idle.ok();
+    assert!(text.contains("idle: 0 log entries"), "{text}");
+}

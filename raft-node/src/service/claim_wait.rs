@@ -75,6 +75,8 @@ impl Node {
             &claim.group,
             view.now,
         );
+        // Not kept while waiting: an old state held would pin what apply replaces.
+        drop(view);
         let mut look = false;
         loop {
             if look {

@@ -74,7 +74,8 @@ impl GroupIndex {
         true
     }
 
-    /// Whether a task sits at `position`, claimable or blocked.
+    /// Whether a task sits at `position`, claimable or blocked (for the invariants).
+    #[cfg(debug_assertions)]
     pub(crate) fn contains(&self, position: &Position) -> bool {
         self.blocked.contains(position) || self.levels.values().any(|l| l.contains(position))
     }
