@@ -318,6 +318,25 @@ enum JobCommand {
         #[command(flatten)]
         paging: Paging,
     },
+    /// Claim a group's next job (highest priority, then oldest), waiting for one if asked.
+    #[command(
+        after_help = "Example:\n  rota job claim --url 127.0.0.1:7001 --group mail --client-id 7 --duration 5m --wait-ms 30000\n\nPrints the claimed task with its key and attempt, or nothing when none came in time;\nfinish or fail it with its id."
+    )]
+    Claim {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        writer: Writer,
+        /// The group.
+        #[arg(long)]
+        group: String,
+        /// How long the claim owns the job: 90s, 5m, 1h (default 1m).
+        #[arg(long, value_parser = duration_ms, default_value = "1m")]
+        duration: i64,
+        /// When nothing is claimable, wait up to this many milliseconds (at most 60000).
+        #[arg(long, value_name = "MS")]
+        wait_ms: Option<u64>,
+    },
     /// End a claim with success, recording a result.
     #[command(
         after_help = "Example:\n  rota job finish --url 127.0.0.1:7001 --client-id 7 --id 12 --result '{\"rows\": 3}'\n\nOnly the client holding the claim may finish it, and only the claimed version (the id\nis the fence)."
@@ -814,6 +833,20 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
             timeout,
             keys,
         } => wait_for_jobs(&target, &group, &keys, timeout).await,
+        JobCommand::Claim {
+            target,
+            writer,
+            group,
+            duration,
+            wait_ms,
+        } => {
+            let claim = ClaimRequestJson {
+                wait_ms,
+                ..writer.claim(group, duration)
+            };
+            let written = writer.write(&target, claim).await?;
+            print_tasks(&written, target.json)
+        }
         JobCommand::List {
             target,
             paging,

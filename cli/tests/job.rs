@@ -568,3 +568,36 @@ async fn bench_wake_and_idle_modes_measure_waiting() {
     let text = idle.ok();
     assert!(text.contains("idle: 0 log entries"), "{text}");
 }
+
+#[tokio::test]
+async fn job_claim_waits_for_a_job_and_shows_its_key_and_attempt() {
+    let cluster = DevCluster::up().await;
+    let url = cluster.url.clone();
+    let waiting = tokio::spawn(async move {
+        rota(&[
+            "job",
+            "claim",
+            "--group",
+            "later",
+            "--client-id",
+            "4",
+            "--wait-ms",
+            "20000",
+            "--json",
+            "--url",
+            &url,
+        ])
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    cluster
+        .rota(&[
+            "job", "add", "--group", "later", "--key", "k1", "--data", "x",
+        ])
+        .await
+        .ok();
+    let claimed = waiting.await.expect("joined").json();
+    assert_eq!(claimed[0]["key"], "k1", "{claimed}");
+    assert_eq!(claimed[0]["attempt"], 1);
+    assert_eq!(claimed[0]["ownerid"], 4);
+}

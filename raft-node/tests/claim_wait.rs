@@ -390,3 +390,72 @@ async fn a_retried_blocking_claim_gets_the_task_its_first_try_claimed_and_no_oth
     let other = claim(&cluster, 1, &waiting_claim(8, "retry", 60_000, 0)).await;
     assert_eq!(other.expect("answered")[0].data, "two");
 }
+
+#[tokio::test]
+async fn a_waiting_claim_wakes_when_a_lease_lapses_and_when_the_group_resumes() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    add(&cluster, 1, "lapse", "held").await;
+    let held = claim(&cluster, 1, &waiting_claim(7, "lapse", 1_000, 0)).await;
+    assert_eq!(held.expect("answered").len(), 1);
+    // Nothing is written while the lease runs out: time alone wakes the waiter.
+    let started = Instant::now();
+    let lapsed = claim(&cluster, 1, &waiting_claim(8, "lapse", 60_000, 20_000)).await;
+    let lapsed = lapsed.expect("answered");
+    assert_eq!((lapsed.len(), lapsed[0].ownerid), (1, 8), "{lapsed:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "woken by the lapse"
+    );
+
+    // A paused group holds its waiters until it resumes.
+    let settings = |paused: bool| {
+        let body = serde_json::json!({ "paused": paused });
+        let api = cluster.api(1).to_string();
+        let client = cluster.client.clone();
+        async move {
+            let answer = client
+                .send(
+                    &api,
+                    hyper::Method::PUT,
+                    "/groups/paused/settings",
+                    &[(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    )],
+                    body.to_string().into(),
+                    common::CALL_TIMEOUT,
+                )
+                .await
+                .expect("answered");
+            assert_eq!(answer.status.as_u16(), 200);
+        }
+    };
+    settings(true).await;
+    add(&cluster, 1, "paused", "waits").await;
+    let waiting = {
+        let request = waiting_claim(9, "paused", 60_000, 20_000);
+        let api = cluster.api(1).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let answer = client
+                .post_json(&api, "/claim", &request, Duration::from_secs(30))
+                .await
+                .expect("answered");
+            (
+                answer.json::<WriteResultJson>(&api).expect("JSON"),
+                Instant::now(),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a paused group answers no claim");
+    let resumed_at = Instant::now();
+    settings(false).await;
+    let (answer, answered_at) = waiting.await.expect("joined");
+    let WriteResultJson::Tasks { tasks } = answer else {
+        panic!("refused: {answer:?}")
+    };
+    assert_eq!(tasks[0].data, "waits");
+    assert!(answered_at >= resumed_at);
+}
