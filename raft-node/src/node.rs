@@ -20,6 +20,7 @@ use crate::types::NodeRaft;
 use crate::waiting::Observer;
 use crate::waiting::Waiters;
 use crate::waiting::claims::ClaimQueues;
+use crate::waiting::claims::InFlight;
 use crate::waiting::feed::ChangeFeed;
 
 /// How long a forwarded request or a linearizable read may take.
@@ -47,6 +48,8 @@ pub struct Node {
     pub waiters: Arc<Waiters>,
     /// The blocking claims waiting on this node (the leader), by group.
     pub claims: Arc<ClaimQueues>,
+    /// Blocking claims' proposals under a request id that have not finished.
+    pub claims_in_flight: InFlight,
     request_nonce: u64,
     request_counter: AtomicU64,
 }
@@ -67,6 +70,7 @@ impl Node {
     ) -> Self {
         Self {
             claims: Arc::clone(&observer.claims),
+            claims_in_flight: InFlight::default(),
             waiters: Arc::new(Waiters::new(config.max_waiters)),
             feed: Arc::clone(&observer.feed),
             config,

@@ -26,6 +26,7 @@ use super::Consistency;
 use super::ServiceError;
 use crate::node::Node;
 use crate::waiting::WaitKind;
+use crate::waiting::claims::ProposalResult;
 use crate::waiting::grant_claims;
 
 /// What an earlier proposal under this request id claimed (or why it was refused), if
@@ -37,6 +38,22 @@ fn remembered_claim(
 ) -> Option<Arc<Outcome>> {
     let key = (claim.client, Arc::<str>::from(request_id?));
     machine.dedup().get(&key).cloned()
+}
+
+/// The result of a proposal running in its own task.
+async fn finished(
+    mut result: tokio::sync::watch::Receiver<ProposalResult>,
+) -> Result<Arc<Outcome>, ServiceError> {
+    match result.wait_for(Option::is_some).await {
+        Ok(done) => done.clone().unwrap_or_else(|| {
+            Err(ServiceError::Internal(
+                "a proposal ended without a result".into(),
+            ))
+        }),
+        Err(_) => Err(ServiceError::Unavailable(
+            "the claim's outcome is unknown; retry with the same requestid".into(),
+        )),
+    }
 }
 
 fn empty() -> Arc<Outcome> {
@@ -52,7 +69,7 @@ impl Node {
     /// claimable; see the module documentation. A follower answers
     /// [`ServiceError::NotLeader`], so the whole request goes to the leader.
     pub async fn claim_waiting(
-        &self,
+        self: &Arc<Self>,
         claim: ClaimRequest,
         request_id: Option<String>,
         wait: Duration,
@@ -65,6 +82,9 @@ impl Node {
         let slot = self.waiters.enter(WaitKind::Claim)?;
         if let Some(outcome) = remembered_claim(&view.state.machine, &claim, request_id.as_deref())
         {
+            return Ok(outcome);
+        }
+        if let Some(outcome) = self.joined_claim(&claim, request_id.as_deref()).await? {
             return Ok(outcome);
         }
         let deadline = Instant::now() + wait;
@@ -84,10 +104,8 @@ impl Node {
             }
             look = true;
             if ticket.is_granted() {
-                let proposal = Request::WaitingClaim(claim.clone());
-                let outcome = self.write(proposal, request_id.clone()).await;
                 // On an error the ticket drops with its grant, which passes it on.
-                let outcome = outcome?;
+                let outcome = self.propose_claim(&claim, request_id.as_deref()).await?;
                 let claimed = has_task(&outcome) || outcome.is_refused();
                 slot.woken(!claimed);
                 if claimed {
@@ -99,7 +117,7 @@ impl Node {
                 look = false;
             }
             if self.waiters.is_stopping() || Instant::now() >= deadline {
-                return Ok(empty());
+                return self.settle_claim(&claim, request_id.as_deref()).await;
             }
             let wake_at = self
                 .next_claimable_at(&claim.group)
@@ -108,7 +126,7 @@ impl Node {
             tokio::pin!(stopped);
             stopped.as_mut().enable();
             if self.waiters.is_stopping() {
-                return Ok(empty());
+                return self.settle_claim(&claim, request_id.as_deref()).await;
             }
             tokio::select! {
                 () = ticket.woken() => {}
@@ -116,6 +134,73 @@ impl Node {
                 () = tokio::time::sleep_until(wake_at) => {}
             }
         }
+    }
+
+    /// Proposes `claim` as a waiting claim. Under a request id the proposal runs in a
+    /// task of its own and is registered as in flight until it finishes, so that a retry
+    /// of the same request that comes while it is pending (its first try timed out, or
+    /// its client left) joins it rather than answering without it; if one is already
+    /// pending, this joins it first.
+    async fn propose_claim(
+        self: &Arc<Self>,
+        claim: &ClaimRequest,
+        request_id: Option<&str>,
+    ) -> Result<Arc<Outcome>, ServiceError> {
+        let Some(request_id) = request_id else {
+            return self.write(Request::WaitingClaim(claim.clone()), None).await;
+        };
+        if let Some(outcome) = self.joined_claim(claim, Some(request_id)).await? {
+            return Ok(outcome);
+        }
+        let key = (claim.client, request_id.to_string());
+        let (sender, result) = tokio::sync::watch::channel(None);
+        let number = self.claims_in_flight.start(key.clone(), result.clone());
+        let node = Arc::clone(self);
+        let proposal = Request::WaitingClaim(claim.clone());
+        let request_id = Some(request_id.to_string());
+        tokio::spawn(async move {
+            let outcome = node.write(proposal, request_id).await;
+            let _ = sender.send(Some(outcome));
+            node.claims_in_flight.done(&key, number);
+        });
+        finished(result).await
+    }
+
+    /// What an earlier try of this request still in flight on this node claimed (or why
+    /// it was refused), once it has finished; `None` if none is in flight or it found
+    /// nothing.
+    async fn joined_claim(
+        &self,
+        claim: &ClaimRequest,
+        request_id: Option<&str>,
+    ) -> Result<Option<Arc<Outcome>>, ServiceError> {
+        let Some(id) = request_id else {
+            return Ok(None);
+        };
+        let Some(pending) = self.claims_in_flight.get(&(claim.client, id.to_string())) else {
+            return Ok(None);
+        };
+        let outcome = finished(pending).await?;
+        Ok((has_task(&outcome) || outcome.is_refused()).then_some(outcome))
+    }
+
+    /// The answer of a blocking claim that got no grant in time: empty, unless an
+    /// earlier try of the same request (same request id) claimed a task. A try still in
+    /// flight on this node is waited for; one that reached the log through another
+    /// leader is found by a linearizable read, which sees every committed entry.
+    async fn settle_claim(
+        self: &Arc<Self>,
+        claim: &ClaimRequest,
+        request_id: Option<&str>,
+    ) -> Result<Arc<Outcome>, ServiceError> {
+        if request_id.is_none() {
+            return Ok(empty());
+        }
+        if let Some(outcome) = self.joined_claim(claim, request_id).await? {
+            return Ok(outcome);
+        }
+        let view = self.read(Consistency::Linearizable).await?;
+        Ok(remembered_claim(&view.state.machine, claim, request_id).unwrap_or_else(empty))
     }
 
     /// Grants `group`'s blocking claims what is claimable now, by this node's clock.

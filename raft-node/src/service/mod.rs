@@ -28,7 +28,7 @@ use crate::node::Node;
 use crate::types::NodeTypes;
 
 /// Why the service could not do what was asked.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ServiceError {
     /// Only the leader can do this, and the leader's API is at this address.
     #[error("this node does not lead; the leader is at {leader_api}")]

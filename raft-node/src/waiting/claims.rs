@@ -12,8 +12,52 @@ use std::sync::MutexGuard;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 
+use store_sm::machine::ClientId;
 use store_sm::machine::GroupName;
+use store_sm::machine::Outcome;
 use tokio::sync::Notify;
+use tokio::sync::watch;
+
+use crate::service::ServiceError;
+
+/// A proposal's result once known: the outcome, or why it has none.
+pub type ProposalResult = Option<Result<Arc<Outcome>, ServiceError>>;
+
+/// Blocking claims' proposals that carry a request id and have not finished, so that a
+/// retry of the same request on this node joins the one in flight instead of
+/// answering while it may still claim a task.
+#[derive(Default)]
+pub struct InFlight {
+    proposals: Mutex<HashMap<ProposalKey, (u64, watch::Receiver<ProposalResult>)>>,
+    issued: AtomicU64,
+}
+
+/// A proposal's client and request id.
+pub type ProposalKey = (ClientId, String);
+
+impl InFlight {
+    /// Registers a proposal for `key`; the returned number names it for [`InFlight::done`].
+    pub fn start(&self, key: ProposalKey, result: watch::Receiver<ProposalResult>) -> u64 {
+        let number = self.issued.fetch_add(1, Ordering::Relaxed);
+        let mut proposals = self.proposals.lock().unwrap_or_else(|p| p.into_inner());
+        proposals.insert(key, (number, result));
+        number
+    }
+
+    /// The proposal for `key` in flight, if any.
+    pub fn get(&self, key: &ProposalKey) -> Option<watch::Receiver<ProposalResult>> {
+        let proposals = self.proposals.lock().unwrap_or_else(|p| p.into_inner());
+        proposals.get(key).map(|(_, result)| result.clone())
+    }
+
+    /// Proposal `number` for `key` has finished.
+    pub fn done(&self, key: &ProposalKey, number: u64) {
+        let mut proposals = self.proposals.lock().unwrap_or_else(|p| p.into_inner());
+        if proposals.get(key).is_some_and(|(n, _)| *n == number) {
+            proposals.remove(key);
+        }
+    }
+}
 
 struct Queued {
     wake: Arc<Notify>,
