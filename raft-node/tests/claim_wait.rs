@@ -306,8 +306,13 @@ async fn waiters_beyond_the_bound_get_503_and_a_stopping_node_answers_every_wait
             let answer = client
                 .get(&api, path, Duration::from_secs(40))
                 .await
-                .map(|r| r.status.as_u16());
-            (answer, started.elapsed())
+                .map(|r| {
+                    (
+                        r.status.as_u16(),
+                        String::from_utf8_lossy(&r.body).into_owned(),
+                    )
+                });
+            (path, answer, started.elapsed())
         })
     })
     .collect();
@@ -338,8 +343,9 @@ async fn waiters_beyond_the_bound_get_503_and_a_stopping_node_answers_every_wait
     let status = cluster.terminate(1).expect("the node was running");
     assert!(status.success(), "stopped with {status}");
     for waiter in waiting {
-        let (answer, waited) = waiter.await.expect("joined");
-        assert_eq!(answer.expect("answered before the node stopped"), 200);
+        let (path, answer, waited) = waiter.await.expect("joined");
+        let (status, body) = answer.expect("answered before the node stopped");
+        assert_eq!(status, 200, "{path}: {body}");
         assert!(waited < Duration::from_secs(30), "answered by the shutdown");
     }
 }

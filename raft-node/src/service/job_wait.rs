@@ -29,16 +29,23 @@ impl Node {
         let slot = self.waiters.enter(WaitKind::Job)?;
         let deadline = Instant::now() + wait;
         let signal = self.feed.signal(group);
+        // A read is needed only after a change: at the deadline or a stop the last one
+        // answers, which was linearizable within this request's time.
+        let mut look = true;
         let mut woken = false;
+        let mut last: Option<ReadView> = None;
         let answer = loop {
             let changed = signal.notified();
             let stopped = self.waiters.stopped();
             tokio::pin!(changed, stopped);
             changed.as_mut().enable();
             stopped.as_mut().enable();
-            let view = match self.read(consistency).await {
-                Ok(view) => view,
-                Err(e) => break Err(e),
+            let view = match last.take() {
+                Some(view) if !look => view,
+                _ => match self.read(consistency).await {
+                    Ok(view) => view,
+                    Err(e) => break Err(e),
+                },
             };
             let machine = view.state.machine.as_of(view.now);
             let finished = keys.iter().all(|key| {
@@ -52,10 +59,11 @@ impl Node {
             if finished || self.waiters.is_stopping() || Instant::now() >= deadline {
                 break Ok(view);
             }
+            last = Some(view);
             tokio::select! {
-                () = &mut changed => woken = true,
-                () = &mut stopped => woken = false,
-                () = tokio::time::sleep_until(deadline) => woken = false,
+                () = &mut changed => (look, woken) = (true, true),
+                () = &mut stopped => (look, woken) = (false, false),
+                () = tokio::time::sleep_until(deadline) => (look, woken) = (false, false),
             }
         };
         drop(signal);
