@@ -12,3 +12,4 @@ pub mod retry;
 pub mod schema;
 pub mod watch;
 pub mod worker;
+pub mod worker_client;

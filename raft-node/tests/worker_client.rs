@@ -1,0 +1,164 @@
+//! `rpc::worker_client::WorkerClient` against real nodes (issue 14): typed calls for the
+//! seed and job API, writes sent to the leader it finds, exactly once under retries,
+//! and through a leader kill.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestCluster;
+use rpc::worker::AddJson;
+use rpc::worker::UpdateRequestJson;
+use rpc::worker_client::WorkerClient;
+use rpc::worker_client::WorkerError;
+use serde_json::json;
+
+fn client(cluster: &TestCluster, ids: &[u64], client_id: i64) -> WorkerClient {
+    WorkerClient::new(ids.iter().map(|&id| cluster.api(id).to_string()), client_id)
+        .expect("a client")
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(30))
+}
+
+#[tokio::test]
+async fn a_worker_client_runs_tasks_and_jobs_through_any_node() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let worker = client(&cluster, &[1, 2, 3], 7);
+    assert_eq!(
+        worker.find_leader().await.as_deref(),
+        Some(cluster.api(leader)),
+        "the leader is found from /cluster"
+    );
+
+    // Seed API: add, claim, renew (a new fencing id), delete.
+    let added = worker.add("plain", "hello").await.expect("added");
+    let claimed = worker
+        .claim("plain", Duration::from_secs(60))
+        .await
+        .expect("answered")
+        .expect("a task");
+    assert_eq!((claimed.data.as_str(), claimed.ownerid), ("hello", 7));
+    assert!(claimed.id > added.id);
+    let renewed = worker
+        .renew(&claimed, Duration::from_secs(60))
+        .await
+        .expect("renewed");
+    assert!(renewed.id > claimed.id);
+    // The old version is no fence any more.
+    let stale = worker.delete(claimed.id).await;
+    assert!(matches!(stale, Err(WorkerError::Refused(_))), "{stale:?}");
+    worker.delete(renewed.id).await.expect("deleted");
+    assert!(
+        worker
+            .claim("plain", Duration::from_secs(1))
+            .await
+            .expect("answered")
+            .is_none()
+    );
+
+    // Jobs: keyed add, claim, fail with a retry, claim again, finish with a result.
+    let job = AddJson {
+        key: Some("report".into()),
+        ..AddJson::in_group("jobs").with_data("q3")
+    };
+    worker.add_task(job).await.expect("added");
+    let first = worker
+        .claim("jobs", Duration::from_secs(60))
+        .await
+        .expect("answered")
+        .expect("the job");
+    assert_eq!((first.key.as_deref(), first.attempt), (Some("report"), 1));
+    worker
+        .fail(first.id, "flaky", Some(Duration::ZERO))
+        .await
+        .expect("failed");
+    let second = worker
+        .claim_waiting("jobs", Duration::from_secs(60), Duration::from_secs(5))
+        .await
+        .expect("answered")
+        .expect("the retry");
+    assert_eq!(second.attempt, 2);
+    worker
+        .finish(second.id, Some(json!({"rows": 3})))
+        .await
+        .expect("finished");
+    let record = worker.job("jobs", "report").await.expect("a record");
+    assert_eq!(
+        (record.state.as_str(), &record.result),
+        ("succeeded", &Some(json!({"rows": 3})))
+    );
+    let waited = worker
+        .wait_jobs("jobs", &["report"], Duration::from_secs(5))
+        .await
+        .expect("answered");
+    assert!(waited.finished);
+    assert!(matches!(
+        worker.job("jobs", "nothing").await,
+        Err(WorkerError::NotFound(_))
+    ));
+
+    // A watch from the start sees the job's changes.
+    let page = worker
+        .watch("jobs", Some(0), Duration::from_secs(5))
+        .await
+        .expect("a page");
+    assert!(!page.changes.is_empty());
+
+    // A bad request is rejected at once, not retried.
+    let rejected = worker.claim("", Duration::from_secs(1)).await;
+    assert!(rejected.is_err(), "{rejected:?}");
+}
+
+#[tokio::test]
+async fn a_write_retried_under_one_request_id_applies_once_even_across_a_leader_kill() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let worker = client(&cluster, &[1, 2, 3], 9);
+    let request = UpdateRequestJson::by(9).with_add(AddJson::in_group("once").with_data("x"));
+    let id = worker.next_request_id();
+    let first = worker
+        .write_as(request.clone(), id.clone())
+        .await
+        .expect("added");
+    let again = worker
+        .write_as(request.clone(), id)
+        .await
+        .expect("replayed");
+    assert_eq!(
+        first, again,
+        "the same request id answers the first outcome"
+    );
+
+    // Kill the leader: the client finds the next one and goes on.
+    cluster.kill(leader);
+    for i in 0..20 {
+        worker
+            .add("after-kill", &format!("t{i}"))
+            .await
+            .expect("added after the kill");
+    }
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    let reader = client(&cluster, &survivors, 10);
+    let mut seen = 0;
+    while reader
+        .claim("after-kill", Duration::from_secs(60))
+        .await
+        .expect("answered")
+        .is_some()
+    {
+        seen += 1;
+    }
+    assert_eq!(seen, 20, "every add applied exactly once");
+    let lone = reader
+        .claim("once", Duration::from_secs(60))
+        .await
+        .expect("answered");
+    assert!(lone.is_some());
+    assert!(
+        reader
+            .claim("once", Duration::from_secs(60))
+            .await
+            .expect("answered")
+            .is_none()
+    );
+}

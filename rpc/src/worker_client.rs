@@ -1,0 +1,508 @@
+//! [`WorkerClient`]: the typed client of the worker and job API, for programs that
+//! add, claim and finish tasks. Every write goes to the leader when it is known
+//! (learned from `GET /cluster`), else to the nodes in turn, under one request id until
+//! its answer is definite, so a write applies exactly once however often it is retried;
+//! reads and waits go to any node.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), rpc::worker_client::WorkerError> {
+//! use std::time::Duration;
+//! use rpc::worker_client::WorkerClient;
+//!
+//! let client = WorkerClient::new(["127.0.0.1:7001", "127.0.0.1:7002"], 7)?;
+//! client.add("mail", "to=42").await?;
+//! // Wait up to 30 s for a task, hold it for a minute.
+//! if let Some(task) = client
+//!     .claim_waiting("mail", Duration::from_secs(60), Duration::from_secs(30))
+//!     .await?
+//! {
+//!     // ... do the work, passing task.id downstream as the fence ...
+//!     client.finish(task.id, Some(serde_json::json!({"sent": true}))).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+use std::time::SystemTime;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::admin::ClusterStatusJson;
+use crate::client::ClientError;
+use crate::client::HttpClient;
+use crate::job::FailRequestJson;
+use crate::job::FinishRequestJson;
+use crate::job::JobJson;
+use crate::job::JobWaitJson;
+use crate::job::KeysRequestJson;
+use crate::watch::WAIT_MS_MAX;
+use crate::watch::WatchGoneJson;
+use crate::watch::WatchPageJson;
+use crate::worker::AddJson;
+use crate::worker::ChangeJson;
+use crate::worker::ClaimRequestJson;
+use crate::worker::TaskJson;
+use crate::worker::UpdateRequestJson;
+use crate::worker::WriteRequestJson;
+use crate::worker::WriteResultJson;
+
+/// Deadline of one call (a waiting call gets its wait on top).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a write is retried before the client gives up on a definite answer.
+pub const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
+
+/// Pause between two attempts, so that a cluster electing a leader is not flooded.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Why a call did not give what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The cluster processed the write and refused it; nothing changed.
+    #[error("refused by the cluster: {}", .0.join("; "))]
+    Refused(Vec<String>),
+    /// A node rejected the request as malformed (4xx); sending it again cannot help.
+    #[error("{0}")]
+    Rejected(ClientError),
+    /// What the call names does not exist (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The watch asked for changes older than the node keeps (410): re-read the group
+    /// and watch from the revision given.
+    #[error("{}", .0.error)]
+    Forgotten(WatchGoneJson),
+    /// No node gave a definite answer in time. For a write, it may or may not have
+    /// applied: send it again with the same request id ([`WorkerClient::write_as`]).
+    #[error("no definite answer after {waited:?} (request id {request_id:?}): {last_error}")]
+    Unavailable {
+        /// How long the client tried.
+        waited: Duration,
+        /// The write's request id, if it was a write.
+        request_id: Option<String>,
+        /// The last failure seen.
+        last_error: String,
+    },
+    /// The client was built without a node.
+    #[error("give at least one node address")]
+    NoNodes,
+}
+
+/// What one attempt at one node came to.
+enum Attempt<T> {
+    /// A definite answer.
+    Done(Result<T, WorkerError>),
+    /// Nothing known: try another node.
+    Retry(String),
+}
+
+/// The typed worker client. See the module documentation. Cheap to share behind an
+/// `Arc`: every method takes `&self`.
+#[derive(Debug)]
+pub struct WorkerClient {
+    http: HttpClient,
+    addrs: Vec<String>,
+    /// The node to try first: the leader when known.
+    preferred: Mutex<usize>,
+    /// Whether this client asked who leads yet (it does before its first write).
+    asked_for_leader: AtomicBool,
+    client_id: i64,
+    id_prefix: String,
+    sent: AtomicU64,
+    call_timeout: Duration,
+    give_up_after: Duration,
+}
+
+/// `host:port` from `host:port` or `http://host:port/`.
+fn normalise(url: &str) -> String {
+    let url = url.trim();
+    let url = url.strip_prefix("http://").unwrap_or(url);
+    url.trim_end_matches('/').to_string()
+}
+
+/// A percent-encoded query value.
+fn encode(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+impl WorkerClient {
+    /// A client of the nodes at `urls` (`host:port`, `http://` optional) that writes as
+    /// client `client_id`.
+    pub fn new(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+        client_id: i64,
+    ) -> Result<Self, WorkerError> {
+        let addrs: Vec<String> = urls
+            .into_iter()
+            .map(|u| normalise(u.as_ref()))
+            .filter(|u| !u.is_empty())
+            .collect();
+        if addrs.is_empty() {
+            return Err(WorkerError::NoNodes);
+        }
+        // Unique across processes and restarts, so that no two clients' request ids meet.
+        let nonce = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        Ok(Self {
+            http: HttpClient::new(),
+            addrs,
+            preferred: Mutex::new(0),
+            asked_for_leader: AtomicBool::new(false),
+            client_id,
+            id_prefix: format!("c{client_id}-{nonce:x}"),
+            sent: AtomicU64::new(0),
+            call_timeout: CALL_TIMEOUT,
+            give_up_after: GIVE_UP_AFTER,
+        })
+    }
+
+    /// The same client with other deadlines: `call_timeout` per call, `give_up_after`
+    /// for all the retries of one write or read.
+    pub fn with_timeouts(mut self, call_timeout: Duration, give_up_after: Duration) -> Self {
+        self.call_timeout = call_timeout;
+        self.give_up_after = give_up_after;
+        self
+    }
+
+    /// The client id this client writes as.
+    pub fn client_id(&self) -> i64 {
+        self.client_id
+    }
+
+    /// A request id no other write of any client will use.
+    pub fn next_request_id(&self) -> String {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.id_prefix)
+    }
+
+    fn order(&self) -> Vec<String> {
+        let first = *self.preferred.lock().unwrap_or_else(|p| p.into_inner());
+        (0..self.addrs.len())
+            .map(|i| self.addrs[(first + i) % self.addrs.len()].clone())
+            .collect()
+    }
+
+    fn prefer(&self, addr: &str) {
+        if let Some(i) = self.addrs.iter().position(|a| a == addr) {
+            *self.preferred.lock().unwrap_or_else(|p| p.into_inner()) = i;
+        }
+    }
+
+    /// Asks the nodes who leads and sends writes there first from now on; the leader's
+    /// address, if one is known and among this client's nodes.
+    pub async fn find_leader(&self) -> Option<String> {
+        for addr in self.order() {
+            let Ok(response) = self.http.get(&addr, "/cluster", self.call_timeout).await else {
+                continue;
+            };
+            let Ok(status) = response.json::<ClusterStatusJson>(&addr) else {
+                continue;
+            };
+            let leader = status
+                .leader
+                .and_then(|id| status.nodes.iter().find(|n| n.id == id))
+                .map(|n| normalise(&n.api_addr));
+            if let Some(leader) = leader.filter(|l| self.addrs.contains(l)) {
+                self.prefer(&leader);
+                return Some(leader);
+            }
+        }
+        None
+    }
+
+    /// Calls `attempt` on the nodes in turn (the preferred one first) until one gives a
+    /// definite answer or `wait` plus the give-up time has passed.
+    async fn retry<T, F, Fut>(
+        &self,
+        wait: Duration,
+        request_id: Option<&str>,
+        attempt: F,
+    ) -> Result<T, WorkerError>
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = Attempt<T>>,
+    {
+        let started = Instant::now();
+        let mut last_error: String;
+        let mut round = 0u32;
+        loop {
+            for addr in self.order() {
+                match attempt(addr.clone()).await {
+                    Attempt::Done(answer) => {
+                        if answer.is_ok() && round == 0 {
+                            self.prefer(&addr);
+                        }
+                        return answer;
+                    }
+                    Attempt::Retry(error) => last_error = format!("{addr}: {error}"),
+                }
+                if started.elapsed() >= self.give_up_after + wait {
+                    return Err(WorkerError::Unavailable {
+                        waited: started.elapsed(),
+                        request_id: request_id.map(str::to_string),
+                        last_error,
+                    });
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            round += 1;
+            // Leadership may have moved: ask before the next round.
+            self.find_leader().await;
+        }
+    }
+
+    /// Sends `request` under a fresh request id; the task versions it wrote.
+    pub async fn write(
+        &self,
+        request: impl Into<WriteRequestJson>,
+    ) -> Result<Vec<TaskJson>, WorkerError> {
+        self.write_as(request, self.next_request_id()).await
+    }
+
+    /// Sends `request` under `request_id` until its answer is definite: the same id
+    /// always gets the first outcome, so a write retried this way applies once.
+    pub async fn write_as(
+        &self,
+        request: impl Into<WriteRequestJson>,
+        request_id: String,
+    ) -> Result<Vec<TaskJson>, WorkerError> {
+        if !self.asked_for_leader.swap(true, Ordering::Relaxed) {
+            self.find_leader().await;
+        }
+        let request = request.into().with_request_id(request_id.clone());
+        let timeout = self.call_timeout + request.wait();
+        let request = &request;
+        self.retry(request.wait(), Some(&request_id), |addr| async move {
+            let response = match self
+                .http
+                .post_json(&addr, request.path(), request, timeout)
+                .await
+            {
+                Ok(response) => response,
+                Err(e) => return Attempt::Retry(e.to_string()),
+            };
+            if response.status.is_client_error() {
+                return match response.success(&addr) {
+                    Err(e) => Attempt::Done(Err(WorkerError::Rejected(e))),
+                    Ok(_) => Attempt::Retry("a 4xx that is not an error".into()),
+                };
+            }
+            if !response.status.is_success() {
+                return Attempt::Retry(format!("status {}", response.status));
+            }
+            match response.json::<WriteResultJson>(&addr) {
+                Ok(WriteResultJson::Tasks { tasks }) => Attempt::Done(Ok(tasks)),
+                Ok(WriteResultJson::Errors { errors }) => {
+                    Attempt::Done(Err(WorkerError::Refused(errors)))
+                }
+                Err(e) => Attempt::Retry(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// GETs `path` from any node; `wait` is how long the node may wait before it answers.
+    async fn read<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        wait: Duration,
+    ) -> Result<T, WorkerError> {
+        let timeout = self.call_timeout + wait;
+        self.retry(wait, None, |addr| async move {
+            let response = match self.http.get(&addr, path, timeout).await {
+                Ok(response) => response,
+                Err(e) => return Attempt::Retry(e.to_string()),
+            };
+            match response.status.as_u16() {
+                200 => match response.json::<T>(&addr) {
+                    Ok(value) => Attempt::Done(Ok(value)),
+                    Err(e) => Attempt::Retry(e.to_string()),
+                },
+                404 => Attempt::Done(Err(WorkerError::NotFound(
+                    String::from_utf8_lossy(&response.body).into_owned(),
+                ))),
+                410 => match response.json::<WatchGoneJson>(&addr) {
+                    Ok(gone) => Attempt::Done(Err(WorkerError::Forgotten(gone))),
+                    Err(e) => Attempt::Retry(e.to_string()),
+                },
+                400..=499 => match response.success(&addr) {
+                    Err(e) => Attempt::Done(Err(WorkerError::Rejected(e))),
+                    Ok(_) => Attempt::Retry("a 4xx that is not an error".into()),
+                },
+                status => Attempt::Retry(format!("status {status}")),
+            }
+        })
+        .await
+    }
+
+    fn first(mut tasks: Vec<TaskJson>, what: &str) -> Result<TaskJson, WorkerError> {
+        if tasks.is_empty() {
+            return Err(WorkerError::Refused(vec![format!(
+                "the cluster answered no task for {what}"
+            )]));
+        }
+        Ok(tasks.swap_remove(0))
+    }
+
+    /// Adds a task with `data` to `group`, available now.
+    pub async fn add(&self, group: &str, data: &str) -> Result<TaskJson, WorkerError> {
+        self.add_task(AddJson::in_group(group).with_data(data))
+            .await
+    }
+
+    /// Adds one task or job (key, `after`, priority... in `add`).
+    pub async fn add_task(&self, add: AddJson) -> Result<TaskJson, WorkerError> {
+        let tasks = self
+            .write(UpdateRequestJson::by(self.client_id).with_add(add))
+            .await?;
+        Self::first(tasks, "an add")
+    }
+
+    /// Claims `group`'s next available task for `lease`; `None` if there is none.
+    pub async fn claim(
+        &self,
+        group: &str,
+        lease: Duration,
+    ) -> Result<Option<TaskJson>, WorkerError> {
+        self.claim_waiting(group, lease, Duration::ZERO).await
+    }
+
+    /// As [`WorkerClient::claim`], waiting up to `wait` (at most a minute) for a task when
+    /// none is available; waiting writes nothing to the log.
+    pub async fn claim_waiting(
+        &self,
+        group: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Option<TaskJson>, WorkerError> {
+        let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
+        let claim = ClaimRequestJson {
+            wait_ms: (wait_ms > 0).then_some(wait_ms),
+            ..ClaimRequestJson::new(self.client_id, group, lease.as_millis() as i64)
+        };
+        Ok(self.write(claim).await?.into_iter().next())
+    }
+
+    /// Renews an owned task for `lease` from now, keeping its data; the new version,
+    /// whose id is the fence from now on.
+    pub async fn renew(&self, task: &TaskJson, lease: Duration) -> Result<TaskJson, WorkerError> {
+        let change = ChangeJson::renewal(task.id, task.data.clone(), lease.as_millis() as i64);
+        let tasks = self
+            .write(UpdateRequestJson::by(self.client_id).with_change(change))
+            .await?;
+        Self::first(tasks, "a renewal")
+    }
+
+    /// Deletes task version `id` (owned by this client, or available).
+    pub async fn delete(&self, id: u64) -> Result<(), WorkerError> {
+        self.write(UpdateRequestJson::by(self.client_id).with_deletes([id]))
+            .await
+            .map(drop)
+    }
+
+    /// Ends the claim of version `id` with success and an optional JSON result.
+    pub async fn finish(&self, id: u64, result: Option<Value>) -> Result<(), WorkerError> {
+        let finish = FinishRequestJson {
+            clientid: self.client_id,
+            id,
+            result,
+            requestid: None,
+        };
+        self.write(finish).await.map(drop)
+    }
+
+    /// Ends the claim of version `id` with an error: retried after the group's back-off
+    /// (or `retry_in`), dead after its last attempt. The retry's new version, if any.
+    pub async fn fail(
+        &self,
+        id: u64,
+        error: &str,
+        retry_in: Option<Duration>,
+    ) -> Result<Option<TaskJson>, WorkerError> {
+        let fail = FailRequestJson {
+            clientid: self.client_id,
+            id,
+            error: error.to_string(),
+            retry_in_ms: retry_in.map(|d| d.as_millis() as i64),
+            requestid: None,
+        };
+        Ok(self
+            .write(WriteRequestJson::Fail(fail))
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// Cancels the jobs `keys` of `group`.
+    pub async fn cancel(&self, group: &str, keys: &[&str]) -> Result<(), WorkerError> {
+        let cancel = KeysRequestJson {
+            clientid: self.client_id,
+            group: group.to_string(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            requestid: None,
+        };
+        self.write(WriteRequestJson::Cancel(cancel)).await.map(drop)
+    }
+
+    /// The record of job `key` in `group`.
+    pub async fn job(&self, group: &str, key: &str) -> Result<JobJson, WorkerError> {
+        let path = format!("/job?group={}&key={}", encode(group), encode(key));
+        self.read(&path, Duration::ZERO).await
+    }
+
+    /// The records of the jobs `keys` of `group` once all have finished, or as they are
+    /// after `wait` (at most a minute).
+    pub async fn wait_jobs(
+        &self,
+        group: &str,
+        keys: &[&str],
+        wait: Duration,
+    ) -> Result<JobWaitJson, WorkerError> {
+        let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
+        let keys: String = keys.iter().map(|k| format!("&key={}", encode(k))).collect();
+        let path = format!("/jobs/wait?group={}{keys}&wait_ms={wait_ms}", encode(group));
+        self.read(&path, Duration::from_millis(wait_ms)).await
+    }
+
+    /// The changes of `group` after revision `after` (default: from now), waiting up to
+    /// `wait` for the first. [`WorkerError::Forgotten`] when the node no longer keeps
+    /// them.
+    pub async fn watch(
+        &self,
+        group: &str,
+        after: Option<u64>,
+        wait: Duration,
+    ) -> Result<WatchPageJson, WorkerError> {
+        let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
+        let after = after.map(|a| format!("&after={a}")).unwrap_or_default();
+        let path = format!("/watch?group={}{after}&wait_ms={wait_ms}", encode(group));
+        self.read(&path, Duration::from_millis(wait_ms)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_normalised_and_request_ids_unique() {
+        let client = WorkerClient::new(["http://127.0.0.1:1/", " 127.0.0.1:2 "], 3).expect("ok");
+        assert_eq!(client.addrs, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+        let (a, b) = (client.next_request_id(), client.next_request_id());
+        assert_ne!(a, b);
+        assert!(a.starts_with("c3-") && a.len() <= 64, "{a}");
+        assert!(matches!(
+            WorkerClient::new(Vec::<String>::new(), 1),
+            Err(WorkerError::NoNodes)
+        ));
+        client.prefer("127.0.0.1:2");
+        assert_eq!(client.order(), vec!["127.0.0.1:2", "127.0.0.1:1"]);
+    }
+}
