@@ -162,3 +162,147 @@ async fn a_write_retried_under_one_request_id_applies_once_even_across_a_leader_
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn a_lease_renews_itself_moves_its_fence_and_is_lost_when_cancelled() {
+    use rpc::lease::Lease;
+    use rpc::lease::LeaseLost;
+    use std::sync::Arc;
+
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let worker = Arc::new(client(&cluster, &[1], 5));
+    let other = client(&cluster, &[1], 6);
+    let job = AddJson {
+        key: Some("long".into()),
+        ..AddJson::in_group("leases").with_data("work")
+    };
+    worker.add_task(job.clone()).await.expect("added");
+    let lease_for = Duration::from_millis(1_500);
+    let claimed_at = tokio::time::Instant::now();
+    let task = worker
+        .claim("leases", lease_for)
+        .await
+        .expect("answered")
+        .expect("the job");
+    let lease = Lease::hold(Arc::clone(&worker), task.clone(), lease_for, claimed_at);
+    // Well past the first lease: renewals keep it, each with a new fencing id.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(lease.lost_reason().is_none(), "{:?}", lease.lost_reason());
+    assert!(lease.fence() > task.id, "renewals wrote new versions");
+    assert!(
+        other
+            .claim("leases", lease_for)
+            .await
+            .expect("answered")
+            .is_none()
+    );
+    lease
+        .finish(Some(json!({"done": true})))
+        .await
+        .expect("finished with the fence");
+    let record = worker.job("leases", "long").await.expect("a record");
+    assert_eq!((record.state.as_str(), record.attempts), ("succeeded", 1));
+
+    // A cancel is seen by the next renewal: the lease is lost with the reason.
+    let again = AddJson {
+        key: Some("halted".into()),
+        ..AddJson::in_group("leases").with_data("work")
+    };
+    worker.add_task(again).await.expect("added");
+    let claimed_at = tokio::time::Instant::now();
+    let task = worker
+        .claim("leases", lease_for)
+        .await
+        .expect("answered")
+        .expect("the job");
+    let lease = Lease::hold(Arc::clone(&worker), task, lease_for, claimed_at);
+    other
+        .cancel("leases", &["halted"])
+        .await
+        .expect("cancelled");
+    let lost = tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("lost within a renewal");
+    let LeaseLost::Refused(reasons) = lost else {
+        panic!("{lost:?}")
+    };
+    assert!(reasons.iter().any(|r| r.contains("cancel")), "{reasons:?}");
+    assert!(
+        lease.finish(None).await.is_err(),
+        "a lost lease finishes nothing"
+    );
+}
+
+#[tokio::test]
+async fn run_worker_finishes_every_task_with_its_concurrency_and_stops_when_told() {
+    use rpc::lease::WorkerOptions;
+    use rpc::lease::run_worker;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::Ordering;
+
+    let cluster = TestCluster::start(3, "never");
+    cluster.wait_leader(&[1, 2, 3]).await;
+    let producer = client(&cluster, &[1, 2, 3], 1);
+    for i in 0..30 {
+        let job = AddJson {
+            key: Some(format!("t{i}")),
+            ..AddJson::in_group("pool").with_data(format!("{i}"))
+        };
+        producer.add_task(job).await.expect("added");
+    }
+    let worker = Arc::new(client(&cluster, &[1, 2, 3], 2));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let options = WorkerOptions {
+        concurrency: 4,
+        lease: Duration::from_secs(10),
+        wait: Duration::from_secs(1),
+        ..WorkerOptions::new("pool")
+    };
+    let loop_running = {
+        let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+        tokio::spawn(run_worker(worker, options, stopped, move |lease| {
+            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                let n: u64 = lease.task().data.parse().map_err(|e| format!("{e}"))?;
+                Ok(Some(json!({ "square": n * n })))
+            }
+        }))
+    };
+    let keys: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut done = producer
+        .wait_jobs("pool", &key_refs, Duration::from_secs(30))
+        .await
+        .expect("answered");
+    if !done.finished {
+        done = producer
+            .wait_jobs("pool", &key_refs, Duration::from_secs(30))
+            .await
+            .expect("answered");
+    }
+    assert!(done.finished, "{done:?}");
+    assert!(
+        done.jobs
+            .iter()
+            .all(|j| j.state == "succeeded" && j.attempts == 1)
+    );
+    stop.send(true).expect("the loop listens");
+    let finished = tokio::time::timeout(Duration::from_secs(10), loop_running)
+        .await
+        .expect("the loop stops")
+        .expect("joined");
+    assert_eq!(finished, 30);
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&most),
+        "ran {most} at once, over the concurrency of 4"
+    );
+}

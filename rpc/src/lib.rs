@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod client;
 pub mod job;
+pub mod lease;
 pub mod retry;
 pub mod schema;
 pub mod watch;

@@ -1,0 +1,317 @@
+//! [`Lease`]: a claimed task that renews itself in the background and always knows its
+//! current fencing id; and [`run_worker`], the claim, run, finish loop with a
+//! concurrency limit and a graceful stop.
+//!
+//! A renewal writes a new version of the task, whose id is the fence from then on: pass
+//! [`Lease::fence`] to whatever the work writes downstream, so that a worker whose lease
+//! lapsed cannot overwrite a newer worker's output (docs/fencing.md). A lease is lost
+//! when a renewal is refused (the task was cancelled, or its lease lapsed and another
+//! worker claimed it) or when no renewal succeeded before the lease ran out; the work
+//! should then stop, since it no longer owns the task.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), rpc::worker_client::WorkerError> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use rpc::lease::{run_worker, WorkerOptions};
+//! use rpc::worker_client::WorkerClient;
+//!
+//! let client = Arc::new(WorkerClient::new(["127.0.0.1:7001"], 7)?);
+//! let (_stop, stopped) = tokio::sync::watch::channel(false);
+//! let options = WorkerOptions::new("mail");
+//! run_worker(client, options, stopped, |lease| async move {
+//!     // lease.task().data is the payload; lease.fence() goes downstream.
+//!     Ok(Some(serde_json::json!({"sent": lease.task().data})))
+//! })
+//! .await;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::worker::TaskJson;
+use crate::worker_client::WorkerClient;
+use crate::worker_client::WorkerError;
+
+/// Why a lease ended without its holder ending it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseLost {
+    /// A renewal was refused (the task was cancelled, deleted, or claimed by another
+    /// worker after the lease lapsed); the cluster's reasons.
+    Refused(Vec<String>),
+    /// No renewal succeeded before the lease ran out.
+    Expired,
+}
+
+struct Shared {
+    /// The task as last written: its id is the current fence.
+    task: std::sync::Mutex<TaskJson>,
+    /// When the current lease runs out, by this process's clock (conservatively: from
+    /// when the write that granted it was sent). Held while a renewal is written, so
+    /// that ending the lease waits for it and then uses the version it wrote.
+    until: Mutex<Instant>,
+    /// Set once the holder ends the lease: the renewer stops.
+    ended: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn task(&self) -> TaskJson {
+        self.task.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A claimed task, renewed in the background at about a third of its lease. See the
+/// module documentation.
+pub struct Lease {
+    client: Arc<WorkerClient>,
+    shared: Arc<Shared>,
+    lost: watch::Receiver<Option<LeaseLost>>,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Lease {
+    /// Holds `task`, claimed for `lease` by `client` with a request sent at
+    /// `claimed_at`, renewing it until the holder finishes or fails it.
+    pub fn hold(
+        client: Arc<WorkerClient>,
+        task: TaskJson,
+        lease: Duration,
+        claimed_at: Instant,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            task: std::sync::Mutex::new(task),
+            until: Mutex::new(claimed_at + lease),
+            ended: std::sync::atomic::AtomicBool::new(false),
+        });
+        let (lost_tx, lost) = watch::channel(None);
+        let renewer = tokio::spawn(renew(
+            Arc::clone(&client),
+            Arc::clone(&shared),
+            lease,
+            lost_tx,
+        ));
+        Self {
+            client,
+            shared,
+            lost,
+            renewer,
+        }
+    }
+
+    /// The task as last written (its id is the current fence).
+    pub fn task(&self) -> TaskJson {
+        self.shared.task()
+    }
+
+    /// The current fencing id: pass it downstream with every write the work makes.
+    pub fn fence(&self) -> u64 {
+        self.task().id
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LeaseLost> {
+        self.lost.borrow().clone()
+    }
+
+    /// Resolves when the lease is lost; the work should stop then.
+    pub async fn lost(&self) -> LeaseLost {
+        let mut lost = self.lost.clone();
+        loop {
+            if let Some(reason) = lost.borrow_and_update().clone() {
+                return reason;
+            }
+            if lost.changed().await.is_err() {
+                // The renewer ended without a loss: the holder ended the lease.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stops renewing and hands back the current version, unless the lease is lost.
+    async fn end(&self) -> Result<TaskJson, WorkerError> {
+        let _renewal = self.shared.until.lock().await;
+        self.shared
+            .ended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.renewer.abort();
+        if let Some(reason) = self.lost_reason() {
+            return Err(WorkerError::Refused(vec![format!(
+                "the lease was lost: {reason:?}"
+            )]));
+        }
+        Ok(self.task())
+    }
+
+    /// Ends the claim with success and an optional JSON result.
+    pub async fn finish(&self, result: Option<Value>) -> Result<(), WorkerError> {
+        let task = self.end().await?;
+        self.client.finish(task.id, result).await
+    }
+
+    /// Ends the claim with an error: the task is retried after the group's back-off (or
+    /// `retry_in`), or is dead after its last attempt.
+    pub async fn fail(&self, error: &str, retry_in: Option<Duration>) -> Result<(), WorkerError> {
+        let task = self.end().await?;
+        self.client.fail(task.id, error, retry_in).await.map(drop)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renewer.abort();
+    }
+}
+
+/// The renewer: every third of the lease, a renewal; a refusal, or a lease that runs
+/// out first, is a loss.
+async fn renew(
+    client: Arc<WorkerClient>,
+    shared: Arc<Shared>,
+    lease: Duration,
+    lost: watch::Sender<Option<LeaseLost>>,
+) {
+    let every = lease / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        let mut until = shared.until.lock().await;
+        if shared.ended.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        if Instant::now() >= *until {
+            let _ = lost.send(Some(LeaseLost::Expired));
+            return;
+        }
+        let sent = Instant::now();
+        // Bounded by what is left of the lease: past it, the task is not ours anyway.
+        let left = until.saturating_duration_since(sent);
+        let task = shared.task();
+        match tokio::time::timeout(left, client.renew(&task, lease)).await {
+            Ok(Ok(task)) => {
+                *shared.task.lock().unwrap_or_else(|p| p.into_inner()) = task;
+                *until = sent + lease;
+            }
+            Ok(Err(WorkerError::Refused(reasons))) => {
+                let _ = lost.send(Some(LeaseLost::Refused(reasons)));
+                return;
+            }
+            _ if Instant::now() >= *until => {
+                let _ = lost.send(Some(LeaseLost::Expired));
+                return;
+            }
+            // Not known yet; the next round tries again while the lease lasts.
+            _ => {}
+        }
+    }
+}
+
+/// How [`run_worker`] works a group.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// The group to claim from.
+    pub group: String,
+    /// Tasks run at once.
+    pub concurrency: usize,
+    /// Each claim's lease, renewed at about a third of it.
+    pub lease: Duration,
+    /// How long a claim waits for a task (at most a minute).
+    pub wait: Duration,
+    /// After a stop, how long running work may go on before it is failed.
+    pub grace: Duration,
+}
+
+impl WorkerOptions {
+    /// One task at a time from `group`, 30 s leases, 20 s waits, a 10 s grace.
+    pub fn new(group: impl Into<String>) -> Self {
+        Self {
+            group: group.into(),
+            concurrency: 1,
+            lease: Duration::from_secs(30),
+            wait: Duration::from_secs(20),
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Claims tasks of `options.group` and runs `work` on each, `options.concurrency` at a
+/// time, until `stop` turns true: the work's `Ok(result)` finishes the task, `Err`
+/// fails it (retried after the group's back-off). Work whose lease is lost is dropped
+/// (it no longer owns the task); after a stop, running work gets `options.grace`, then
+/// is dropped and its task failed so that it runs elsewhere. Returns how many tasks
+/// were finished.
+pub async fn run_worker<F, Fut>(
+    client: Arc<WorkerClient>,
+    options: WorkerOptions,
+    mut stop: watch::Receiver<bool>,
+    work: F,
+) -> u64
+where
+    F: Fn(Arc<Lease>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<Value>, String>> + Send + 'static,
+{
+    let work = Arc::new(work);
+    let slots = Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1)));
+    let finished = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => permit,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let Ok(permit) = permit else { break };
+        let claimed_at = Instant::now();
+        let claim = client.claim_waiting(&options.group, options.lease, options.wait);
+        let task = tokio::select! {
+            task = claim => task,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let task = match task {
+            Ok(Some(task)) => task,
+            Ok(None) => continue,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let lease = Arc::new(Lease::hold(
+            Arc::clone(&client),
+            task,
+            options.lease,
+            claimed_at,
+        ));
+        let work = Arc::clone(&work);
+        let finished = Arc::clone(&finished);
+        let mut stop = stop.clone();
+        let grace = options.grace;
+        running.spawn(async move {
+            let _permit = permit;
+            let outcome = tokio::select! {
+                outcome = work(Arc::clone(&lease)) => Some(outcome),
+                _ = lease.lost() => None,
+                () = async {
+                    let _ = stop.wait_for(|s| *s).await;
+                    tokio::time::sleep(grace).await;
+                } => Some(Err("stopped: the worker shut down before the task ended".into())),
+            };
+            let ended = match outcome {
+                Some(Ok(result)) => lease.finish(result).await.is_ok(),
+                Some(Err(error)) => {
+                    let _ = lease.fail(&error, None).await;
+                    false
+                }
+                None => false,
+            };
+            if ended {
+                finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    while running.join_next().await.is_some() {}
+    finished.load(std::sync::atomic::Ordering::Relaxed)
+}
