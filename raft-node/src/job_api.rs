@@ -228,7 +228,7 @@ async fn get_jobs_wait(
         for key in &keys {
             match machine.job(&group, key) {
                 Some(record) => {
-                    answer.finished &= record.state.is_finished();
+                    answer.finished &= record.state.has_ended();
                     answer.jobs.push(job_json(machine, record));
                 }
                 None => {

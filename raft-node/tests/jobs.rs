@@ -445,3 +445,22 @@ async fn a_wait_for_outcomes_returns_when_the_jobs_finish() {
         assert!(message.contains(field), "{path}: {message}");
     }
 }
+
+#[tokio::test]
+async fn a_wait_for_outcomes_ends_when_a_job_dies() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let adds = json!({"clientid": 1, "adds": [{"group": "d", "key": "once", "max_attempts": 1}]});
+    post(&cluster, 1, "/update", adds).await;
+    let task = first_task(&post(&cluster, 1, "/claim", claim("d", 5)).await);
+    post(
+        &cluster,
+        1,
+        "/fail",
+        json!({"clientid": 5, "id": task["id"], "error": "no"}),
+    )
+    .await;
+    let waited = get(&cluster, 1, "/jobs/wait?group=d&key=once&wait_ms=30000").await;
+    assert_eq!(waited["finished"], true, "{waited}");
+    assert_eq!(waited["jobs"][0]["state"], "dead");
+}

@@ -51,7 +51,7 @@ impl Node {
             let finished = keys.iter().all(|key| {
                 machine
                     .job(group, key)
-                    .is_some_and(|record| record.state.is_finished())
+                    .is_some_and(|record| record.state.has_ended())
             });
             if woken {
                 slot.woken(!finished);

@@ -169,6 +169,15 @@ impl JobState {
     pub fn is_finished(self) -> bool {
         matches!(self, JobState::Succeeded | JobState::Cancelled)
     }
+
+    /// Whether the job has come to an end state, one that only a new command (a retry
+    /// of a dead job, an add of its key) leaves: what waits for outcomes wait for.
+    pub fn has_ended(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled
+        )
+    }
 }
 
 impl fmt::Display for JobState {
