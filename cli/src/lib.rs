@@ -11,6 +11,7 @@ pub mod membership;
 pub mod nodes;
 pub mod task;
 pub mod wait;
+pub mod worker;
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,
 /// 3 unreachable.

@@ -60,6 +60,33 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Run a command once per task of a group: claim, run, renew, finish or fail.
+    #[command(
+        after_help = "Examples:\n  rota worker --url 127.0.0.1:7001,127.0.0.1:7002 --group thumbs --concurrency 4 -- ./thumbnail.sh\n  rota worker --url 127.0.0.1:7001 --group etl --lease 2m -- python3 step.py\n\nThe command gets the task's data on stdin and ROTA_TASK_ID, ROTA_TASK_KEY, ROTA_ATTEMPT\nand ROTA_GROUP in its environment. Exit 0 finishes the task (result: exit status,\nduration, the last 64 KiB of stdout and stderr); anything else fails it (retried after\nthe group's back-off). A lost lease or a cancel kills the command's process group.\nSIGTERM or Ctrl-C: stop claiming, give running commands --grace, then kill and fail them."
+    )]
+    Worker {
+        /// Nodes (host:port or http://host:port), comma-separated, tried in turn.
+        #[arg(long, env = "ROTA_URL", value_delimiter = ',', required = true)]
+        url: Vec<String>,
+        /// The group to take tasks from.
+        #[arg(long)]
+        group: String,
+        /// Commands run at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Each claim's lease, renewed at a third of it: 30s, 2m (at least 1s).
+        #[arg(long, value_parser = duration_ms, default_value = "30s")]
+        lease: i64,
+        /// After SIGTERM, how long running commands may go on before they are killed.
+        #[arg(long, value_parser = duration_ms, default_value = "10s")]
+        grace: i64,
+        /// Client id the worker claims as (default: random per invocation).
+        #[arg(long, allow_negative_numbers = true)]
+        client_id: Option<i64>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Drive a cluster with concurrent workers and print throughput and latency.
     #[command(
         after_help = "Example:\n  rota bench --url 127.0.0.1:7001,127.0.0.1:7002 --workers 16 --duration 10"
@@ -1393,6 +1420,32 @@ fn main() -> ExitCode {
                 emit(target.json, &groups, |groups| {
                     groups.iter().map(|g| format!("{g}\n")).collect()
                 })
+            }
+            Command::Worker {
+                url,
+                group,
+                concurrency,
+                lease,
+                grace,
+                client_id,
+                command,
+            } => {
+                let lease = Duration::from_millis(lease.max(0) as u64);
+                cli::worker::check_lease(lease)?;
+                let config = cli::worker::WorkerConfig {
+                    urls: cli::nodes::addresses(&url)?,
+                    client_id: cli::task::client_id(client_id),
+                    options: rpc::lease::WorkerOptions {
+                        concurrency,
+                        lease,
+                        grace: Duration::from_millis(grace.max(0) as u64),
+                        ..rpc::lease::WorkerOptions::new(group)
+                    },
+                    command,
+                };
+                let finished = cli::worker::run(config).await?;
+                eprintln!("rota worker: stopped after finishing {finished} task(s)");
+                Ok(())
             }
             Command::Bench {
                 url,

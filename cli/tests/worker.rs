@@ -1,0 +1,172 @@
+//! `rota worker` against a local cluster (issue 14): commands run once per task with
+//! the task on stdin and in the environment, outcomes recorded, a cancel kills the
+//! command's process group, SIGTERM stops the worker cleanly.
+
+mod common;
+
+use std::time::Duration;
+use std::time::Instant;
+
+use common::node_binary;
+use common::rota;
+use serde_json::Value;
+
+/// A `rota dev` cluster of one node, stopped however the test ends.
+struct Dev {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Dev {
+    async fn up() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dir_arg = dir.path().to_str().expect("utf-8").to_string();
+        let urls = rota(&["dev", "up", "--nodes", "1", "--dir", &dir_arg]).await;
+        assert_eq!(urls.code, 0, "{}", urls.stderr);
+        let url = urls.stdout.lines().next().expect("a URL").to_string();
+        Self { dir, url }
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--url", &self.url, "--json"]);
+        let run = rota(&all).await;
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+    }
+
+    /// `rota worker` in the background with `args` before `--` and `command` after.
+    fn worker(&self, args: &[&str], command: &[&str]) -> std::process::Child {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
+            .arg("worker")
+            .args(["--url", &self.url])
+            .args(args)
+            .arg("--")
+            .args(command)
+            .env("ROTA_NODE_BIN", node_binary())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("rota worker starts")
+    }
+
+    async fn job_state(&self, group: &str, key: &str) -> Value {
+        self.json(&["job", "get", "--group", group, "--key", key])
+            .await
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
+            .args(["dev", "down", "--dir"])
+            .arg(self.dir.path())
+            .env("ROTA_NODE_BIN", node_binary())
+            .status();
+    }
+}
+
+fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    child.wait().expect("the worker exits")
+}
+
+#[tokio::test]
+async fn a_worker_runs_each_task_once_and_records_its_outcome() {
+    let dev = Dev::up().await;
+    for (key, data, extra) in [("k0", "a", ""), ("k1", "b", ""), ("k2", "c", "1")] {
+        let mut args = vec!["job", "add", "--group", "w", "--key", key, "--data", data];
+        if !extra.is_empty() {
+            args.extend(["--max-attempts", extra]);
+        }
+        dev.json(&args).await;
+    }
+    let script = r#"cat; echo " on $ROTA_GROUP/$ROTA_TASK_KEY attempt $ROTA_ATTEMPT"; echo oops >&2; [ "$ROTA_TASK_KEY" != k2 ]"#;
+    let mut worker = dev.worker(
+        &["--group", "w", "--concurrency", "2"],
+        &["sh", "-c", script],
+    );
+    let url = dev.url.clone();
+    let waited = rota(&[
+        "job",
+        "wait",
+        "--group",
+        "w",
+        "--timeout",
+        "60s",
+        "--url",
+        &url,
+        "k0",
+        "k1",
+        "k2",
+    ])
+    .await;
+    if waited.code != 0 {
+        terminate(&mut worker);
+        let mut stderr = String::new();
+        if let Some(mut pipe) = worker.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        let jobs = rota(&["job", "list", "--group", "w", "--url", &url, "--json"]).await;
+        panic!("{}\nworker: {stderr}\njobs: {}", waited.stderr, jobs.stdout);
+    }
+    let status = terminate(&mut worker);
+    assert!(
+        status.success(),
+        "the worker stops cleanly on SIGTERM: {status}"
+    );
+
+    let k0 = dev.job_state("w", "k0").await;
+    assert_eq!(k0["state"], "succeeded", "{k0}");
+    assert_eq!(k0["result"]["exit"], 0);
+    assert_eq!(k0["result"]["stdout"], "a on w/k0 attempt 1\n");
+    assert_eq!(k0["result"]["stderr"], "oops\n");
+    assert!(k0["result"]["duration_ms"].is_u64());
+    let k2 = dev.job_state("w", "k2").await;
+    assert_eq!(k2["state"], "dead", "{k2}");
+    let error = k2["history"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("exit status 1 after"), "{error}");
+    assert!(error.contains("c on w/k2 attempt 1"), "{error}");
+}
+
+#[tokio::test]
+async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
+    let dev = Dev::up().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid_file = dir.path().join("pid");
+    dev.json(&["job", "add", "--group", "c", "--key", "long", "--data", "x"])
+        .await;
+    let script = format!(
+        "sleep 300 & echo $! > {}; wait",
+        pid_file.to_str().expect("utf-8")
+    );
+    let mut worker = dev.worker(&["--group", "c", "--lease", "3s"], &["sh", "-c", &script]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sleeper = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    assert!(alive(sleeper));
+    dev.json(&["job", "cancel", "--group", "c", "long"]).await;
+    // The next renewal (a third of the 3 s lease) learns of the cancel.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive(sleeper) {
+        assert!(
+            Instant::now() < deadline,
+            "the command's group outlived the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let record = dev.job_state("c", "long").await;
+    assert_eq!(record["state"], "cancelled", "{record}");
+    assert!(terminate(&mut worker).success());
+}
