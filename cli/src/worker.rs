@@ -26,6 +26,9 @@ use crate::CliError;
 /// How much of each output stream a task's outcome keeps (its end).
 pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
 
+/// Most commands one worker runs at once.
+pub const CONCURRENCY_MAX: usize = 1024;
+
 /// The most a failure's error may hold (the job layer's limit), with room for the
 /// exit status line.
 const ERROR_BYTES_MAX: usize = 64 * 1024 - 256;
@@ -153,8 +156,10 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
             "give the command to run after --, e.g. rota worker --group g -- ./job.sh".into(),
         ));
     }
-    if config.options.concurrency == 0 {
-        return Err(CliError::Usage("--concurrency: use 1 or more".into()));
+    if !(1..=CONCURRENCY_MAX).contains(&config.options.concurrency) {
+        return Err(CliError::Usage(format!(
+            "--concurrency: use 1 to {CONCURRENCY_MAX}"
+        )));
     }
     let client = WorkerClient::new(&config.urls, config.client_id)
         .map_err(|e| CliError::Usage(e.to_string()))?;

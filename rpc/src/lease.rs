@@ -258,7 +258,6 @@ where
     let work = Arc::new(work);
     let slots = Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1)));
     let finished = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut running = tokio::task::JoinSet::new();
     loop {
         let permit = tokio::select! {
             permit = Arc::clone(&slots).acquire_owned() => permit,
@@ -289,7 +288,7 @@ where
         let finished = Arc::clone(&finished);
         let mut stop = stop.clone();
         let grace = options.grace;
-        running.spawn(async move {
+        tokio::spawn(async move {
             let _permit = permit;
             let outcome = tokio::select! {
                 outcome = work(Arc::clone(&lease)) => Some(outcome),
@@ -312,6 +311,9 @@ where
             }
         });
     }
-    while running.join_next().await.is_some() {}
+    // Every running task holds a slot until it has ended its lease: all slots back
+    // means all work done.
+    let all = u32::try_from(options.concurrency.max(1)).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all).await;
     finished.load(std::sync::atomic::Ordering::Relaxed)
 }
