@@ -115,7 +115,13 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok());
         }
-        return stream(node, request).into_response();
+        let id = node.id();
+        let mut response = stream(node, request).into_response();
+        // Which node serves the stream: its changes are what that node applied.
+        response
+            .headers_mut()
+            .insert("x-rota-node", axum::http::HeaderValue::from(id));
+        return response;
     }
     match node.watch(&request).await {
         Ok(Ok(page)) => Json(page_json(node.id(), &request.group, page)).into_response(),

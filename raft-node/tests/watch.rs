@@ -180,6 +180,10 @@ async fn an_event_stream_sends_each_change_with_resumable_ids() {
     })
     .await;
     assert!(text.contains("content-type: text/event-stream"), "{text}");
+    assert!(
+        text.contains("x-rota-node: 1"),
+        "the serving node is named: {text}"
+    );
     let ids: Vec<u64> = text
         .lines()
         .filter_map(|l| l.strip_prefix("id: "))
