@@ -256,25 +256,52 @@ where
     Fut: Future<Output = Result<Option<Value>, String>> + Send + 'static,
 {
     let work = Arc::new(work);
-    let slots = Arc::new(tokio::sync::Semaphore::new(options.concurrency.max(1)));
+    let options = Arc::new(options);
     let finished = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => permit,
-            _ = stop.wait_for(|s| *s) => break,
-        };
-        let Ok(permit) = permit else { break };
+    // One loop per slot, each claiming for itself: claims run side by side, as the work
+    // does, so one slow claim never holds up the others.
+    let slots: Vec<_> = (0..options.concurrency.max(1))
+        .map(|_| {
+            tokio::spawn(work_slot(
+                Arc::clone(&client),
+                Arc::clone(&options),
+                stop.clone(),
+                Arc::clone(&work),
+                Arc::clone(&finished),
+            ))
+        })
+        .collect();
+    let _ = stop.wait_for(|s| *s).await;
+    futures_util::future::join_all(slots).await;
+    finished.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One slot of [`run_worker`]: claim, work, finish or fail, until the stop.
+async fn work_slot<F, Fut>(
+    client: Arc<WorkerClient>,
+    options: Arc<WorkerOptions>,
+    mut stop: watch::Receiver<bool>,
+    work: Arc<F>,
+    finished: Arc<std::sync::atomic::AtomicU64>,
+) where
+    F: Fn(Arc<Lease>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<Value>, String>> + Send + 'static,
+{
+    while !*stop.borrow() {
         let claimed_at = Instant::now();
         let claim = client.claim_waiting(&options.group, options.lease, options.wait);
         let task = tokio::select! {
             task = claim => task,
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stop.wait_for(|s| *s) => return,
         };
         let task = match task {
             Ok(Some(task)) => task,
             Ok(None) => continue,
             Err(_) => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
                 continue;
             }
         };
@@ -284,36 +311,26 @@ where
             options.lease,
             claimed_at,
         ));
-        let work = Arc::clone(&work);
-        let finished = Arc::clone(&finished);
-        let mut stop = stop.clone();
+        let mut stop_for_grace = stop.clone();
         let grace = options.grace;
-        tokio::spawn(async move {
-            let _permit = permit;
-            let outcome = tokio::select! {
-                outcome = work(Arc::clone(&lease)) => Some(outcome),
-                _ = lease.lost() => None,
-                () = async {
-                    let _ = stop.wait_for(|s| *s).await;
-                    tokio::time::sleep(grace).await;
-                } => Some(Err("stopped: the worker shut down before the task ended".into())),
-            };
-            let ended = match outcome {
-                Some(Ok(result)) => lease.finish(result).await.is_ok(),
-                Some(Err(error)) => {
-                    let _ = lease.fail(&error, None).await;
-                    false
-                }
-                None => false,
-            };
-            if ended {
-                finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let outcome = tokio::select! {
+            outcome = work(Arc::clone(&lease)) => Some(outcome),
+            _ = lease.lost() => None,
+            () = async {
+                let _ = stop_for_grace.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => Some(Err("stopped: the worker shut down before the task ended".into())),
+        };
+        let ended = match outcome {
+            Some(Ok(result)) => lease.finish(result).await.is_ok(),
+            Some(Err(error)) => {
+                let _ = lease.fail(&error, None).await;
+                false
             }
-        });
+            None => false,
+        };
+        if ended {
+            finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
-    // Every running task holds a slot until it has ended its lease: all slots back
-    // means all work done.
-    let all = u32::try_from(options.concurrency.max(1)).unwrap_or(u32::MAX);
-    let _ = slots.acquire_many(all).await;
-    finished.load(std::sync::atomic::Ordering::Relaxed)
 }
