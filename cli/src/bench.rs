@@ -201,7 +201,8 @@ pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)] as f64 / 1000.0
 }
 
-/// Runs the benchmark and returns its report, one line per operation.
+/// Runs a cycle, job or add benchmark and returns its report, one line per operation
+/// (the waiting modes are `bench_wait`'s).
 pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     if config.addrs.is_empty() {
         return Err(BenchError::Usage("give at least one --url".into()));
@@ -211,10 +212,10 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
             "--workers: use 1 to {WORKERS_MAX}"
         )));
     }
-    match config.mode {
-        BenchMode::Wake => return crate::bench_wait::wake(config).await,
-        BenchMode::Idle => return crate::bench_wait::idle(config).await,
-        BenchMode::Cycle | BenchMode::Job | BenchMode::Add => {}
+    if matches!(config.mode, BenchMode::Wake | BenchMode::Idle) {
+        return Err(BenchError::Usage(
+            "the wake and idle modes run in bench_wait".into(),
+        ));
     }
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));

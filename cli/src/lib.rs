@@ -3,7 +3,7 @@
 //! over HTTP only and never links RocksDB.
 
 pub mod bench;
-mod bench_wait;
+pub mod bench_wait;
 pub mod cluster;
 pub mod dev;
 pub mod job;

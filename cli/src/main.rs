@@ -610,9 +610,12 @@ impl Writer {
         UpdateRequestJson::by(cli::task::client_id(self.client_id))
     }
 
-    /// A claim by this writer.
-    fn claim(&self, group: String, duration_ms: i64) -> ClaimRequestJson {
-        ClaimRequestJson::new(cli::task::client_id(self.client_id), group, duration_ms)
+    /// A claim by this writer, waiting up to `wait_ms` for a task if given.
+    fn claim(&self, group: String, duration_ms: i64, wait_ms: Option<u64>) -> ClaimRequestJson {
+        ClaimRequestJson {
+            wait_ms,
+            ..ClaimRequestJson::new(cli::task::client_id(self.client_id), group, duration_ms)
+        }
     }
 
     /// Sends `request` under this writer's request id to the nodes of `target`; the
@@ -705,10 +708,7 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             duration_ms,
             wait_ms,
         } => {
-            let claim = ClaimRequestJson {
-                wait_ms,
-                ..writer.claim(group, duration_ms)
-            };
+            let claim = writer.claim(group, duration_ms, wait_ms);
             let written = writer.write(&target, claim).await?;
             print_tasks(&written, target.json)
         }
@@ -867,10 +867,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
             duration,
             wait_ms,
         } => {
-            let claim = ClaimRequestJson {
-                wait_ms,
-                ..writer.claim(group, duration)
-            };
+            let claim = writer.claim(group, duration, wait_ms);
             let written = writer.write(&target, claim).await?;
             print_tasks(&written, target.json)
         }
@@ -1463,7 +1460,12 @@ fn main() -> ExitCode {
                     max_cycles,
                     group,
                 };
-                print!("{}", cli::bench::run(config).await?);
+                let report = match config.mode {
+                    cli::bench::BenchMode::Wake => cli::bench_wait::wake(config).await?,
+                    cli::bench::BenchMode::Idle => cli::bench_wait::idle(config).await?,
+                    _ => cli::bench::run(config).await?,
+                };
+                print!("{report}");
                 Ok(())
             }
         }

@@ -26,12 +26,7 @@ pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
     let addrs: Vec<String> = urls
         .iter()
         .flat_map(|u| u.split(','))
-        .map(|u| {
-            u.trim()
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_string()
-        })
+        .map(rpc::client::node_address)
         .filter(|u| !u.is_empty())
         .collect();
     if addrs.is_empty() {
@@ -52,14 +47,7 @@ fn json_content_type() -> (HeaderName, HeaderValue) {
 
 /// Percent-encodes a group name, key or state for a path segment or a query value.
 pub fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            other => format!("%{other:02X}"),
-        })
-        .collect()
+    rpc::client::percent_encode(text)
 }
 
 /// The nodes of `--url`, tried in turn until one answers.

@@ -2,10 +2,12 @@
 //! life through the binary, as an operator or a script would drive it.
 
 mod common;
+#[path = "common/dev_cluster.rs"]
+mod dev_cluster;
 
 use common::Run;
-use common::node_binary;
 use common::rota;
+use dev_cluster::DevCluster;
 use serde_json::Value;
 
 impl Run {
@@ -20,40 +22,6 @@ impl Run {
     fn ok(&self) -> &str {
         assert_eq!(self.code, 0, "{}", self.stderr);
         &self.stdout
-    }
-}
-
-/// A `rota dev` cluster, stopped however the test ends.
-struct DevCluster {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
-impl DevCluster {
-    async fn up() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let dir_arg = dir.path().to_str().expect("utf-8").to_string();
-        let urls = rota(&["dev", "up", "--nodes", "1", "--dir", &dir_arg]).await;
-        let url = urls.ok().lines().next().expect("a URL").to_string();
-        Self { dir, url }
-    }
-
-    /// `rota args... --url URL`.
-    async fn rota(&self, args: &[&str]) -> Run {
-        let mut all = args.to_vec();
-        all.extend(["--url", &self.url]);
-        rota(&all).await
-    }
-}
-
-impl Drop for DevCluster {
-    fn drop(&mut self) {
-        // Synchronously: the test's runtime may be gone by now.
-        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
-            .args(["dev", "down", "--dir"])
-            .arg(self.dir.path())
-            .env("ROTA_NODE_BIN", node_binary())
-            .status();
     }
 }
 

@@ -3,67 +3,43 @@
 //! command's process group, SIGTERM stops the worker cleanly.
 
 mod common;
+#[path = "common/dev_cluster.rs"]
+mod dev_cluster;
 
 use std::time::Duration;
 use std::time::Instant;
 
 use common::node_binary;
 use common::rota;
+use dev_cluster::DevCluster;
 use serde_json::Value;
 
-/// A `rota dev` cluster of one node, stopped however the test ends.
-struct Dev {
-    dir: tempfile::TempDir,
-    url: String,
+/// `rota ARGS --url URL --json`, parsed.
+async fn json(dev: &DevCluster, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let run = dev.rota(&all).await;
+    assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
 }
 
-impl Dev {
-    async fn up() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let dir_arg = dir.path().to_str().expect("utf-8").to_string();
-        let urls = rota(&["dev", "up", "--nodes", "1", "--dir", &dir_arg]).await;
-        assert_eq!(urls.code, 0, "{}", urls.stderr);
-        let url = urls.stdout.lines().next().expect("a URL").to_string();
-        Self { dir, url }
-    }
-
-    async fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["--url", &self.url, "--json"]);
-        let run = rota(&all).await;
-        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
-        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
-    }
-
-    /// `rota worker` in the background with `args` before `--` and `command` after.
-    fn worker(&self, args: &[&str], command: &[&str]) -> std::process::Child {
-        std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
-            .arg("worker")
-            .args(["--url", &self.url])
-            .args(args)
-            .arg("--")
-            .args(command)
-            .env("ROTA_NODE_BIN", node_binary())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("rota worker starts")
-    }
-
-    async fn job_state(&self, group: &str, key: &str) -> Value {
-        self.json(&["job", "get", "--group", group, "--key", key])
-            .await
-    }
+/// `rota worker` in the background with `args` before `--` and `command` after.
+fn worker(dev: &DevCluster, args: &[&str], command: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
+        .arg("worker")
+        .args(["--url", &dev.url])
+        .args(args)
+        .arg("--")
+        .args(command)
+        .env("ROTA_NODE_BIN", node_binary())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rota worker starts")
 }
 
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
-            .args(["dev", "down", "--dir"])
-            .arg(self.dir.path())
-            .env("ROTA_NODE_BIN", node_binary())
-            .status();
-    }
+async fn job_state(dev: &DevCluster, group: &str, key: &str) -> Value {
+    json(dev, &["job", "get", "--group", group, "--key", key]).await
 }
 
 fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
@@ -75,16 +51,17 @@ fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
 
 #[tokio::test]
 async fn a_worker_runs_each_task_once_and_records_its_outcome() {
-    let dev = Dev::up().await;
+    let dev = DevCluster::up().await;
     for (key, data, extra) in [("k0", "a", ""), ("k1", "b", ""), ("k2", "c", "1")] {
         let mut args = vec!["job", "add", "--group", "w", "--key", key, "--data", data];
         if !extra.is_empty() {
             args.extend(["--max-attempts", extra]);
         }
-        dev.json(&args).await;
+        json(&dev, &args).await;
     }
     let script = r#"cat; echo " on $ROTA_GROUP/$ROTA_TASK_KEY attempt $ROTA_ATTEMPT"; echo oops >&2; [ "$ROTA_TASK_KEY" != k2 ]"#;
-    let mut worker = dev.worker(
+    let mut worker = worker(
+        &dev,
         &["--group", "w", "--concurrency", "2"],
         &["sh", "-c", script],
     );
@@ -118,13 +95,13 @@ async fn a_worker_runs_each_task_once_and_records_its_outcome() {
         "the worker stops cleanly on SIGTERM: {status}"
     );
 
-    let k0 = dev.job_state("w", "k0").await;
+    let k0 = job_state(&dev, "w", "k0").await;
     assert_eq!(k0["state"], "succeeded", "{k0}");
     assert_eq!(k0["result"]["exit"], 0);
     assert_eq!(k0["result"]["stdout"], "a on w/k0 attempt 1\n");
     assert_eq!(k0["result"]["stderr"], "oops\n");
     assert!(k0["result"]["duration_ms"].is_u64());
-    let k2 = dev.job_state("w", "k2").await;
+    let k2 = job_state(&dev, "w", "k2").await;
     assert_eq!(k2["state"], "dead", "{k2}");
     let error = k2["history"][0]["error"].as_str().unwrap_or_default();
     assert!(error.starts_with("exit status 1 after"), "{error}");
@@ -133,16 +110,23 @@ async fn a_worker_runs_each_task_once_and_records_its_outcome() {
 
 #[tokio::test]
 async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
-    let dev = Dev::up().await;
+    let dev = DevCluster::up().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let pid_file = dir.path().join("pid");
-    dev.json(&["job", "add", "--group", "c", "--key", "long", "--data", "x"])
-        .await;
+    json(
+        &dev,
+        &["job", "add", "--group", "c", "--key", "long", "--data", "x"],
+    )
+    .await;
     let script = format!(
         "sleep 300 & echo $! > {}; wait",
         pid_file.to_str().expect("utf-8")
     );
-    let mut worker = dev.worker(&["--group", "c", "--lease", "3s"], &["sh", "-c", &script]);
+    let mut worker = worker(
+        &dev,
+        &["--group", "c", "--lease", "3s"],
+        &["sh", "-c", &script],
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let sleeper = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file)
@@ -156,7 +140,7 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
     };
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
     assert!(alive(sleeper));
-    dev.json(&["job", "cancel", "--group", "c", "long"]).await;
+    json(&dev, &["job", "cancel", "--group", "c", "long"]).await;
     // The next renewal (a third of the 3 s lease) learns of the cancel.
     let deadline = Instant::now() + Duration::from_secs(20);
     while alive(sleeper) {
@@ -166,7 +150,7 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let record = dev.job_state("c", "long").await;
+    let record = job_state(&dev, "c", "long").await;
     assert_eq!(record["state"], "cancelled", "{record}");
     assert!(terminate(&mut worker).success());
 }

@@ -13,8 +13,6 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
 use axum::routing::post;
-use rpc::job::AttemptJson;
-use rpc::job::BackoffJson;
 use rpc::job::CANCEL_PATH;
 use rpc::job::FAIL_PATH;
 use rpc::job::FINISH_PATH;
@@ -28,7 +26,6 @@ use rpc::job::JobWaitJson;
 use rpc::job::KeysRequestJson;
 use rpc::job::RETRY_PATH;
 use rpc::job::SettingsChangeJson;
-use rpc::job::SettingsJson;
 use rpc::job::WAIT_KEYS_MAX;
 use rpc::job::check_fail;
 use rpc::job::check_key;
@@ -36,22 +33,20 @@ use rpc::job::check_keys_request;
 use rpc::job::check_settings_change;
 use rpc::job::factor_milli;
 use rpc::job::result_text;
-use store_sm::machine::AttemptEnd;
 use store_sm::machine::Backoff;
 use store_sm::machine::CancelRequest;
 use store_sm::machine::FailRequest;
 use store_sm::machine::FinishRequest;
-use store_sm::machine::GroupSettings;
-use store_sm::machine::JobRecord;
 use store_sm::machine::JobState;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::RetryRequest;
 use store_sm::machine::SettingsChange;
 use store_sm::machine::SettingsRequest;
-use store_sm::machine::TaskMachine;
 
 use crate::http::ApiError;
+use crate::json::job_json;
+use crate::json::settings_json;
 use crate::node::SharedNode;
 use crate::relay::Incoming;
 use crate::relay::respond;
@@ -304,22 +299,6 @@ async fn page(
     .await)
 }
 
-pub(crate) fn settings_json(group: &str, settings: &GroupSettings, running: usize) -> SettingsJson {
-    SettingsJson {
-        group: group.to_string(),
-        max_running: settings.max_running,
-        paused: settings.paused,
-        max_attempts: settings.max_attempts,
-        backoff: BackoffJson {
-            base_ms: settings.backoff.base_ms,
-            factor: f64::from(settings.backoff.factor_milli) / 1000.0,
-            max_ms: settings.backoff.max_ms,
-        },
-        retention_ms: settings.retention_ms,
-        running,
-    }
-}
-
 async fn get_settings(
     State(node): State<SharedNode>,
     group: Result<Path<String>, PathRejection>,
@@ -384,54 +363,4 @@ async fn put_settings(
         })
         .await,
     )
-}
-
-fn attempt_json(attempt: &store_sm::machine::Attempt) -> AttemptJson {
-    let (outcome, error) = match &attempt.end {
-        None => ("running", None),
-        Some(AttemptEnd::Succeeded) => ("succeeded", None),
-        Some(AttemptEnd::Failed(error)) => ("failed", Some(error.clone())),
-        Some(AttemptEnd::Lost) => ("lost", None),
-        Some(AttemptEnd::Released) => ("released", None),
-        Some(AttemptEnd::Cancelled) => ("cancelled", None),
-    };
-    AttemptJson {
-        run: attempt.run,
-        attempt: attempt.number,
-        owner: attempt.owner,
-        started_at: attempt.started_at.as_millis(),
-        ended_at: attempt.ended_at.map(|t| t.as_millis()),
-        outcome: outcome.to_string(),
-        error,
-    }
-}
-
-/// A record as the API shows it, with its live task's data and available time.
-pub(crate) fn job_json(machine: &TaskMachine, record: &JobRecord) -> JobJson {
-    let task = record.task.and_then(|id| machine.task(id));
-    JobJson {
-        group: record.group.to_string(),
-        key: record.key.to_string(),
-        state: record.state.as_str().to_string(),
-        task: task.map(|t| t.id),
-        available_at: task.map(|t| t.available_at.as_millis()),
-        data: task.map(|t| t.data.clone()).or_else(|| record.data.clone()),
-        priority: record.priority,
-        max_attempts: record.max_attempts,
-        every_ms: record.every_ms,
-        run: record.run,
-        attempts: record.attempts,
-        history: record.history.iter().map(attempt_json).collect(),
-        // Results were checked to be JSON when they were recorded.
-        result: record.result.as_deref().map(|text| {
-            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.into()))
-        }),
-        reason: record.reason.clone(),
-        created_at: record.created_at.as_millis(),
-        finished_at: record.finished_at.map(|t| t.as_millis()),
-        expires_at: record.expires_at.map(|t| t.as_millis()),
-        after: record.after.iter().map(|k| k.to_string()).collect(),
-        dependants: record.dependants.iter().map(|k| k.to_string()).collect(),
-        resubmitted: record.resubmit.is_some(),
-    }
 }

@@ -21,7 +21,6 @@ use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
-use rpc::worker::WriteResultJson;
 use rpc::worker::check_request_id;
 use rpc::worker::parse_id_list;
 use rpc::worker::parse_limit;
@@ -31,15 +30,15 @@ use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::OnConflict;
-use store_sm::machine::Outcome;
 use store_sm::machine::Request;
-use store_sm::machine::Task;
 use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
 use store_sm::machine::constants::REQUEST_ID_BYTES_MAX;
 use store_sm::machine::fits_seed_encoding;
 
 use crate::http::ApiError;
+use crate::json::outcome_json;
+use crate::json::task_json;
 use crate::node::SharedNode;
 use crate::relay::IDEMPOTENCY_KEY_HEADER;
 use crate::relay::Incoming;
@@ -59,36 +58,6 @@ pub fn routes() -> Router<SharedNode> {
         .route("/group/{name}", get(get_group))
         .route("/update", post(post_update))
         .route("/claim", post(post_claim))
-}
-
-pub(crate) fn task_json(task: &Task) -> TaskJson {
-    TaskJson {
-        id: task.id,
-        group: task.group.to_string(),
-        data: task.data.clone(),
-        timespec: task.available_at.as_millis(),
-        ownerid: task.owner,
-        key: task.job.key.as_deref().map(String::from),
-        priority: task.job.priority,
-        attempt: task.job.attempt,
-    }
-}
-
-pub(crate) fn outcome_json(outcome: &Outcome) -> WriteResultJson {
-    match outcome {
-        Outcome::Tasks(tasks) => WriteResultJson::Tasks {
-            tasks: tasks.iter().map(task_json).collect(),
-        },
-        Outcome::Refused(refusals) => WriteResultJson::Errors {
-            errors: refusals.iter().map(ToString::to_string).collect(),
-        },
-        // Only a settings change answers settings, and no task endpoint sends one.
-        Outcome::Settings(_) => WriteResultJson::Errors {
-            errors: vec![
-                "internal error: a task write answered group settings; report this".into(),
-            ],
-        },
-    }
 }
 
 /// Query parameters, percent-decoded, each at most once.

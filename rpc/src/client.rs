@@ -331,3 +331,24 @@ impl HttpClient {
         .await
     }
 }
+
+/// A node's `host:port` from `host:port` or `http://host:port/`, as users write them.
+pub fn node_address(url: &str) -> String {
+    url.trim()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// `text` percent-encoded for a query value or path segment (every byte but the
+/// unreserved ones).
+pub fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}

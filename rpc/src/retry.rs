@@ -109,21 +109,40 @@ impl RoundRobin {
         request: &WriteRequestJson,
         timeout: Duration,
     ) -> Option<Result<WriteResultJson, NotDefinite>> {
-        let addr = self.current();
-        let response = self
-            .client
-            .post_json(addr, request.path(), request, timeout)
-            .await
-            .ok()?;
-        if response.status.is_client_error() {
-            let rejected = response.success(addr).err()?;
-            return Some(Err(NotDefinite::Rejected(rejected)));
+        match write_once(&self.client, self.current(), request, timeout).await {
+            Ok(Ok(answer)) => Some(Ok(answer)),
+            Ok(Err(rejected)) => Some(Err(NotDefinite::Rejected(rejected))),
+            Err(_) => None,
         }
-        if !response.status.is_success() {
-            return None;
-        }
-        response.json::<WriteResultJson>(addr).ok().map(Ok)
     }
+}
+
+/// One attempt of a write at `addr`: `Ok` with a definite answer (the write's outcome, or
+/// the node's rejection of a malformed request), `Err` with why nothing is known (no
+/// answer, a 5xx, a body that does not parse), so the write may be sent again.
+pub(crate) async fn write_once(
+    client: &HttpClient,
+    addr: &str,
+    request: &WriteRequestJson,
+    timeout: Duration,
+) -> Result<Result<WriteResultJson, ClientError>, String> {
+    let response = client
+        .post_json(addr, request.path(), request, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.status.is_client_error() {
+        return match response.success(addr) {
+            Err(rejected) => Ok(Err(rejected)),
+            Ok(_) => Err("a 4xx that is not an error".into()),
+        };
+    }
+    if !response.status.is_success() {
+        return Err(format!("status {}", response.status));
+    }
+    response
+        .json::<WriteResultJson>(addr)
+        .map(Ok)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -167,7 +167,7 @@ pub struct UpdateRequestJson {
     /// a task, then claim it; the usual empty list at the deadline. Waiting costs no log
     /// entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 60_000))]
+    #[schemars(range(max = crate::watch::WAIT_MS_MAX))]
     pub wait_ms: Option<u64>,
 }
 
@@ -198,7 +198,7 @@ pub struct ClaimRequestJson {
     /// a task, then claim it; the usual empty list at the deadline. Waiting costs no log
     /// entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 60_000))]
+    #[schemars(range(max = crate::watch::WAIT_MS_MAX))]
     pub wait_ms: Option<u64>,
 }
 

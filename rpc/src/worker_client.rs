@@ -36,11 +36,14 @@ use serde_json::Value;
 use crate::admin::ClusterStatusJson;
 use crate::client::ClientError;
 use crate::client::HttpClient;
+use crate::client::node_address;
+use crate::client::percent_encode;
 use crate::job::FailRequestJson;
 use crate::job::FinishRequestJson;
 use crate::job::JobJson;
 use crate::job::JobWaitJson;
 use crate::job::KeysRequestJson;
+use crate::retry::write_once;
 use crate::watch::WAIT_MS_MAX;
 use crate::watch::WatchGoneJson;
 use crate::watch::WatchPageJson;
@@ -118,18 +121,6 @@ pub struct WorkerClient {
     give_up_after: Duration,
 }
 
-/// `host:port` from `host:port` or `http://host:port/`.
-fn normalise(url: &str) -> String {
-    let url = url.trim();
-    let url = url.strip_prefix("http://").unwrap_or(url);
-    url.trim_end_matches('/').to_string()
-}
-
-/// A percent-encoded query value.
-fn encode(value: &str) -> String {
-    form_urlencoded::byte_serialize(value.as_bytes()).collect()
-}
-
 impl WorkerClient {
     /// A client of the nodes at `urls` (`host:port`, `http://` optional) that writes as
     /// client `client_id`.
@@ -139,7 +130,7 @@ impl WorkerClient {
     ) -> Result<Self, WorkerError> {
         let addrs: Vec<String> = urls
             .into_iter()
-            .map(|u| normalise(u.as_ref()))
+            .map(|u| node_address(u.as_ref()))
             .filter(|u| !u.is_empty())
             .collect();
         if addrs.is_empty() {
@@ -208,7 +199,7 @@ impl WorkerClient {
             let leader = status
                 .leader
                 .and_then(|id| status.nodes.iter().find(|n| n.id == id))
-                .map(|n| normalise(&n.api_addr));
+                .map(|n| node_address(&n.api_addr));
             if let Some(leader) = leader.filter(|l| self.addrs.contains(l)) {
                 self.prefer(&leader);
                 return Some(leader);
@@ -280,29 +271,13 @@ impl WorkerClient {
         let timeout = self.call_timeout + request.wait();
         let request = &request;
         self.retry(request.wait(), Some(&request_id), |addr| async move {
-            let response = match self
-                .http
-                .post_json(&addr, request.path(), request, timeout)
-                .await
-            {
-                Ok(response) => response,
-                Err(e) => return Attempt::Retry(e.to_string()),
-            };
-            if response.status.is_client_error() {
-                return match response.success(&addr) {
-                    Err(e) => Attempt::Done(Err(WorkerError::Rejected(e))),
-                    Ok(_) => Attempt::Retry("a 4xx that is not an error".into()),
-                };
-            }
-            if !response.status.is_success() {
-                return Attempt::Retry(format!("status {}", response.status));
-            }
-            match response.json::<WriteResultJson>(&addr) {
-                Ok(WriteResultJson::Tasks { tasks }) => Attempt::Done(Ok(tasks)),
-                Ok(WriteResultJson::Errors { errors }) => {
+            match write_once(&self.http, &addr, request, timeout).await {
+                Ok(Ok(WriteResultJson::Tasks { tasks })) => Attempt::Done(Ok(tasks)),
+                Ok(Ok(WriteResultJson::Errors { errors })) => {
                     Attempt::Done(Err(WorkerError::Refused(errors)))
                 }
-                Err(e) => Attempt::Retry(e.to_string()),
+                Ok(Err(rejected)) => Attempt::Done(Err(WorkerError::Rejected(rejected))),
+                Err(unknown) => Attempt::Retry(unknown),
             }
         })
         .await
@@ -453,7 +428,11 @@ impl WorkerClient {
 
     /// The record of job `key` in `group`.
     pub async fn job(&self, group: &str, key: &str) -> Result<JobJson, WorkerError> {
-        let path = format!("/job?group={}&key={}", encode(group), encode(key));
+        let path = format!(
+            "/job?group={}&key={}",
+            percent_encode(group),
+            percent_encode(key)
+        );
         self.read(&path, Duration::ZERO).await
     }
 
@@ -466,8 +445,14 @@ impl WorkerClient {
         wait: Duration,
     ) -> Result<JobWaitJson, WorkerError> {
         let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
-        let keys: String = keys.iter().map(|k| format!("&key={}", encode(k))).collect();
-        let path = format!("/jobs/wait?group={}{keys}&wait_ms={wait_ms}", encode(group));
+        let keys: String = keys
+            .iter()
+            .map(|k| format!("&key={}", percent_encode(k)))
+            .collect();
+        let path = format!(
+            "/jobs/wait?group={}{keys}&wait_ms={wait_ms}",
+            percent_encode(group)
+        );
         self.read(&path, Duration::from_millis(wait_ms)).await
     }
 
@@ -482,7 +467,10 @@ impl WorkerClient {
     ) -> Result<WatchPageJson, WorkerError> {
         let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
         let after = after.map(|a| format!("&after={a}")).unwrap_or_default();
-        let path = format!("/watch?group={}{after}&wait_ms={wait_ms}", encode(group));
+        let path = format!(
+            "/watch?group={}{after}&wait_ms={wait_ms}",
+            percent_encode(group)
+        );
         self.read(&path, Duration::from_millis(wait_ms)).await
     }
 }

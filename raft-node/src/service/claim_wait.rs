@@ -20,6 +20,7 @@ use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::TaskMachine;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Consistency;
@@ -40,19 +41,12 @@ fn remembered_claim(
     machine.dedup().get(&key).cloned()
 }
 
-/// The result of a proposal running in its own task.
-async fn finished(
-    mut result: tokio::sync::watch::Receiver<ProposalResult>,
-) -> Result<Arc<Outcome>, ServiceError> {
+/// The outcome of a proposal in flight once it has finished; `None` if its write
+/// failed (its outcome is unknown here).
+async fn finished(mut result: watch::Receiver<ProposalResult>) -> Option<Arc<Outcome>> {
     match result.wait_for(Option::is_some).await {
-        Ok(done) => done.clone().unwrap_or_else(|| {
-            Err(ServiceError::Internal(
-                "a proposal ended without a result".into(),
-            ))
-        }),
-        Err(_) => Err(ServiceError::Unavailable(
-            "the claim's outcome is unknown; retry with the same requestid".into(),
-        )),
+        Ok(done) => done.clone().flatten(),
+        Err(_) => None,
     }
 }
 
@@ -153,17 +147,23 @@ impl Node {
             return Ok(outcome);
         }
         let key = (claim.client, request_id.to_string());
-        let (sender, result) = tokio::sync::watch::channel(None);
-        let number = self.claims_in_flight.start(key.clone(), result.clone());
+        let (seen, result) = watch::channel(None);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let number = self.claims_in_flight.start(key.clone(), result);
         let node = Arc::clone(self);
         let proposal = Request::WaitingClaim(claim.clone());
         let request_id = Some(request_id.to_string());
         tokio::spawn(async move {
             let outcome = node.write(proposal, request_id).await;
-            let _ = sender.send(Some(outcome));
+            let _ = seen.send(Some(outcome.as_ref().ok().cloned()));
+            let _ = answer.send(outcome);
             node.claims_in_flight.done(&key, number);
         });
-        finished(result).await
+        answered.await.unwrap_or_else(|_| {
+            Err(ServiceError::Unavailable(
+                "the claim's outcome is unknown; retry with the same requestid".into(),
+            ))
+        })
     }
 
     /// What an earlier try of this request still in flight on this node claimed (or why
@@ -180,8 +180,8 @@ impl Node {
         let Some(pending) = self.claims_in_flight.get(&(claim.client, id.to_string())) else {
             return Ok(None);
         };
-        let outcome = finished(pending).await?;
-        Ok((has_task(&outcome) || outcome.is_refused()).then_some(outcome))
+        let outcome = finished(pending).await;
+        Ok(outcome.filter(|o| has_task(o) || o.is_refused()))
     }
 
     /// The answer of a blocking claim that got no grant in time: empty, unless an

@@ -26,6 +26,7 @@ use openraft::error::ForwardToLeader;
 
 use crate::node::Node;
 use crate::types::NodeTypes;
+use crate::waiting::WaitRefused;
 
 /// Why the service could not do what was asked.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -63,6 +64,12 @@ pub enum ServiceError {
         /// The API addresses of the members it last knew of.
         members: Vec<String>,
     },
+}
+
+impl From<WaitRefused> for ServiceError {
+    fn from(refused: WaitRefused) -> Self {
+        ServiceError::Unavailable(refused.to_string())
+    }
 }
 
 impl Node {

@@ -18,10 +18,9 @@ use store_sm::machine::Outcome;
 use tokio::sync::Notify;
 use tokio::sync::watch;
 
-use crate::service::ServiceError;
-
-/// A proposal's result once known: the outcome, or why it has none.
-pub type ProposalResult = Option<Result<Arc<Outcome>, ServiceError>>;
+/// What a proposal came to, as those who join it see it: `None` while in flight, then
+/// its outcome, or `None` inside when the write failed (its outcome is unknown here).
+pub type ProposalResult = Option<Option<Arc<Outcome>>>;
 
 /// Blocking claims' proposals that carry a request id and have not finished, so that a
 /// retry of the same request on this node joins the one in flight instead of

@@ -17,9 +17,9 @@ use store_sm::machine::GroupName;
 use store_sm::state_machine::AppliedState;
 use tokio::sync::Notify;
 
-use crate::job_api::job_json;
-use crate::job_api::settings_json;
-use crate::worker_api::task_json;
+use crate::json::job_json;
+use crate::json::settings_json;
+use crate::json::task_json;
 
 /// Most changes the feed keeps, all groups together; the oldest go first.
 pub const FEED_CHANGES_MAX: usize = 100_000;
@@ -142,8 +142,9 @@ impl ChangeFeed {
         }
     }
 
-    /// Groups with an entry (changes kept or a signal held), for metrics.
-    pub fn groups(&self) -> usize {
+    /// Groups with an entry (changes kept or a signal held).
+    #[cfg(test)]
+    fn groups(&self) -> usize {
         self.lock().groups.len()
     }
 

@@ -21,7 +21,6 @@ use tokio::sync::Notify;
 
 use self::claims::ClaimQueues;
 use self::feed::ChangeFeed;
-use crate::service::ServiceError;
 
 /// What the state machine tells of each applied entry: the feed keeps its changes and
 /// wakes their groups' watchers, and each touched group's blocking claims are granted
@@ -59,6 +58,22 @@ pub fn grant_claims(
         return 0;
     }
     claims.grant(group, machine.claimable_count(group, now, waiting))
+}
+
+/// Why a node takes no more waiters.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitRefused {
+    /// It is stopping.
+    #[error("this node is stopping; wait on another node")]
+    Stopping,
+    /// It holds its maximum.
+    #[error(
+        "this node already holds {max} waiting requests (--max-waiters); retry shortly or wait on another node"
+    )]
+    Full {
+        /// `--max-waiters`.
+        max: usize,
+    },
 }
 
 /// What a request waits for, for the bound and the metrics.
@@ -122,19 +137,14 @@ impl Waiters {
 
     /// A place for one waiter of `kind`, held until the returned slot drops; refused
     /// (503) when the node already holds its maximum or is stopping.
-    pub fn enter(self: &Arc<Self>, kind: WaitKind) -> Result<WaitSlot, ServiceError> {
+    pub fn enter(self: &Arc<Self>, kind: WaitKind) -> Result<WaitSlot, WaitRefused> {
         if self.is_stopping() {
-            return Err(ServiceError::Unavailable(
-                "this node is stopping; wait on another node".into(),
-            ));
+            return Err(WaitRefused::Stopping);
         }
         let before = self.total.fetch_add(1, Ordering::SeqCst);
         if before >= self.max {
             self.total.fetch_sub(1, Ordering::SeqCst);
-            return Err(ServiceError::Unavailable(format!(
-                "this node already holds {} waiting requests (--max-waiters); retry shortly or wait on another node",
-                self.max
-            )));
+            return Err(WaitRefused::Full { max: self.max });
         }
         self.kinds[kind.slot()]
             .waiting
