@@ -123,6 +123,8 @@ impl Node {
                 return self.settle_claim(&claim, request_id.as_deref()).await;
             }
             tokio::select! {
+                // Polled in order: the simulation needs the same choice on every replay.
+                biased;
                 () = ticket.woken() => {}
                 () = &mut stopped => {}
                 () = tokio::time::sleep_until(wake_at) => {}

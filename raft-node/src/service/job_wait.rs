@@ -61,6 +61,8 @@ impl Node {
             }
             last = Some(view);
             tokio::select! {
+                // Polled in order: the simulation needs the same choice on every replay.
+                biased;
                 () = &mut changed => (look, woken) = (true, true),
                 () = &mut stopped => (look, woken) = (false, false),
                 () = tokio::time::sleep_until(deadline) => (look, woken) = (false, false),

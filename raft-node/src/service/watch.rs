@@ -55,6 +55,8 @@ impl Node {
                 break page;
             }
             tokio::select! {
+                // Polled in order: the simulation needs the same choice on every replay.
+                biased;
                 () = &mut changed => woken = true,
                 () = &mut stopped => woken = false,
                 () = tokio::time::sleep_until(deadline) => woken = false,

@@ -5,7 +5,6 @@
 //! waiters and ten adds wake ten claims, longest waiter first.
 
 use std::collections::BTreeMap;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::MutexGuard;
@@ -27,7 +26,7 @@ pub type ProposalResult = Option<Option<Arc<Outcome>>>;
 /// answering while it may still claim a task.
 #[derive(Default)]
 pub struct InFlight {
-    proposals: Mutex<HashMap<ProposalKey, (u64, watch::Receiver<ProposalResult>)>>,
+    proposals: Mutex<BTreeMap<ProposalKey, (u64, watch::Receiver<ProposalResult>)>>,
     issued: AtomicU64,
 }
 
@@ -73,12 +72,12 @@ struct GroupQueue {
 /// Every group's blocking claims on this node.
 #[derive(Default)]
 pub struct ClaimQueues {
-    groups: Mutex<HashMap<GroupName, GroupQueue>>,
+    groups: Mutex<BTreeMap<GroupName, GroupQueue>>,
     arrivals: AtomicU64,
 }
 
 impl ClaimQueues {
-    fn lock(&self) -> MutexGuard<'_, HashMap<GroupName, GroupQueue>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<GroupName, GroupQueue>> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -4,8 +4,8 @@
 //! changes are never out of order or skipped, on a follower as on the leader; only the
 //! oldest are forgotten, and a watch that asks for them is told so (410).
 
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -60,7 +60,7 @@ struct FeedState {
     oldest: u64,
     /// The last applied log index.
     revision: u64,
-    groups: HashMap<GroupName, GroupFeed>,
+    groups: BTreeMap<GroupName, GroupFeed>,
     /// Every kept change's group and cost, oldest first, to trim in log order.
     order: VecDeque<(u64, GroupName, usize)>,
     bytes: usize,
