@@ -12,6 +12,7 @@ pub mod nodes;
 pub mod task;
 pub mod wait;
 pub mod worker;
+pub mod worker_metrics;
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,
 /// 3 unreachable.

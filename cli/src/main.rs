@@ -62,29 +62,35 @@ enum Command {
     },
     /// Run a command once per task of a group: claim, run, renew, finish or fail.
     #[command(
-        after_help = "Examples:\n  rota worker --url 127.0.0.1:7001,127.0.0.1:7002 --group thumbs --concurrency 4 -- ./thumbnail.sh\n  rota worker --url 127.0.0.1:7001 --group etl --lease 2m -- python3 step.py\n\nThe command gets the task's data on stdin and ROTA_TASK_ID, ROTA_TASK_KEY, ROTA_ATTEMPT\nand ROTA_GROUP in its environment. Exit 0 finishes the task (result: exit status,\nduration, the last 64 KiB of stdout and stderr); anything else fails it (retried after\nthe group's back-off). A lost lease or a cancel kills the command's process group.\nSIGTERM or Ctrl-C: stop claiming, give running commands --grace, then kill and fail them."
+        after_help = "Examples:\n  rota worker --url 127.0.0.1:7001,127.0.0.1:7002 --group thumbs --concurrency 4 -- ./thumbnail.sh\n  rota worker --url 127.0.0.1:7001 --group etl --lease 2m --metrics-addr 127.0.0.1:9464 -- python3 step.py\n  rota worker --config worker.toml\n\nThe command gets the task's data on stdin and ROTA_TASK_ID, ROTA_TASK_KEY, ROTA_ATTEMPT\nand ROTA_GROUP in its environment. Exit 0 finishes the task (result: exit status,\nduration, the last 64 KiB of stdout and stderr); anything else fails it (retried after\nthe group's back-off). A lost lease or a cancel kills the command's process group.\nSIGTERM or Ctrl-C: stop claiming, give running commands --grace, then kill and fail them.\n\nA --config file (TOML) works several groups, each with its own command:\n  url = [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]\n  grace = \"10s\"\n  metrics_addr = \"127.0.0.1:9464\"\n  [[group]]\n  name = \"map\"\n  concurrency = 4\n  lease = \"30s\"\n  command = [\"./map.sh\"]"
     )]
     Worker {
         /// Nodes (host:port or http://host:port), comma-separated, tried in turn.
-        #[arg(long, env = "ROTA_URL", value_delimiter = ',', required = true)]
+        #[arg(long, env = "ROTA_URL", value_delimiter = ',')]
         url: Vec<String>,
-        /// The group to take tasks from.
-        #[arg(long)]
-        group: String,
+        /// The group to take tasks from (or the groups of --config).
+        #[arg(long, conflicts_with = "config")]
+        group: Option<String>,
         /// Commands run at once.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, conflicts_with = "config")]
         concurrency: usize,
         /// Each claim's lease, renewed at a third of it: 30s, 2m (at least 1s).
-        #[arg(long, value_parser = duration_ms, default_value = "30s")]
+        #[arg(long, value_parser = duration_ms, default_value = "30s", conflicts_with = "config")]
         lease: i64,
         /// After SIGTERM, how long running commands may go on before they are killed.
-        #[arg(long, value_parser = duration_ms, default_value = "10s")]
+        #[arg(long, value_parser = duration_ms, default_value = "10s", conflicts_with = "config")]
         grace: i64,
+        /// A TOML file naming several groups, each with its command, concurrency and lease.
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+        #[arg(long, env = "ROTA_WORKER_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
         /// Client id the worker claims as (default: random per invocation).
         #[arg(long, allow_negative_numbers = true)]
         client_id: Option<i64>,
         /// The command and its arguments.
-        #[arg(last = true, required = true)]
+        #[arg(last = true, conflicts_with = "config")]
         command: Vec<String>,
     },
     /// Drive a cluster with concurrent workers and print throughput and latency.
@@ -1424,21 +1430,51 @@ fn main() -> ExitCode {
                 concurrency,
                 lease,
                 grace,
+                config,
+                metrics_addr,
                 client_id,
                 command,
             } => {
-                let lease = Duration::from_millis(lease.max(0) as u64);
-                cli::worker::check_lease(lease)?;
+                let wait = rpc::lease::WorkerOptions::new("").wait;
+                let (file_urls, file_client_id, file_metrics, groups) = match config {
+                    Some(path) => {
+                        let file = cli::worker::ConfigFile::read(&path)?;
+                        let groups = file.groups(wait)?;
+                        let metrics = match file.metrics_addr.as_deref() {
+                            Some(addr) => Some(addr.parse().map_err(|e| {
+                                cli::CliError::Usage(format!("metrics_addr {addr:?}: {e}"))
+                            })?),
+                            None => None,
+                        };
+                        (file.url, file.client_id, metrics, groups)
+                    }
+                    None => {
+                        let Some(group) = group else {
+                            return Err(cli::CliError::Usage(
+                                "give --group G -- CMD, or --config FILE".into(),
+                            ));
+                        };
+                        let options = rpc::lease::WorkerOptions {
+                            concurrency,
+                            lease: Duration::from_millis(lease.max(0) as u64),
+                            grace: Duration::from_millis(grace.max(0) as u64),
+                            ..rpc::lease::WorkerOptions::new(group)
+                        };
+                        let group = cli::worker::GroupWork { options, command };
+                        (Vec::new(), None, None, vec![group])
+                    }
+                };
+                let urls = if url.is_empty() { file_urls } else { url };
+                if urls.is_empty() {
+                    return Err(cli::CliError::Usage(
+                        "give the nodes: --url, ROTA_URL, or url = [...] in --config".into(),
+                    ));
+                }
                 let config = cli::worker::WorkerConfig {
-                    urls: cli::nodes::addresses(&url)?,
-                    client_id: cli::task::client_id(client_id),
-                    options: rpc::lease::WorkerOptions {
-                        concurrency,
-                        lease,
-                        grace: Duration::from_millis(grace.max(0) as u64),
-                        ..rpc::lease::WorkerOptions::new(group)
-                    },
-                    command,
+                    urls: cli::nodes::addresses(&urls)?,
+                    client_id: cli::task::client_id(client_id.or(file_client_id)),
+                    metrics_addr: metrics_addr.or(file_metrics),
+                    groups,
                 };
                 let finished = cli::worker::run(config).await?;
                 eprintln!("rota worker: stopped after finishing {finished} task(s)");

@@ -1,12 +1,13 @@
-//! `rota worker --group G [--concurrency N] [--lease 30s] -- CMD ARGS...` (issue 14):
-//! claims tasks with a wait, runs CMD once per task in its own process group with the
+//! `rota worker --group G [--concurrency N] [--lease 30s] -- CMD ARGS...`, or
+//! `rota worker --config worker.toml` for several groups each with its own command and
+//! concurrency (issue 14): claims tasks with a wait, runs CMD once per task in its own process group with the
 //! task's data on stdin and `ROTA_TASK_ID`, `ROTA_TASK_KEY`, `ROTA_ATTEMPT` and
 //! `ROTA_GROUP` in its environment, keeps the lease renewed (`rpc::lease`), kills the
 //! process group when the lease is lost or the task cancelled, and finishes the task on
 //! exit 0 (result: exit status, duration, the last 64 KiB of stdout and stderr) or
 //! fails it otherwise (the same, as the error). On SIGTERM or Ctrl-C it stops claiming,
 //! lets running commands go on for the grace period, then kills them and fails their
-//! tasks so they run elsewhere.
+//! tasks so they run elsewhere. With `--metrics-addr` it serves Prometheus metrics.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::time::Instant;
 
 use rpc::lease::Lease;
 use rpc::lease::WorkerOptions;
+use rpc::lease::WorkerStats;
 use rpc::lease::run_worker;
 use rpc::worker_client::WorkerClient;
 use serde_json::json;
@@ -33,6 +35,12 @@ pub const CONCURRENCY_MAX: usize = 1024;
 /// exit status line.
 const ERROR_BYTES_MAX: usize = 64 * 1024 - 256;
 
+/// Most groups one worker works.
+pub const GROUPS_MAX: usize = 64;
+
+/// Largest `--config` file read.
+const CONFIG_BYTES_MAX: u64 = 1024 * 1024;
+
 /// What `rota worker` runs and how.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -40,10 +48,182 @@ pub struct WorkerConfig {
     pub urls: Vec<String>,
     /// The client id the worker claims as.
     pub client_id: i64,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The groups worked, each with its options and command.
+    pub groups: Vec<GroupWork>,
+}
+
+/// One group a worker works: how, and the command it runs per task.
+#[derive(Clone, Debug)]
+pub struct GroupWork {
     /// Group, concurrency, lease, wait and grace.
     pub options: WorkerOptions,
     /// The command and its arguments.
     pub command: Vec<String>,
+}
+
+/// The `--config` file: nodes and defaults at the top, one `[[group]]` table per group.
+///
+/// ```toml
+/// url = ["127.0.0.1:7001", "127.0.0.1:7002"]   # or --url / ROTA_URL
+/// grace = "10s"
+/// metrics_addr = "127.0.0.1:9464"
+///
+/// [[group]]
+/// name = "thumbs"
+/// concurrency = 4
+/// lease = "30s"
+/// command = ["./thumbnail.sh"]
+/// ```
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Node addresses (`--url` wins when both are given).
+    #[serde(default)]
+    pub url: Vec<String>,
+    /// The client id to claim as.
+    pub client_id: Option<i64>,
+    /// Grace after SIGTERM, for every group without its own (`10s` when absent).
+    pub grace: Option<String>,
+    /// Where to serve Prometheus metrics (`--metrics-addr` wins).
+    pub metrics_addr: Option<String>,
+    /// The groups.
+    #[serde(default)]
+    pub group: Vec<GroupFile>,
+}
+
+/// One `[[group]]` of the `--config` file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupFile {
+    /// The group to take tasks from.
+    pub name: String,
+    /// Commands of this group run at once (default 1).
+    pub concurrency: Option<usize>,
+    /// Each claim's lease (default `30s`).
+    pub lease: Option<String>,
+    /// This group's grace after SIGTERM.
+    pub grace: Option<String>,
+    /// The command and its arguments.
+    pub command: Vec<String>,
+}
+
+/// A duration setting of the config file (`30s`, `2m`, `500ms`).
+fn config_duration(
+    what: &str,
+    text: Option<&str>,
+    default: Duration,
+) -> Result<Duration, CliError> {
+    match text {
+        None => Ok(default),
+        Some(text) => crate::job::parse_duration(text)
+            .map(|ms| Duration::from_millis(ms.max(0) as u64))
+            .map_err(|e| CliError::Usage(format!("{what}: {e}"))),
+    }
+}
+
+impl ConfigFile {
+    /// Reads and parses the file at `path`.
+    pub fn read(path: &std::path::Path) -> Result<Self, CliError> {
+        let file = std::fs::File::open(path)
+            .map_err(|e| CliError::Usage(format!("--config {}: {e}", path.display())))?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, CONFIG_BYTES_MAX + 1),
+            &mut text,
+        )
+        .map_err(|e| CliError::Usage(format!("--config {}: {e}", path.display())))?;
+        if text.len() as u64 > CONFIG_BYTES_MAX {
+            return Err(CliError::Usage(format!(
+                "--config {}: larger than {CONFIG_BYTES_MAX} bytes",
+                path.display()
+            )));
+        }
+        Self::parse(&text).map_err(|e| match e {
+            CliError::Usage(m) => CliError::Usage(format!("--config {}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses the file's text.
+    pub fn parse(text: &str) -> Result<Self, CliError> {
+        toml::from_str(text).map_err(|e| CliError::Usage(e.to_string()))
+    }
+
+    /// The groups to work, checked; `wait` is each claim's wait.
+    pub fn groups(&self, wait: Duration) -> Result<Vec<GroupWork>, CliError> {
+        let default_grace =
+            config_duration("grace", self.grace.as_deref(), Duration::from_secs(10))?;
+        let mut groups = Vec::with_capacity(self.group.len());
+        for group in &self.group {
+            let what = |field: &str| format!("group {:?}: {field}", group.name);
+            let options = WorkerOptions {
+                concurrency: group.concurrency.unwrap_or(1),
+                lease: config_duration(
+                    &what("lease"),
+                    group.lease.as_deref(),
+                    Duration::from_secs(30),
+                )?,
+                grace: config_duration(&what("grace"), group.grace.as_deref(), default_grace)?,
+                wait,
+                ..WorkerOptions::new(group.name.clone())
+            };
+            groups.push(GroupWork {
+                options,
+                command: group.command.clone(),
+            });
+        }
+        Ok(groups)
+    }
+}
+
+/// Checks what a worker is asked to run before it claims anything.
+pub fn check_groups(groups: &[GroupWork]) -> Result<(), CliError> {
+    if groups.is_empty() {
+        return Err(CliError::Usage(
+            "no group to work: give --group G -- CMD, or a --config file with [[group]] tables"
+                .into(),
+        ));
+    }
+    if groups.len() > GROUPS_MAX {
+        return Err(CliError::Usage(format!(
+            "{} groups: one worker works at most {GROUPS_MAX}",
+            groups.len()
+        )));
+    }
+    let mut total = 0;
+    let mut names = std::collections::BTreeSet::new();
+    for group in groups {
+        let name = &group.options.group;
+        if name.is_empty() {
+            return Err(CliError::Usage("a group needs a name".into()));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(CliError::Usage(format!(
+                "group {name:?} is given twice; give it one command and one concurrency"
+            )));
+        }
+        if group.command.is_empty() || group.command[0].is_empty() {
+            return Err(CliError::Usage(format!(
+                "group {name:?}: give the command to run (after --, or command = [...] in the config)"
+            )));
+        }
+        if !(1..=CONCURRENCY_MAX).contains(&group.options.concurrency) {
+            return Err(CliError::Usage(format!(
+                "group {name:?}: concurrency {}: use 1 to {CONCURRENCY_MAX}",
+                group.options.concurrency
+            )));
+        }
+        check_lease(group.options.lease)?;
+        total += group.options.concurrency;
+    }
+    if total > CONCURRENCY_MAX {
+        return Err(CliError::Usage(format!(
+            "the groups' concurrency adds up to {total}: one worker runs at most {CONCURRENCY_MAX} commands"
+        )));
+    }
+    Ok(())
 }
 
 /// The last `max` bytes of `bytes`, as text (cut at a character boundary).
@@ -151,29 +331,46 @@ async fn run_command(
 
 /// Runs the worker until SIGTERM or Ctrl-C; how many tasks it finished.
 pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
-    if config.command.is_empty() {
-        return Err(CliError::Usage(
-            "give the command to run after --, e.g. rota worker --group g -- ./job.sh".into(),
-        ));
-    }
-    if !(1..=CONCURRENCY_MAX).contains(&config.options.concurrency) {
-        return Err(CliError::Usage(format!(
-            "--concurrency: use 1 to {CONCURRENCY_MAX}"
-        )));
-    }
+    check_groups(&config.groups)?;
     let client = WorkerClient::new(&config.urls, config.client_id)
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let client = Arc::new(client);
+    if let Some(addr) = config.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| CliError::Failed(format!("--metrics-addr {addr}: {e}")))?;
+        let groups: Vec<(String, Arc<WorkerStats>, usize)> = config
+            .groups
+            .iter()
+            .map(|g| {
+                let o = &g.options;
+                (o.group.clone(), Arc::clone(&o.stats), o.concurrency)
+            })
+            .collect();
+        tokio::spawn(crate::worker_metrics::serve(listener, groups));
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_stop_signal().await;
         let _ = stop.send(true);
     });
-    let command = Arc::new(config.command);
-    let finished = run_worker(client, config.options, stopped, move |lease| {
-        run_command(Arc::clone(&command), lease)
-    })
-    .await;
+    let workers: Vec<_> = config
+        .groups
+        .into_iter()
+        .map(|group| {
+            let command = Arc::new(group.command);
+            tokio::spawn(run_worker(
+                Arc::clone(&client),
+                group.options,
+                stopped.clone(),
+                move |lease| run_command(Arc::clone(&command), lease),
+            ))
+        })
+        .collect();
+    let mut finished = 0;
+    for worker in workers {
+        finished += worker.await.unwrap_or(0);
+    }
     Ok(finished)
 }
 
@@ -201,4 +398,82 @@ pub fn check_lease(lease: Duration) -> Result<(), CliError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+url = ["127.0.0.1:7001"]
+grace = "20s"
+metrics_addr = "127.0.0.1:9464"
+
+[[group]]
+name = "map"
+concurrency = 4
+lease = "2m"
+command = ["./map.sh", "--fast"]
+
+[[group]]
+name = "reduce"
+command = ["./reduce.sh"]
+grace = "1s"
+"#;
+
+    #[test]
+    fn a_config_file_gives_each_group_its_command_and_limits() {
+        let file = ConfigFile::parse(EXAMPLE).expect("parses");
+        assert_eq!(file.url, ["127.0.0.1:7001"]);
+        assert_eq!(file.metrics_addr.as_deref(), Some("127.0.0.1:9464"));
+        let groups = file.groups(Duration::from_secs(20)).expect("valid");
+        check_groups(&groups).expect("valid");
+        assert_eq!(groups[0].options.group, "map");
+        assert_eq!(groups[0].options.concurrency, 4);
+        assert_eq!(groups[0].options.lease, Duration::from_secs(120));
+        assert_eq!(groups[0].options.grace, Duration::from_secs(20));
+        assert_eq!(groups[0].command, ["./map.sh", "--fast"]);
+        assert_eq!(groups[1].options.concurrency, 1);
+        assert_eq!(groups[1].options.lease, Duration::from_secs(30));
+        assert_eq!(groups[1].options.grace, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_what_to_fix() {
+        let unknown =
+            ConfigFile::parse("[[group]]\nname = \"a\"\ncommand = [\"x\"]\nthreads = 2\n");
+        assert!(matches!(unknown, Err(CliError::Usage(m)) if m.contains("threads")));
+        let refused = |text: &str, needle: &str| {
+            let file = ConfigFile::parse(text).expect("parses");
+            let checked = file
+                .groups(Duration::from_secs(20))
+                .and_then(|g| check_groups(&g));
+            match checked {
+                Err(CliError::Usage(m)) => assert!(m.contains(needle), "{m}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        };
+        refused("", "no group");
+        refused("[[group]]\nname = \"a\"\ncommand = []\n", "command");
+        refused(
+            "[[group]]\nname = \"a\"\ncommand = [\"x\"]\n[[group]]\nname = \"a\"\ncommand = [\"y\"]\n",
+            "twice",
+        );
+        refused(
+            "[[group]]\nname = \"a\"\ncommand = [\"x\"]\nconcurrency = 0\n",
+            "concurrency 0",
+        );
+        refused(
+            "[[group]]\nname = \"a\"\ncommand = [\"x\"]\nconcurrency = 1000\n[[group]]\nname = \"b\"\ncommand = [\"x\"]\nconcurrency = 100\n",
+            "adds up to 1100",
+        );
+        refused(
+            "[[group]]\nname = \"a\"\ncommand = [\"x\"]\nlease = \"10ms\"\n",
+            "at least 1s",
+        );
+        refused(
+            "[[group]]\nname = \"a\"\ncommand = [\"x\"]\nlease = \"soon\"\n",
+            "lease",
+        );
+    }
 }

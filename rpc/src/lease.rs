@@ -29,6 +29,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -224,6 +226,57 @@ pub struct WorkerOptions {
     pub wait: Duration,
     /// After a stop, how long running work may go on before it is failed.
     pub grace: Duration,
+    /// Counters of what the loop did, for metrics; share one to read them.
+    pub stats: Arc<WorkerStats>,
+}
+
+/// What [`run_worker`] has done so far, for metrics (every field only grows, except
+/// `running`).
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Tasks claimed.
+    pub claimed: AtomicU64,
+    /// Tasks finished (the finish was acknowledged).
+    pub finished: AtomicU64,
+    /// Tasks failed by their work (or by a stop past the grace period).
+    pub failed: AtomicU64,
+    /// Leases lost while the work ran (refused renewal, cancel, expiry).
+    pub lost: AtomicU64,
+    /// Claims that ended in an error (no node answered, a refusal).
+    pub claim_errors: AtomicU64,
+    /// Work running now.
+    pub running: AtomicU64,
+    /// Total time work ran, in milliseconds.
+    pub work_ms: AtomicU64,
+}
+
+impl WorkerStats {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A counter's value.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// The pause before claiming again after `empties` claims in a row came back empty
+/// sooner than their wait (a node that cannot wait, or a wait cut short): doubling
+/// from 100 ms up to 5 s, with up to half of it added at random (from `seed`), so that
+/// many workers polling a quiet group neither spin nor march in step.
+pub fn poll_backoff(empties: u32, seed: u64) -> Duration {
+    const FIRST_MS: u64 = 100;
+    const MOST_MS: u64 = 5_000;
+    let base = FIRST_MS
+        .saturating_mul(1u64 << empties.saturating_sub(1).min(16))
+        .min(MOST_MS);
+    // splitmix64: a cheap, well-spread hash of the seed.
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    Duration::from_millis(base + z % (base / 2 + 1))
 }
 
 impl WorkerOptions {
@@ -235,16 +288,20 @@ impl WorkerOptions {
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(20),
             grace: Duration::from_secs(10),
+            stats: Arc::default(),
         }
     }
 }
 
 /// Claims tasks of `options.group` and runs `work` on each, `options.concurrency` at a
 /// time, until `stop` turns true: the work's `Ok(result)` finishes the task, `Err`
-/// fails it (retried after the group's back-off). Work whose lease is lost is dropped
-/// (it no longer owns the task); after a stop, running work gets `options.grace`, then
-/// is dropped and its task failed so that it runs elsewhere. Returns how many tasks
-/// were finished.
+/// fails it (retried after the group's back-off). Claims wait at the node for a task
+/// (`options.wait`); a claim that comes back empty sooner is followed by a growing,
+/// jittered pause ([`poll_backoff`]), so a node that cannot wait is polled, not
+/// hammered. Work whose lease is lost is dropped (it no longer owns the task); after a
+/// stop, running work gets `options.grace`, then is dropped and its task failed so that
+/// it runs elsewhere. Returns how many tasks were finished; `options.stats` counts the
+/// rest.
 pub async fn run_worker<F, Fut>(
     client: Arc<WorkerClient>,
     options: WorkerOptions,
@@ -257,23 +314,32 @@ where
 {
     let work = Arc::new(work);
     let options = Arc::new(options);
-    let finished = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let finished_before = WorkerStats::get(&options.stats.finished);
     // One loop per slot, each claiming for itself: claims run side by side, as the work
     // does, so one slow claim never holds up the others.
     let slots: Vec<_> = (0..options.concurrency.max(1))
-        .map(|_| {
+        .map(|slot| {
             tokio::spawn(work_slot(
                 Arc::clone(&client),
                 Arc::clone(&options),
                 stop.clone(),
                 Arc::clone(&work),
-                Arc::clone(&finished),
+                slot as u64,
             ))
         })
         .collect();
     let _ = stop.wait_for(|s| *s).await;
     futures_util::future::join_all(slots).await;
-    finished.load(std::sync::atomic::Ordering::Relaxed)
+    WorkerStats::get(&options.stats.finished) - finished_before
+}
+
+/// Sleeps `pause`, or less if the stop comes first; whether the stop came.
+async fn pause_unless_stopped(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => true,
+        () = tokio::time::sleep(pause) => false,
+    }
 }
 
 /// One slot of [`run_worker`]: claim, work, finish or fail, until the stop.
@@ -282,29 +348,50 @@ async fn work_slot<F, Fut>(
     options: Arc<WorkerOptions>,
     mut stop: watch::Receiver<bool>,
     work: Arc<F>,
-    finished: Arc<std::sync::atomic::AtomicU64>,
+    slot: u64,
 ) where
     F: Fn(Arc<Lease>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Option<Value>, String>> + Send + 'static,
 {
+    let stats = &options.stats;
+    let mut empties: u32 = 0;
+    let mut claims: u64 = 0;
     while !*stop.borrow() {
         let claimed_at = Instant::now();
+        claims += 1;
         let claim = client.claim_waiting(&options.group, options.lease, options.wait);
         let task = tokio::select! {
-            task = claim => task,
+            biased;
             _ = stop.wait_for(|s| *s) => return,
+            task = claim => task,
         };
         let task = match task {
             Ok(Some(task)) => task,
-            Ok(None) => continue,
+            Ok(None) => {
+                // An empty answer well before the wait was up: this node does not wait
+                // (or the wait was cut short), so poll with a growing pause instead.
+                if claimed_at.elapsed() < options.wait / 2 {
+                    empties = empties.saturating_add(1);
+                    let seed = slot.rotate_left(32) ^ claims;
+                    if pause_unless_stopped(poll_backoff(empties, seed), &mut stop).await {
+                        return;
+                    }
+                } else {
+                    empties = 0;
+                }
+                continue;
+            }
             Err(_) => {
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    _ = stop.wait_for(|s| *s) => return,
+                WorkerStats::add(&stats.claim_errors);
+                if pause_unless_stopped(Duration::from_millis(500), &mut stop).await {
+                    return;
                 }
                 continue;
             }
         };
+        empties = 0;
+        WorkerStats::add(&stats.claimed);
+        stats.running.fetch_add(1, Ordering::Relaxed);
         let lease = Arc::new(Lease::hold(
             Arc::clone(&client),
             task,
@@ -313,24 +400,55 @@ async fn work_slot<F, Fut>(
         ));
         let mut stop_for_grace = stop.clone();
         let grace = options.grace;
+        let started = Instant::now();
         let outcome = tokio::select! {
-            outcome = work(Arc::clone(&lease)) => Some(outcome),
+            biased;
             _ = lease.lost() => None,
             () = async {
                 let _ = stop_for_grace.wait_for(|s| *s).await;
                 tokio::time::sleep(grace).await;
             } => Some(Err("stopped: the worker shut down before the task ended".into())),
+            outcome = work(Arc::clone(&lease)) => Some(outcome),
         };
-        let ended = match outcome {
-            Some(Ok(result)) => lease.finish(result).await.is_ok(),
-            Some(Err(error)) => {
-                let _ = lease.fail(&error, None).await;
-                false
+        stats
+            .work_ms
+            .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        stats.running.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Some(Ok(result)) => {
+                if lease.finish(result).await.is_ok() {
+                    WorkerStats::add(&stats.finished);
+                } else {
+                    WorkerStats::add(&stats.lost);
+                }
             }
-            None => false,
-        };
-        if ended {
-            finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(Err(error)) => {
+                if lease.fail(&error, None).await.is_ok() {
+                    WorkerStats::add(&stats.failed);
+                } else {
+                    WorkerStats::add(&stats.lost);
+                }
+            }
+            None => WorkerStats::add(&stats.lost),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_backoff_grows_to_its_cap_with_bounded_jitter() {
+        for seed in 0..200 {
+            let first = poll_backoff(1, seed).as_millis();
+            assert!((100..=150).contains(&first), "{first}");
+            let third = poll_backoff(3, seed).as_millis();
+            assert!((400..=600).contains(&third), "{third}");
+            let late = poll_backoff(40, seed).as_millis();
+            assert!((5_000..=7_500).contains(&late), "{late}");
+        }
+        let spread: std::collections::BTreeSet<_> = (0..50).map(|s| poll_backoff(2, s)).collect();
+        assert!(spread.len() > 10, "the jitter spreads workers: {spread:?}");
     }
 }
