@@ -14,13 +14,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
-use rpc::client::HttpClient;
 use rpc::job::FinishRequestJson;
 use rpc::worker::AddJson;
 use rpc::worker::ClaimRequestJson;
+use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
 use rpc::worker::WriteRequestJson;
-use rpc::worker::WriteResultJson;
+use rpc::worker_client::WorkerClient;
 
 /// Deadline of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -93,42 +93,40 @@ impl Samples {
     }
 }
 
-pub(crate) async fn call(
-    client: &HttpClient,
-    addr: &str,
-    request: impl Into<WriteRequestJson>,
-) -> Result<WriteResultJson, String> {
-    let request = request.into();
-    let response = client
-        .post_json(
-            addr,
-            request.path(),
-            &request,
-            REQUEST_TIMEOUT + request.wait(),
-        )
-        .await
-        .map_err(|e| e.to_string())?
-        .success(addr)
-        .map_err(|e| e.to_string())?;
-    response.json(addr).map_err(|e| e.to_string())
+/// A bench client of `addrs` writing as `client_id`: writes go to the leader (learned
+/// from `/cluster`), as a real worker's do, and are retried under one request id for
+/// at most [`REQUEST_TIMEOUT`]. With `spread_from`, it never asks who leads and starts
+/// at that node instead (blocking claims spread over the nodes).
+pub(crate) fn bench_client(
+    addrs: &[String],
+    client_id: i64,
+    spread_from: Option<usize>,
+) -> Result<WorkerClient, BenchError> {
+    let client = WorkerClient::new(addrs, client_id)
+        .map_err(|e| BenchError::Usage(e.to_string()))?
+        .with_timeouts(REQUEST_TIMEOUT, REQUEST_TIMEOUT);
+    Ok(match spread_from {
+        Some(first) => client.spread_from(first),
+        None => client,
+    })
 }
 
-fn first_task_id(result: &WriteResultJson) -> Option<u64> {
-    match result {
-        WriteResultJson::Tasks { tasks } => tasks.first().map(|t| t.id),
-        WriteResultJson::Errors { .. } => None,
-    }
+/// One write; the tasks it wrote, or why it did not (a refusal counts as an error).
+pub(crate) async fn call(
+    client: &WorkerClient,
+    request: impl Into<WriteRequestJson>,
+) -> Result<Vec<TaskJson>, String> {
+    client.write(request).await.map_err(|e| e.to_string())
 }
 
 async fn worker(
     config: Arc<BenchConfig>,
     index: u64,
-    client: HttpClient,
+    client: WorkerClient,
     stop: Arc<AtomicBool>,
     cycles: Arc<AtomicU64>,
 ) -> Samples {
-    let addr = &config.addrs[(index as usize) % config.addrs.len()];
-    let client_id = 1_000_000 + index as i64;
+    let client_id = client.client_id();
     let mut samples = Samples::default();
     // Keys are unique per run and worker, so that runs against one cluster never meet
     // each other's live keys.
@@ -145,7 +143,7 @@ async fn worker(
             task.key = Some(format!("bench-{run}-{index}-{sequence}"));
         }
         let add = UpdateRequestJson::by(client_id).with_add(task);
-        match call(&client, addr, add).await {
+        match call(&client, add).await {
             Ok(_) => samples.record("add", started),
             Err(e) => {
                 samples.fail("add", e);
@@ -157,10 +155,10 @@ async fn worker(
         }
         let started = Instant::now();
         let claim = ClaimRequestJson::new(client_id, config.group.clone(), 60_000);
-        let claimed = match call(&client, addr, claim).await {
-            Ok(result) => {
+        let claimed = match call(&client, claim).await {
+            Ok(tasks) => {
                 samples.record("claim", started);
-                first_task_id(&result)
+                tasks.first().map(|t| t.id)
             }
             Err(e) => {
                 samples.fail("claim", e);
@@ -185,7 +183,7 @@ async fn worker(
                 UpdateRequestJson::by(client_id).with_deletes([id]).into(),
             ),
         };
-        match call(&client, addr, end).await {
+        match call(&client, end).await {
             Ok(_) => samples.record(op, started),
             Err(e) => samples.fail(op, e),
         }
@@ -220,14 +218,18 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
     let cycles = Arc::new(AtomicU64::new(0));
-    let client = HttpClient::new();
+    let clients = (0..config.workers)
+        .map(|i| bench_client(&config.addrs, 1_000_000 + i as i64, None))
+        .collect::<Result<Vec<_>, _>>()?;
     let started = Instant::now();
-    let handles: Vec<_> = (0..config.workers)
-        .map(|i| {
+    let handles: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, client)| {
             tokio::spawn(worker(
                 config.clone(),
-                i,
-                client.clone(),
+                i as u64,
+                client,
                 stop.clone(),
                 cycles.clone(),
             ))

@@ -15,12 +15,12 @@ use rpc::watch::WAIT_MS_MAX;
 use rpc::worker::AddJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::UpdateRequestJson;
-use rpc::worker::WriteResultJson;
 use tokio::sync::mpsc;
 
 use crate::bench::BenchConfig;
 use crate::bench::BenchError;
 use crate::bench::REQUEST_TIMEOUT;
+use crate::bench::bench_client;
 use crate::bench::call;
 use crate::bench::percentile;
 
@@ -40,22 +40,21 @@ fn blocking_claim(client_id: i64, group: &str) -> ClaimRequestJson {
 /// Workers that claim with a wait, delete what they get, and report when they got it.
 fn spawn_waiters(
     config: &BenchConfig,
-    client: &HttpClient,
     got: Option<mpsc::UnboundedSender<Instant>>,
     until: Instant,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BenchError> {
     (0..config.workers)
         .map(|index| {
-            let addr = config.addrs[(index as usize) % config.addrs.len()].clone();
+            // Spread over the nodes, so every node holds waiting claims.
+            let client_id = 2_000_000 + index as i64;
+            let client = bench_client(&config.addrs, client_id, Some(index as usize))?;
             let group = config.group.clone();
-            let client = client.clone();
             let got = got.clone();
-            tokio::spawn(async move {
-                let client_id = 2_000_000 + index as i64;
+            Ok(tokio::spawn(async move {
                 while Instant::now() < until {
-                    let answer = call(&client, &addr, blocking_claim(client_id, &group)).await;
+                    let answer = call(&client, blocking_claim(client_id, &group)).await;
                     let answered = Instant::now();
-                    let Ok(WriteResultJson::Tasks { tasks }) = answer else {
+                    let Ok(tasks) = answer else {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     };
@@ -64,9 +63,9 @@ fn spawn_waiters(
                         let _ = got.send(answered);
                     }
                     let delete = UpdateRequestJson::by(client_id).with_deletes([task.id]);
-                    let _ = call(&client, &addr, delete).await;
+                    let _ = call(&client, delete).await;
                 }
-            })
+            }))
         })
         .collect()
 }
@@ -85,12 +84,15 @@ fn line(name: &str, samples: &mut [u64]) -> String {
 
 /// The wake-up latency bench. See the module documentation.
 pub async fn wake(config: BenchConfig) -> Result<String, BenchError> {
-    let client = HttpClient::new();
+    let adder = bench_client(&config.addrs, 1_999_999, None)?;
     let until = Instant::now() + config.duration;
     let (got_tx, mut got) = mpsc::unbounded_channel();
-    let waiters = spawn_waiters(&config, &client, Some(got_tx), until + REQUEST_TIMEOUT);
+    let waiters = spawn_waiters(&config, Some(got_tx), until + REQUEST_TIMEOUT)?;
     tokio::time::sleep(PARK_TIME.min(config.duration)).await;
-    let addr = &config.addrs[0];
+    let addr = adder
+        .find_leader()
+        .await
+        .unwrap_or_else(|| config.addrs[0].clone());
     let (mut from_send, mut from_ack) = (Vec::new(), Vec::new());
     let mut last_error = None;
     let mut cycle = 0u64;
@@ -99,7 +101,7 @@ pub async fn wake(config: BenchConfig) -> Result<String, BenchError> {
         let sent = Instant::now();
         let add = UpdateRequestJson::by(1_999_999)
             .with_add(AddJson::in_group(config.group.clone()).with_data(format!("wake-{cycle}")));
-        if let Err(e) = call(&client, addr, add).await {
+        if let Err(e) = call(&adder, add).await {
             last_error = Some(e);
             continue;
         }
@@ -168,7 +170,7 @@ async fn waiting_claims(client: &HttpClient, addrs: &[String]) -> u64 {
 pub async fn idle(config: BenchConfig) -> Result<String, BenchError> {
     let client = HttpClient::new();
     let until = Instant::now() + PARK_TIME + config.duration;
-    let waiters = spawn_waiters(&config, &client, None, until);
+    let waiters = spawn_waiters(&config, None, until)?;
     tokio::time::sleep(PARK_TIME).await;
     let addr = &config.addrs[0];
     let first = applied_index(&client, addr)

@@ -928,7 +928,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
                 requestid: owner.request_id(),
             };
             let written = Nodes::new(&target.url)?
-                .post_write(rpc::job::FINISH_PATH, &body)
+                .write(&WriteRequestJson::Finish(body))
                 .await?;
             emit(target.json, &written, |_| format!("finished task {id}\n"))
         }
@@ -948,7 +948,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
             };
             rpc::job::check_fail(&body).map_err(cli::CliError::Usage)?;
             let written = Nodes::new(&target.url)?
-                .post_write(rpc::job::FAIL_PATH, &body)
+                .write(&WriteRequestJson::Fail(body))
                 .await?;
             emit(target.json, &written, |written| {
                 if written.is_empty() {
@@ -970,7 +970,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
         } => {
             let body = asker.keys(group, keys)?;
             let written = Nodes::new(&target.url)?
-                .post_write(rpc::job::CANCEL_PATH, &body)
+                .write(&WriteRequestJson::Cancel(body.clone()))
                 .await?;
             emit(target.json, &written, |_| {
                 format!(
@@ -988,7 +988,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
         } => {
             let body = asker.keys(group, keys)?;
             let written = Nodes::new(&target.url)?
-                .post_write(rpc::job::RETRY_PATH, &body)
+                .write(&WriteRequestJson::Retry(body))
                 .await?;
             let written: Vec<Option<TaskJson>> = written.into_iter().map(Some).collect();
             print_tasks(&written, target.json)

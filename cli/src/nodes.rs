@@ -10,12 +10,17 @@ use rpc::client::HttpMethod;
 use rpc::client::HttpResponse;
 use rpc::worker::TaskJson;
 use rpc::worker::WriteRequestJson;
-use rpc::worker::WriteResultJson;
+use rpc::worker_client::WorkerClient;
+use rpc::worker_client::WorkerError;
 
 use crate::CliError;
 
 /// Deadline of one call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a write is retried (over every node, asking who leads between rounds)
+/// before the command gives up with exit 3: long enough to ride out an election.
+pub const WRITE_GIVE_UP: Duration = Duration::from_secs(5);
 
 /// Deadline of one probe of one node (health, status).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -159,29 +164,24 @@ impl Nodes {
         answer(&addr, response)
     }
 
-    /// Sends a worker write; the written tasks, or a refusal (exit 1).
+    /// Sends a worker write (`/update`, `/claim`, `/finish`, `/fail`, `/cancel`,
+    /// `/retry`) through [`WorkerClient`]: to the leader, retried under the request's id
+    /// (a fresh one if it has none) for up to [`WRITE_GIVE_UP`], so it applies once. The
+    /// written tasks, or a refusal (exit 1), or no node answered (exit 3).
     pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
-        let timeout = CALL_TIMEOUT + request.wait();
-        let (addr, response) = self.post_json(request.path(), request, timeout).await?;
-        match answer(&addr, response)? {
-            WriteResultJson::Tasks { tasks } => Ok(tasks),
-            WriteResultJson::Errors { errors } => Err(CliError::Refused(errors)),
-        }
-    }
-
-    /// Sends a write whose answer is the worker API's tasks-or-errors (`/update`,
-    /// `/claim`, `/finish`, `/fail`, `/cancel`, `/retry`); the written tasks, or a refusal
-    /// (exit 1). The body should carry a request id, so that the next node's retry of a
-    /// write the first may have applied applies once.
-    pub async fn post_write<T: serde::Serialize>(
-        &self,
-        path: &str,
-        body: &T,
-    ) -> Result<Vec<TaskJson>, CliError> {
-        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT).await?;
-        match answer(&addr, response)? {
-            WriteResultJson::Tasks { tasks } => Ok(tasks),
-            WriteResultJson::Errors { errors } => Err(CliError::Refused(errors)),
+        let client = WorkerClient::new(&self.addrs, 0)
+            .map_err(|e| CliError::Usage(e.to_string()))?
+            .with_timeouts(CALL_TIMEOUT, WRITE_GIVE_UP);
+        let request_id = request
+            .request_id()
+            .map_or_else(|| client.next_request_id(), str::to_string);
+        match client.write_as(request.clone(), request_id).await {
+            Ok(tasks) => Ok(tasks),
+            Err(WorkerError::Refused(errors)) => Err(CliError::Refused(errors)),
+            Err(e @ WorkerError::Unavailable { .. }) => Err(CliError::Unreachable(format!(
+                "{e}; check --url and that the nodes run and have a leader"
+            ))),
+            Err(e) => Err(CliError::Failed(e.to_string())),
         }
     }
 

@@ -407,7 +407,18 @@ impl WriteRequestJson {
         }
     }
 
-    /// The same write under a request id (or none), so that a retry applies once.
+    /// The request id the write carries, if any.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Self::Update(update) => update.requestid.as_deref(),
+            Self::Claim(claim) => claim.requestid.as_deref(),
+            Self::Finish(finish) => finish.requestid.as_deref(),
+            Self::Fail(fail) => fail.requestid.as_deref(),
+            Self::Cancel(keys) | Self::Retry(keys) => keys.requestid.as_deref(),
+        }
+    }
+
+    /// The same request under `request_id` (`None`: without one).
     pub fn with_request_id(mut self, request_id: impl Into<Option<String>>) -> Self {
         let slot = match &mut self {
             Self::Update(update) => &mut update.requestid,

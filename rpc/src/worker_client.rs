@@ -35,7 +35,10 @@ use serde_json::Value;
 
 use crate::admin::ClusterStatusJson;
 use crate::client::ClientError;
+use crate::client::HeaderName;
+use crate::client::HeaderValue;
 use crate::client::HttpClient;
+use crate::client::HttpMethod as Method;
 use crate::client::node_address;
 use crate::client::percent_encode;
 use crate::job::FailRequestJson;
@@ -43,6 +46,8 @@ use crate::job::FinishRequestJson;
 use crate::job::JobJson;
 use crate::job::JobWaitJson;
 use crate::job::KeysRequestJson;
+use crate::job::SettingsChangeJson;
+use crate::job::SettingsJson;
 use crate::retry::write_once;
 use crate::watch::WAIT_MS_MAX;
 use crate::watch::WatchGoneJson;
@@ -119,6 +124,10 @@ pub struct WorkerClient {
     sent: AtomicU64,
     call_timeout: Duration,
     give_up_after: Duration,
+    /// Spread mode: never ask who leads; after a failure, start at the next node.
+    spread: bool,
+    /// Attempts that failed and were tried again.
+    retries: AtomicU64,
 }
 
 impl WorkerClient {
@@ -151,7 +160,37 @@ impl WorkerClient {
             sent: AtomicU64::new(0),
             call_timeout: CALL_TIMEOUT,
             give_up_after: GIVE_UP_AFTER,
+            spread: false,
+            retries: AtomicU64::new(0),
         })
+    }
+
+    /// The same client, but one that never asks who leads: it starts at node `first`
+    /// (modulo their number) and moves on to the next node after a failure. Test
+    /// workloads use it to send through every node, relays included, as clients that
+    /// know nothing of the cluster do.
+    pub fn spread_from(mut self, first: usize) -> Self {
+        self.spread = true;
+        self.asked_for_leader = AtomicBool::new(true);
+        self.preferred = Mutex::new(first % self.addrs.len());
+        self
+    }
+
+    /// Attempts that failed (no answer, a 5xx) and were tried again, over the client's
+    /// life.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// The node calls go to first now.
+    pub fn current_node(&self) -> String {
+        self.order().swap_remove(0)
+    }
+
+    /// Starts the next calls at the node after the current one.
+    pub fn next_node(&self) {
+        let mut preferred = self.preferred.lock().unwrap_or_else(|p| p.into_inner());
+        *preferred = (*preferred + 1) % self.addrs.len();
     }
 
     /// The same client with other deadlines: `call_timeout` per call, `give_up_after`
@@ -209,11 +248,13 @@ impl WorkerClient {
     }
 
     /// Calls `attempt` on the nodes in turn (the preferred one first) until one gives a
-    /// definite answer or `wait` plus the give-up time has passed.
+    /// definite answer, `wait` plus the give-up time has passed, or `give_up` (asked
+    /// before every attempt) says to stop.
     async fn retry<T, F, Fut>(
         &self,
         wait: Duration,
         request_id: Option<&str>,
+        give_up: &(dyn Fn() -> bool + Sync),
         attempt: F,
     ) -> Result<T, WorkerError>
     where
@@ -221,20 +262,34 @@ impl WorkerClient {
         Fut: std::future::Future<Output = Attempt<T>>,
     {
         let started = Instant::now();
-        let mut last_error: String;
+        let deadline = self.give_up_after.saturating_add(wait);
+        let mut last_error = String::from("not tried");
         let mut round = 0u32;
         loop {
             for addr in self.order() {
+                if give_up() {
+                    return Err(WorkerError::Unavailable {
+                        waited: started.elapsed(),
+                        request_id: request_id.map(str::to_string),
+                        last_error: format!("given up; last failure: {last_error}"),
+                    });
+                }
                 match attempt(addr.clone()).await {
                     Attempt::Done(answer) => {
-                        if answer.is_ok() && round == 0 {
+                        if answer.is_ok() && round == 0 && !self.spread {
                             self.prefer(&addr);
                         }
                         return answer;
                     }
-                    Attempt::Retry(error) => last_error = format!("{addr}: {error}"),
+                    Attempt::Retry(error) => {
+                        self.retries.fetch_add(1, Ordering::Relaxed);
+                        if self.spread {
+                            self.next_node();
+                        }
+                        last_error = format!("{addr}: {error}");
+                    }
                 }
-                if started.elapsed() >= self.give_up_after + wait {
+                if started.elapsed() >= deadline {
                     return Err(WorkerError::Unavailable {
                         waited: started.elapsed(),
                         request_id: request_id.map(str::to_string),
@@ -245,7 +300,9 @@ impl WorkerClient {
             }
             round += 1;
             // Leadership may have moved: ask before the next round.
-            self.find_leader().await;
+            if !self.spread {
+                self.find_leader().await;
+            }
         }
     }
 
@@ -264,22 +321,39 @@ impl WorkerClient {
         request: impl Into<WriteRequestJson>,
         request_id: String,
     ) -> Result<Vec<TaskJson>, WorkerError> {
+        self.write_until(request, request_id, &|| false).await
+    }
+
+    /// As [`WorkerClient::write_as`], but `give_up` is asked before each attempt: once it
+    /// says to stop, the write ends [`WorkerError::Unavailable`] (it may or may not have
+    /// applied).
+    pub async fn write_until(
+        &self,
+        request: impl Into<WriteRequestJson>,
+        request_id: String,
+        give_up: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<TaskJson>, WorkerError> {
         if !self.asked_for_leader.swap(true, Ordering::Relaxed) {
             self.find_leader().await;
         }
         let request = request.into().with_request_id(request_id.clone());
         let timeout = self.call_timeout + request.wait();
         let request = &request;
-        self.retry(request.wait(), Some(&request_id), |addr| async move {
-            match write_once(&self.http, &addr, request, timeout).await {
-                Ok(Ok(WriteResultJson::Tasks { tasks })) => Attempt::Done(Ok(tasks)),
-                Ok(Ok(WriteResultJson::Errors { errors })) => {
-                    Attempt::Done(Err(WorkerError::Refused(errors)))
+        self.retry(
+            request.wait(),
+            Some(&request_id),
+            give_up,
+            |addr| async move {
+                match write_once(&self.http, &addr, request, timeout).await {
+                    Ok(Ok(WriteResultJson::Tasks { tasks })) => Attempt::Done(Ok(tasks)),
+                    Ok(Ok(WriteResultJson::Errors { errors })) => {
+                        Attempt::Done(Err(WorkerError::Refused(errors)))
+                    }
+                    Ok(Err(rejected)) => Attempt::Done(Err(WorkerError::Rejected(rejected))),
+                    Err(unknown) => Attempt::Retry(unknown),
                 }
-                Ok(Err(rejected)) => Attempt::Done(Err(WorkerError::Rejected(rejected))),
-                Err(unknown) => Attempt::Retry(unknown),
-            }
-        })
+            },
+        )
         .await
     }
 
@@ -289,14 +363,40 @@ impl WorkerClient {
         path: &str,
         wait: Duration,
     ) -> Result<T, WorkerError> {
+        self.call(Method::GET, path, None, wait).await
+    }
+
+    /// Sends `method path` (with a JSON `body`) to the nodes in turn until one answers
+    /// definitely: a 2xx parsed as `T`, a 404, 410 or other 4xx as its error. For
+    /// idempotent calls only (reads, settings), since a retry may repeat one.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        wait: Duration,
+    ) -> Result<T, WorkerError> {
         let timeout = self.call_timeout + wait;
-        self.retry(wait, None, |addr| async move {
-            let response = match self.http.get(&addr, path, timeout).await {
+        let headers = match body {
+            Some(_) => vec![(
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/json"),
+            )],
+            None => Vec::new(),
+        };
+        let body = bytes::Bytes::from(body.unwrap_or_default());
+        let (method, headers, body) = (&method, &headers, &body);
+        self.retry(wait, None, &|| false, |addr| async move {
+            let sent = self
+                .http
+                .send(&addr, method.clone(), path, headers, body.clone(), timeout)
+                .await;
+            let response = match sent {
                 Ok(response) => response,
                 Err(e) => return Attempt::Retry(e.to_string()),
             };
             match response.status.as_u16() {
-                200 => match response.json::<T>(&addr) {
+                200..=299 => match response.json::<T>(&addr) {
                     Ok(value) => Attempt::Done(Ok(value)),
                     Err(e) => Attempt::Retry(e.to_string()),
                 },
@@ -426,6 +526,39 @@ impl WorkerClient {
         self.write(WriteRequestJson::Cancel(cancel)).await.map(drop)
     }
 
+    /// The tasks of `group` (only those owned now, with `owned`), read linearizably, or
+    /// from the node's own state with `stale` (faster, possibly behind).
+    pub async fn group_tasks(
+        &self,
+        group: &str,
+        owned: bool,
+        stale: bool,
+    ) -> Result<Vec<TaskJson>, WorkerError> {
+        let mut query = Vec::new();
+        if owned {
+            query.push("owned=1");
+        }
+        if stale {
+            query.push("consistency=stale");
+        }
+        let path = format!("/group/{}?{}", percent_encode(group), query.join("&"));
+        self.read(&path, Duration::ZERO).await
+    }
+
+    /// Changes `group`'s job settings as `change` says (give it a request id: a retry
+    /// then applies once); the settings afterwards.
+    pub async fn change_settings(
+        &self,
+        group: &str,
+        change: &SettingsChangeJson,
+    ) -> Result<SettingsJson, WorkerError> {
+        let body = serde_json::to_vec(change)
+            .map_err(|e| WorkerError::Refused(vec![format!("encoding the settings: {e}")]))?;
+        let path = format!("/groups/{}/settings", percent_encode(group));
+        self.call(Method::PUT, &path, Some(body), Duration::ZERO)
+            .await
+    }
+
     /// The record of job `key` in `group`.
     pub async fn job(&self, group: &str, key: &str) -> Result<JobJson, WorkerError> {
         let path = format!(
@@ -492,5 +625,44 @@ mod tests {
         ));
         client.prefer("127.0.0.1:2");
         assert_eq!(client.order(), vec!["127.0.0.1:2", "127.0.0.1:1"]);
+    }
+
+    #[test]
+    fn a_spread_client_starts_where_told_and_moves_on() {
+        let addrs = ["a:1", "b:2", "c:3"];
+        let client = WorkerClient::new(addrs, 1).expect("ok").spread_from(4);
+        assert_eq!(client.current_node(), "b:2");
+        client.next_node();
+        assert_eq!(client.order(), vec!["c:3", "a:1", "b:2"]);
+        client.next_node();
+        assert_eq!(client.current_node(), "a:1");
+        assert_eq!(client.retries(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_write_given_up_on_is_unavailable_with_its_request_id() {
+        // Nothing listens on port 1: every attempt fails at once.
+        let client = WorkerClient::new(["127.0.0.1:1"], 1)
+            .expect("ok")
+            .spread_from(0)
+            .with_timeouts(Duration::from_millis(200), Duration::MAX);
+        let tries = AtomicU64::new(0);
+        let update = crate::worker::UpdateRequestJson::by(1);
+        let answer = client
+            .write_until(update, "r-1".into(), &|| {
+                tries.fetch_add(1, Ordering::SeqCst) >= 3
+            })
+            .await;
+        match answer {
+            Err(WorkerError::Unavailable { request_id, .. }) => {
+                assert_eq!(request_id.as_deref(), Some("r-1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            client.retries(),
+            3,
+            "three attempts failed before the give-up"
+        );
     }
 }

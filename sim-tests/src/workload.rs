@@ -10,24 +10,18 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use madsim::rand::Rng;
-use rpc::client::HeaderValue;
-use rpc::client::HttpMethod;
 use rpc::job::FailRequestJson;
 use rpc::job::FinishRequestJson;
 use rpc::job::KeysRequestJson;
 use rpc::job::SettingsChangeJson;
-use rpc::retry::RetryPolicy;
-use rpc::retry::RoundRobin;
 use rpc::watch::WatchEventJson;
-use rpc::watch::WatchGoneJson;
-use rpc::watch::WatchPageJson;
 use rpc::worker::AddJson;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
-use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
 use rpc::worker::WriteRequestJson;
-use rpc::worker::WriteResultJson;
+use rpc::worker_client::WorkerClient;
+use rpc::worker_client::WorkerError;
 
 use crate::JOB_GROUP;
 use crate::JOB_LEASE_MS;
@@ -53,57 +47,37 @@ fn blocking_wait_ms(rng: &mut impl Rng) -> u64 {
 /// and `after` names jobs that exist.
 const JOB_KEYS: u32 = 8;
 
-fn json_content_type() -> (rpc::client::HeaderName, HeaderValue) {
-    (
-        rpc::client::HeaderName::from_static("content-type"),
-        HeaderValue::from_static("application/json"),
-    )
+/// A client of `addrs` that starts at node `first` and moves on after a failure, never
+/// asking who leads (so that writes cross relays too), and never gives up: the
+/// simulation heals every fault in the end.
+fn spread_client(addrs: &[String], first: usize, client_id: i64) -> WorkerClient {
+    WorkerClient::new(addrs, client_id)
+        .expect("the workers are given the cluster's addresses")
+        .spread_from(first)
+        .with_timeouts(WORKER_CALL_TIMEOUT, Duration::MAX)
 }
 
 /// Sets the job group's settings the checkers assume ([`JOB_MAX_RUNNING`],
 /// [`JOB_MAX_ATTEMPTS`]), through
 /// any node, before the workers start.
 pub async fn configure_job_group(addrs: Vec<String>) {
-    let Some(mut nodes) = RoundRobin::new(addrs, 0) else {
+    if addrs.is_empty() {
         return;
-    };
-    let body = SettingsChangeJson {
+    }
+    let client = spread_client(&addrs, 0, 0);
+    let change = SettingsChangeJson {
         max_running: Some(i64::from(JOB_MAX_RUNNING)),
         max_attempts: Some(i64::from(JOB_MAX_ATTEMPTS)),
         requestid: Some("configure-job-group".into()),
         ..SettingsChangeJson::default()
     };
-    let body = serde_json::to_vec(&body).expect("settings serialise");
-    let path = format!("/groups/{JOB_GROUP}/settings");
-    let content_type = json_content_type();
-    loop {
-        let answer = nodes
-            .client()
-            .send(
-                nodes.current(),
-                HttpMethod::PUT,
-                &path,
-                std::slice::from_ref(&content_type),
-                body.clone().into(),
-                WORKER_CALL_TIMEOUT,
-            )
-            .await;
-        if answer.is_ok_and(|r| r.status.is_success()) {
-            return;
-        }
-        nodes.next_node();
-        madsim::time::sleep(Duration::from_millis(100)).await;
+    if let Err(e) = client.change_settings(JOB_GROUP, &change).await {
+        panic!("the job group's settings were not taken: {e}");
     }
 }
 
 /// Deadline of one call from a worker.
 pub const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How a worker retries a write until its answer is definite.
-const RETRY: RetryPolicy = RetryPolicy {
-    call_timeout: WORKER_CALL_TIMEOUT,
-    pause: Duration::from_millis(100),
-};
 
 /// The groups the workers share; few, so that they contend for the same tasks, and more
 /// than one, so that each group's linearizability search stays small.
@@ -172,8 +146,7 @@ impl Workers {
             .map(|worker| {
                 let worker_state = Worker {
                     id: worker,
-                    nodes: RoundRobin::new(addrs.clone(), worker as usize)
-                        .expect("the workers are given the cluster's addresses"),
+                    client: spread_client(&addrs, worker as usize, worker as i64),
                     stop: stop.clone(),
                     drain: drain.clone(),
                     history: history.clone(),
@@ -193,9 +166,8 @@ impl Workers {
             .chain([JOB_GROUP])
             .enumerate()
             .map(|(i, group)| {
-                let nodes = RoundRobin::new(addrs.clone(), i)
-                    .expect("the watchers are given the cluster's addresses");
-                madsim::task::spawn(watch(group, nodes, stop.clone(), history.clone()))
+                let client = spread_client(&addrs, i, 0);
+                madsim::task::spawn(watch(group, client, stop.clone(), history.clone()))
             })
             .collect();
         Self {
@@ -252,7 +224,7 @@ const WATCH_TRIES_AFTER_STOP: u32 = 20;
 /// inside one).
 async fn watch(
     group: &'static str,
-    mut nodes: RoundRobin,
+    client: WorkerClient,
     stop: Arc<AtomicBool>,
     history: Arc<Mutex<History>>,
 ) {
@@ -272,22 +244,11 @@ async fn watch(
             }
         }
         let wait_ms = if stopping { 0 } else { 500 };
-        let path = format!("/watch?group={group}&after={after}&wait_ms={wait_ms}");
-        let addr = nodes.current().to_string();
-        let answer = nodes
-            .client()
-            .get(
-                &addr,
-                &path,
-                WORKER_CALL_TIMEOUT + Duration::from_millis(wait_ms),
-            )
+        let answer = client
+            .watch(group, Some(after), Duration::from_millis(wait_ms))
             .await;
         match answer {
-            Ok(r) if r.status.is_success() => {
-                let Ok(page) = r.json::<WatchPageJson>(&addr) else {
-                    nodes.next_node();
-                    continue;
-                };
+            Ok(page) => {
                 forgotten = 0;
                 if let Some(segment) = stream.segments.last_mut() {
                     segment.extend(page.changes.iter().map(|change| WatchSeen {
@@ -303,21 +264,16 @@ async fn watch(
                     break;
                 }
             }
-            Ok(r) if r.status.as_u16() == 410 => {
+            Err(WorkerError::Forgotten(gone)) => {
                 forgotten += 1;
                 if forgotten >= WATCH_FORGOTTEN_TRIES {
-                    if let Ok(gone) = r.json::<WatchGoneJson>(&addr) {
-                        after = gone.revision;
-                        stream.segments.push(Vec::new());
-                    }
+                    after = gone.revision;
+                    stream.segments.push(Vec::new());
                     forgotten = 0;
                 }
-                nodes.next_node();
+                client.next_node();
             }
-            _ => {
-                nodes.next_node();
-                madsim::time::sleep(Duration::from_millis(100)).await;
-            }
+            Err(e) => panic!("watcher of {group} got an answer it cannot use: {e}"),
         }
     }
     history
@@ -340,7 +296,7 @@ const EMPTY_CLAIMS_WHEN_DRY: u32 = 9;
 struct Worker {
     id: u64,
     /// The nodes, tried in turn; a failed call moves on to the next.
-    nodes: RoundRobin,
+    client: WorkerClient,
     stop: Arc<AtomicBool>,
     drain: Arc<Drain>,
     history: Arc<Mutex<History>>,
@@ -491,37 +447,13 @@ impl Worker {
             requestid: Some(format!("w{}-r{}", self.id, self.sent)),
             ..SettingsChangeJson::default()
         };
-        let body = serde_json::to_vec(&body).expect("settings serialise");
-        let path = format!("/groups/{JOB_GROUP}/settings");
         let invoked_us = self.now_us();
-        loop {
-            let answer = self
-                .nodes
-                .client()
-                .send(
-                    self.nodes.current(),
-                    HttpMethod::PUT,
-                    &path,
-                    std::slice::from_ref(&json_content_type()),
-                    body.clone().into(),
-                    WORKER_CALL_TIMEOUT,
-                )
-                .await;
-            match answer {
-                Ok(r) if r.status.is_success() => break,
-                Ok(r) if r.status.is_client_error() => {
-                    panic!(
-                        "worker {} sent settings the API rejects: {}",
-                        self.id, r.status
-                    )
-                }
-                _ => {
-                    self.record(|h| h.retries += 1);
-                    self.nodes.next_node();
-                    madsim::time::sleep(RETRY.pause).await;
-                }
-            }
+        let retries_before = self.client.retries();
+        if let Err(e) = self.client.change_settings(JOB_GROUP, &body).await {
+            panic!("worker {} sent settings the API rejects: {e}", self.id);
         }
+        let retried = self.client.retries() - retries_before;
+        self.record(|h| h.retries += retried);
         let op = Op {
             worker: self.id,
             group: JOB_GROUP.to_string(),
@@ -633,24 +565,17 @@ impl Worker {
     async fn write(&mut self, group: &'static str, call: Call) {
         self.sent += 1;
         let request_id = format!("w{}-r{}", self.id, self.sent);
-        let Some(request) = self.request(group, &call, request_id) else {
+        let Some(request) = self.request(group, &call, request_id.clone()) else {
             return;
         };
         let invoked_us = self.now_us();
-        // The simulation heals every fault in the end, so a worker never gives up. A
-        // blocking claim's call may take its wait longer.
-        let policy = RetryPolicy {
-            call_timeout: RETRY.call_timeout + request.wait(),
-            ..RETRY
-        };
-        let retried = self
-            .nodes
-            .write_until_definite(&request, policy, || false)
-            .await;
-        self.record(|h| h.retries += retried.retries);
-        let result = match retried.answer {
-            Ok(WriteResultJson::Tasks { tasks }) => Answer::Tasks(tasks),
-            Ok(WriteResultJson::Errors { errors }) => Answer::Refused(errors),
+        let retries_before = self.client.retries();
+        let answer = self.client.write_as(request.clone(), request_id).await;
+        let retried = self.client.retries() - retries_before;
+        self.record(|h| h.retries += retried);
+        let result = match answer {
+            Ok(tasks) => Answer::Tasks(tasks),
+            Err(WorkerError::Refused(errors)) => Answer::Refused(errors),
             Err(e) => panic!(
                 "worker {} got no definite answer to {request:?}: {e}",
                 self.id
@@ -675,28 +600,14 @@ impl Worker {
         self.record(|h| h.ops.push(op));
     }
 
-    /// Reads the whole group, linearizable or stale at random; a failed read is not
-    /// retried (it changed nothing) and a stale one is only counted.
+    /// Reads the whole group, linearizable or stale at random, from the nodes in turn
+    /// until one answers; a stale read is only counted.
     async fn read(&mut self, group: &'static str) {
-        let addr = self.nodes.current().to_string();
         let stale = madsim::rand::thread_rng().gen_bool(0.3);
-        let path = format!(
-            "/group/{group}?owned=1{}",
-            if stale { "&consistency=stale" } else { "" }
-        );
         let invoked_us = self.now_us();
-        let tasks = match self
-            .nodes
-            .client()
-            .get(&addr, &path, WORKER_CALL_TIMEOUT)
-            .await
-        {
-            Ok(r) if r.status.is_success() => r.json::<Vec<TaskJson>>(&addr).ok(),
-            _ => None,
-        };
-        let Some(tasks) = tasks else {
-            self.nodes.next_node();
-            return;
+        let tasks = match self.client.group_tasks(group, true, stale).await {
+            Ok(tasks) => tasks,
+            Err(e) => panic!("worker {} could not read {group}: {e}", self.id),
         };
         if !tasks.is_empty() {
             let pick = madsim::rand::thread_rng().gen_range(0..tasks.len());

@@ -29,23 +29,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rpc::client::HttpClient;
-use rpc::retry::NotDefinite;
-use rpc::retry::RetryPolicy;
-use rpc::retry::RoundRobin;
 use rpc::worker::AddJson;
 use rpc::worker::UpdateRequestJson;
-use rpc::worker::WriteRequestJson;
-use rpc::worker::WriteResultJson;
+use rpc::worker_client::WorkerClient;
+use rpc::worker_client::WorkerError;
 
 /// Deadline of one HTTP call from a test.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How the workers retry an add until it is acknowledged.
-#[allow(dead_code, reason = "not every test binary uses it")]
-const RETRY: RetryPolicy = RetryPolicy {
-    call_timeout: CALL_TIMEOUT,
-    pause: Duration::from_millis(50),
-};
 
 /// What one `rota` invocation did.
 #[derive(Debug)]
@@ -265,7 +255,10 @@ impl Workers {
                 let (stop, acked, addrs) = (stop.clone(), acked.clone(), addrs.clone());
                 let group = group.to_string();
                 tokio::spawn(async move {
-                    let mut nodes = RoundRobin::new(addrs, worker).expect("nodes to write through");
+                    let client = WorkerClient::new(&addrs, worker as i64 + 1)
+                        .expect("nodes to write through")
+                        .spread_from(worker)
+                        .with_timeouts(CALL_TIMEOUT, Duration::MAX);
                     let mut mine = Vec::new();
                     let mut n = 0u64;
                     while !stop.load(Ordering::Relaxed) {
@@ -273,14 +266,15 @@ impl Workers {
                         let update = UpdateRequestJson::by(worker as i64 + 1).with_add(
                             AddJson::in_group(&group).with_data(format!("w{worker}-{n}")),
                         );
-                        let add = WriteRequestJson::from(update)
-                            .with_request_id(format!("w{worker}-{n}"));
                         // Retry the same request until it is acknowledged (or we stop).
-                        let retried = nodes
-                            .write_until_definite(&add, RETRY, || stop.load(Ordering::Relaxed))
+                        let stop_flag = Arc::clone(&stop);
+                        let written = client
+                            .write_until(update, format!("w{worker}-{n}"), &move || {
+                                stop_flag.load(Ordering::Relaxed)
+                            })
                             .await;
-                        match retried.answer {
-                            Ok(WriteResultJson::Tasks { tasks }) => {
+                        match written {
+                            Ok(tasks) => {
                                 let id = tasks[0].id;
                                 mine.push(id);
                                 acked
@@ -288,10 +282,10 @@ impl Workers {
                                     .unwrap_or_else(|p| p.into_inner())
                                     .push((id, std::time::Instant::now()));
                             }
-                            Ok(WriteResultJson::Errors { errors }) => {
+                            Err(WorkerError::Refused(errors)) => {
                                 panic!("an add was refused: {errors:?}")
                             }
-                            Err(NotDefinite::GaveUp) => return mine,
+                            Err(WorkerError::Unavailable { .. }) => return mine,
                             Err(rejected) => panic!("an add was rejected: {rejected}"),
                         }
                         tokio::time::sleep(Duration::from_millis(5)).await;

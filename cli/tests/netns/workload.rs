@@ -20,16 +20,14 @@ use std::time::Instant;
 
 use rpc::job::FinishRequestJson;
 use rpc::job::JobJson;
-use rpc::retry::NotDefinite;
-use rpc::retry::RetryPolicy;
-use rpc::retry::RoundRobin;
 use rpc::worker::AddJson;
 use rpc::worker::ChangeJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
 use rpc::worker::UpdateRequestJson;
 use rpc::worker::WriteRequestJson;
-use rpc::worker::WriteResultJson;
+use rpc::worker_client::WorkerClient;
+use rpc::worker_client::WorkerError;
 use sim_tests::history::IdSpan;
 use sim_tests::history::final_state_violation;
 use sim_tests::history::id_order_violations;
@@ -37,11 +35,8 @@ use sim_tests::history::id_order_violations;
 /// Deadline of one call from a worker.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How a worker retries a write until its answer is definite.
-const RETRY: RetryPolicy = RetryPolicy {
-    call_timeout: CALL_TIMEOUT,
-    pause: Duration::from_millis(50),
-};
+/// Longest wait for a read, over every node it tries; past it the read is dropped.
+const READ_MAX: Duration = Duration::from_secs(4);
 
 /// After the workers are told to stop, each must learn the outcome of its last write
 /// within this (the faults are healed by then).
@@ -137,8 +132,12 @@ impl Workers {
             .map(|id| {
                 let worker = Worker {
                     id,
-                    nodes: RoundRobin::new(addrs.clone(), id as usize)
-                        .expect("the workers are given the nodes' addresses"),
+                    // Spread over the nodes, relays included; writes are retried until
+                    // definite or until the test gives up on them.
+                    client: WorkerClient::new(&addrs, id as i64)
+                        .expect("the workers are given the nodes' addresses")
+                        .spread_from(id as usize)
+                        .with_timeouts(CALL_TIMEOUT, Duration::MAX),
                     stop: stop.clone(),
                     give_up: give_up.clone(),
                     acked: acked.clone(),
@@ -189,7 +188,7 @@ impl Workers {
 struct Worker {
     id: u64,
     /// The nodes, tried in turn; a failed call moves on to the next.
-    nodes: RoundRobin,
+    client: WorkerClient,
     stop: Arc<AtomicBool>,
     give_up: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
@@ -285,17 +284,22 @@ impl Worker {
     async fn write(&mut self, kind: WriteKind) {
         self.sent += 1;
         let request_id = format!("w{}-r{}", self.id, self.sent);
-        let request = self.request(&kind, request_id);
+        let request = self.request(&kind, request_id.clone());
         let invoked = self.started.elapsed();
-        let retried = self
-            .nodes
-            .write_until_definite(&request, RETRY, || self.give_up.load(Ordering::SeqCst))
+        let retries_before = self.client.retries();
+        let give_up = Arc::clone(&self.give_up);
+        let answer = self
+            .client
+            .write_until(request.clone(), request_id, &move || {
+                give_up.load(Ordering::SeqCst)
+            })
             .await;
-        self.record(|h| h.retries += retried.retries);
-        let result = match retried.answer {
-            Ok(WriteResultJson::Tasks { tasks }) => WriteResult::Tasks(tasks),
-            Ok(WriteResultJson::Errors { errors }) => WriteResult::Refused(errors),
-            Err(NotDefinite::GaveUp) => WriteResult::Unknown,
+        let retried = self.client.retries() - retries_before;
+        self.record(|h| h.retries += retried);
+        let result = match answer {
+            Ok(tasks) => WriteResult::Tasks(tasks),
+            Err(WorkerError::Refused(errors)) => WriteResult::Refused(errors),
+            Err(WorkerError::Unavailable { .. }) => WriteResult::Unknown,
             Err(rejected) => panic!(
                 "worker {} sent a request the API rejects ({rejected}): {request:?}",
                 self.id
@@ -328,15 +332,11 @@ impl Worker {
     }
 
     async fn read(&mut self) {
-        let addr = self.nodes.current().to_string();
         let stale = self.random(2) == 0;
-        let path = format!(
-            "/group/{GROUP}?owned=1&limit=20{}",
-            if stale { "&consistency=stale" } else { "" }
-        );
-        match self.nodes.client().get(&addr, &path, CALL_TIMEOUT).await {
-            Ok(r) if r.status.is_success() => self.record(|h| h.reads += 1),
-            _ => self.nodes.next_node(),
+        let read = tokio::time::timeout(READ_MAX, self.client.group_tasks(GROUP, true, stale));
+        match read.await {
+            Ok(Ok(_)) => self.record(|h| h.reads += 1),
+            _ => self.client.next_node(),
         }
     }
 }
