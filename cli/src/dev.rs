@@ -2,7 +2,9 @@
 //!
 //! The directory holds `cluster.json` (node ids and ports, chosen once so a restart
 //! reuses them), and per node its data directory `node-ID/`, its log `node-ID.log` and
-//! its process id `node-ID.pid`. Nodes run detached in their own process group, with
+//! its process id `node-ID.pid`. A node also names itself in `node-ID/rota-node.pid`
+//! once it holds its data directory's lock, so a node restarted by hand, outside
+//! `rota dev`, is found and stopped too. Nodes run detached in their own process group, with
 //! their output in the log files, so `urls=$(rota dev up ...)` returns.
 
 use std::fs;
@@ -177,12 +179,57 @@ fn process_alive(pid: u32) -> bool {
     !matches!(state, None | Some('Z') | Some('X'))
 }
 
-/// The recorded process of node `id`, if it is still a running `rota-node` (the command
-/// line check keeps a reused pid from counting).
+/// The file in a node's data directory where the node names itself (raft-node's
+/// `PID_FILE`).
+const NODE_PID_FILE: &str = "rota-node.pid";
+
+/// The process serving node `id`'s data directory, if one runs: the one that names
+/// itself in the data directory (however it was started), else the one `up` started.
+/// Either must be a live `rota-node` whose command line names that data directory, so
+/// a reused pid never counts.
 fn running_pid(dir: &Path, id: u64) -> Option<u32> {
-    let pid = recorded_pid(dir, id)?;
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    (process_alive(pid) && String::from_utf8_lossy(&cmdline).contains("rota-node")).then_some(pid)
+    let data_dir = dir.join(format!("node-{id}"));
+    let own = fs::read_to_string(data_dir.join(NODE_PID_FILE))
+        .ok()
+        .and_then(|text| text.trim().parse().ok());
+    [own, recorded_pid(dir, id)]
+        .into_iter()
+        .flatten()
+        .find(|&pid| serves(pid, &data_dir))
+}
+
+/// Whether `pid` is a live `rota-node` started on `data_dir` (however the path was
+/// spelt: relative paths resolve against the process's working directory).
+fn serves(pid: u32, data_dir: &Path) -> bool {
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let names_binary = args.first().is_some_and(|a| a.contains("rota-node"));
+    let Ok(wanted) = data_dir.canonicalize() else {
+        return false;
+    };
+    let cwd = PathBuf::from(format!("/proc/{pid}/cwd"));
+    let is_wanted = |arg: &str| {
+        let path = Path::new(arg);
+        let path = if path.is_relative() {
+            cwd.join(path)
+        } else {
+            path.to_path_buf()
+        };
+        path.canonicalize().is_ok_and(|p| p == wanted)
+    };
+    let names_dir = args
+        .iter()
+        .enumerate()
+        .any(|(i, arg)| match arg.strip_prefix("--data-dir=") {
+            Some(dir) => is_wanted(dir),
+            None => arg == "--data-dir" && args.get(i + 1).is_some_and(|d| is_wanted(d)),
+        });
+    process_alive(pid) && names_binary && names_dir
 }
 
 fn spawn(

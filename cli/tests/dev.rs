@@ -108,3 +108,62 @@ async fn up_prints_ready_urls_down_stops_gracefully_and_up_restarts_the_same_clu
     assert!(!ok && stderr.contains("holds a 3-node cluster"), "{stderr}");
     assert!(rota(&["dev", "down", "--dir", dir_arg]).0);
 }
+
+#[tokio::test]
+async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_arg = dir.path().to_str().expect("utf-8 path");
+    let (ok, stdout, stderr) = rota(&["dev", "up", "--nodes", "1", "--dir", dir_arg]);
+    assert!(ok, "dev up failed: {stderr}");
+    let addr = stdout.trim().trim_start_matches("http://").to_string();
+    let pid = std::fs::read_to_string(dir.path().join("node-1.pid")).expect("pid file");
+    let pid = pid.trim().to_string();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .expect("kill -9");
+    while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The same command line, started by hand: rota dev did not write its pid.
+    let mut by_hand = Command::new(&args[0])
+        .args(&args[1..])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the node restarts");
+    let client = HttpClient::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = client.get(&addr, "/ready", Duration::from_secs(1)).await;
+        if ready.is_ok_and(|r| r.status.is_success()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hand-started node never got ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (ok, again, stderr) = rota(&["dev", "up", "--nodes", "1", "--dir", dir_arg]);
+    assert!(ok && again == stdout, "up sees it running: {stderr}");
+    assert!(stderr.contains("already running"), "{stderr}");
+    let (ok, _, stderr) = rota(&["dev", "down", "--dir", dir_arg]);
+    assert!(ok, "dev down failed: {stderr}");
+    assert!(stderr.contains("stopped 1 node(s)"), "{stderr}");
+    let status = by_hand.wait().expect("the node exits");
+    assert!(
+        status.success(),
+        "it was stopped with SIGTERM and shut down cleanly: {status}"
+    );
+}

@@ -167,6 +167,9 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
     let log_store =
         store_sm::rocks::RocksLogStore::open(&config.data_dir.join("raft-log"), config.sync)
             .map_err(storage_error)?;
+    // Only now, holding the data directory's lock, is this process the one that serves
+    // it: tools (`rota dev down`) find it through this file however it was started.
+    write_pid_file(&config.data_dir).map_err(storage_error)?;
     let log_stats = log_store.stats();
     let snapshots = store_sm::snapshot_dir::SnapshotDir::open(config.data_dir.join("snapshots"))
         .map_err(storage_error)?;
@@ -178,6 +181,17 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
         clock::SystemClock,
     )
     .await
+}
+
+/// The file in a data directory that names the process serving it.
+pub const PID_FILE: &str = "rota-node.pid";
+
+/// Writes this process's id to the data directory's [`PID_FILE`], whole or not at all.
+#[cfg(feature = "rocksdb")]
+fn write_pid_file(data_dir: &std::path::Path) -> std::io::Result<()> {
+    let partial = data_dir.join(format!("{PID_FILE}.partial"));
+    std::fs::write(&partial, format!("{}\n", std::process::id()))?;
+    std::fs::rename(&partial, data_dir.join(PID_FILE))
 }
 
 /// Starts Raft on the given storage and both listeners, and forms the cluster if this
