@@ -243,6 +243,9 @@ impl From<ServiceError> for ApiError {
             }
             ServiceError::Invalid(_) => Self::bad_request(message),
             ServiceError::Conflict(_) => Self::new(StatusCode::CONFLICT, message),
+            ServiceError::ReusedRequestId(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
+            }
             ServiceError::NotFound(_) => Self::not_found(message),
             ServiceError::Internal(_) => Self::internal(message),
             // Not Retry-After: retrying here never helps; the message names the members.

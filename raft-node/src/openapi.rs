@@ -114,6 +114,7 @@ fn write_responses(limits: &Limits) -> Value {
         "200": ok("processed: exactly one of tasks (success) or errors (refused, nothing changed)", ref_schema("WriteResult")),
         "400": error("malformed request: bad JSON, wrong types, unknown fields, a clientid that is not an integer, a duration out of range, a bad requestid or Idempotency-Key, or the two differing"),
         "413": error(&format!("body larger than {} bytes, the serving node's --body-bytes-max (default {BODY_BYTES_MAX_DEFAULT})", limits.body_bytes_max)),
+        "422": error("the requestid names an earlier, different request of this client within the dedup window; nothing changed: send a new request under a fresh requestid"),
         "503": error("no leader known or its lease lapsed, or the outcome is unknown; retry with the same requestid")
     })
 }

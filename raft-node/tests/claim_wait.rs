@@ -465,3 +465,70 @@ async fn a_waiting_claim_wakes_when_a_lease_lapses_and_when_the_group_resumes() 
     assert_eq!(tasks[0].data, "waits");
     assert!(answered_at >= resumed_at);
 }
+
+/// The status and body of a POST of `body` to node `via`.
+async fn post(
+    cluster: &TestCluster,
+    via: u64,
+    path: &str,
+    body: &impl serde::Serialize,
+) -> (u16, String) {
+    let client = rpc::client::HttpClient::new();
+    let response = client
+        .post_json(cluster.api(via), path, body, Duration::from_secs(10))
+        .await
+        .expect("the node answers");
+    (
+        response.status.as_u16(),
+        String::from_utf8_lossy(&response.body).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_request_id_reused_for_another_request_is_refused_with_422_on_every_path() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = [1, 2, 3]
+        .into_iter()
+        .find(|&id| id != leader)
+        .expect("a follower");
+    let mut first = UpdateRequestJson::by(5).with_add(AddJson::in_group("r").with_data("one"));
+    first.requestid = Some("dup-1".into());
+    let (status, answer) = post(&cluster, leader, "/update", &first).await;
+    assert_eq!(status, 200, "{answer}");
+    let mut other = UpdateRequestJson::by(5).with_add(AddJson::in_group("r").with_data("two"));
+    other.requestid = Some("dup-1".into());
+    for via in [leader, follower] {
+        let (status, answer) = post(&cluster, via, "/update", &other).await;
+        assert_eq!(status, 422, "through node {via}: {answer}");
+        let error: serde_json::Value = serde_json::from_str(&answer).expect("a JSON error");
+        let message = error["error"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("\"dup-1\""),
+            "the message names the id: {answer}"
+        );
+    }
+    // The first request, sent again, still gets its first outcome; one task exists.
+    let (status, again) = post(&cluster, follower, "/update", &first).await;
+    assert_eq!(
+        (status, again.clone()),
+        (200, answer_of(&cluster, leader, &first).await)
+    );
+    let tasks: Vec<TaskJson> = cluster.get_json(leader, "/group/r").await.expect("a read");
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+
+    // A claim, then a blocking claim under the same id with another lease.
+    let mut claim = ClaimRequestJson::new(5, "r", 60_000);
+    claim.requestid = Some("dup-2".into());
+    let (status, claimed) = post(&cluster, leader, "/claim", &claim).await;
+    assert_eq!(status, 200, "{claimed}");
+    let mut waiting = waiting_claim(5, "r", 30_000, 1_000);
+    waiting.requestid = Some("dup-2".into());
+    let (status, answer) = post(&cluster, leader, "/claim", &waiting).await;
+    assert_eq!(status, 422, "{answer}");
+}
+
+/// What node `via` answers to `request` now (a replay of its first outcome).
+async fn answer_of(cluster: &TestCluster, via: u64, request: &UpdateRequestJson) -> String {
+    post(cluster, via, "/update", request).await.1
+}

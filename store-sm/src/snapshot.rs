@@ -8,6 +8,8 @@
 //!        the groups whose settings differ from the defaults (name, settings)
 //! ```
 //!
+//! Version 4 added each dedup entry's request fingerprint (entries of older formats
+//! decode without one, and answer any request under their id as before).
 //! Version 3 added the job layer: job fields on every task, job records and settings.
 //! Version 2 (no job layer) and version 1 (no member ids either) still decode: their
 //! tasks are seed tasks, with an empty member history for version 1.
@@ -46,7 +48,7 @@ use crate::planted;
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
 /// The format this build writes. Older formats get upgrade code beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
 
 /// The oldest format this build still reads.
 pub const SNAPSHOT_FORMAT_OLDEST: u32 = 1;
@@ -213,6 +215,16 @@ struct DedupBody<S, O> {
     request_id: S,
     applied_at: LogTime,
     outcome: O,
+    fingerprint: Option<u64>,
+}
+
+/// A dedup entry of formats 1 to 3, before fingerprints.
+#[derive(Serialize, Deserialize)]
+struct DedupBodyV3<S, O> {
+    client: ClientId,
+    request_id: S,
+    applied_at: LogTime,
+    outcome: O,
 }
 
 fn config() -> impl bincode::config::Config {
@@ -245,6 +257,16 @@ fn put<T: Serialize, W: Write>(value: &T, out: &mut W) -> io::Result<()> {
 
 /// Writes the canonical body and returns its SHA-256.
 fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHash)> {
+    write_body_as(machine, out, SNAPSHOT_FORMAT_VERSION)
+}
+
+/// Writes the body in `format` (this one, or 3, which lacks fingerprints: tests of the
+/// upgrade write it).
+fn write_body_as<W: Write>(
+    machine: &TaskMachine,
+    out: W,
+    format: u32,
+) -> io::Result<(W, StateHash)> {
     let mut out = io::BufWriter::with_capacity(
         64 * 1024,
         HashingWriter {
@@ -290,15 +312,27 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
         }
     }
     for ((client, request_id), entry) in machine.dedup().iter_oldest_first() {
-        put(
-            &DedupBody {
-                client: *client,
-                request_id: &**request_id,
-                applied_at: entry.applied_at,
-                outcome: &*entry.outcome,
-            },
-            &mut out,
-        )?;
+        let (client, request_id, applied_at) = (*client, &**request_id, entry.applied_at);
+        let outcome = &*entry.outcome;
+        if format == 3 {
+            let body = DedupBodyV3 {
+                client,
+                request_id,
+                applied_at,
+                outcome,
+            };
+            put(&body, &mut out)?;
+        } else {
+            let fingerprint = entry.fingerprint;
+            let body = DedupBody {
+                client,
+                request_id,
+                applied_at,
+                outcome,
+                fingerprint,
+            };
+            put(&body, &mut out)?;
+        }
     }
     for member in &members {
         put(member, &mut out)?;
@@ -459,22 +493,29 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     }
     let mut dedup = Vec::new();
     for _ in 0..head.dedup_count {
-        let (client, request_id, applied_at, outcome) = if version < 3 {
-            let body: DedupBody<String, LegacyOutcome> = take(&mut input)?;
+        let (client, request_id, applied_at, outcome, fingerprint) = if version < 3 {
+            let body: DedupBodyV3<String, LegacyOutcome> = take(&mut input)?;
             (
                 body.client,
                 body.request_id,
                 body.applied_at,
                 body.outcome.into(),
+                None,
             )
+        } else if version == 3 {
+            let body: DedupBodyV3<String, Outcome> = take(&mut input)?;
+            let (client, id, at) = (body.client, body.request_id, body.applied_at);
+            (client, id, at, body.outcome, None)
         } else {
             let body: DedupBody<String, Outcome> = take(&mut input)?;
-            (body.client, body.request_id, body.applied_at, body.outcome)
+            let (client, id, at) = (body.client, body.request_id, body.applied_at);
+            (client, id, at, body.outcome, body.fingerprint)
         };
         dedup.push((
             (client, Arc::from(request_id)),
             applied_at,
             Arc::new(outcome),
+            fingerprint,
         ));
     }
     let mut members = Vec::new();
@@ -605,7 +646,7 @@ mod tests {
         machine
     }
 
-    /// Format 3's body, pinned: a change of any encoded type shows here before it
+    /// Format 4's body, pinned: a change of any encoded type shows here before it
     /// reaches a disk or a replica with another build.
     #[test]
     fn the_body_encoding_is_pinned() {
@@ -617,7 +658,7 @@ mod tests {
         );
         assert_eq!(
             state_hash(&machine).to_string(),
-            "aeeb01206adebe0ee94446fc216589afe0a365de0e6ef4b32cfc9b191fa63780"
+            "a910240b0b2b2f9adb345c89e6efd87106a88977a014eba47015bcd0857de3d0"
         );
     }
 
@@ -708,7 +749,7 @@ mod tests {
             }
         }
         for ((client, request_id), entry) in machine.dedup().iter_oldest_first() {
-            let dedup = DedupBody {
+            let dedup = DedupBodyV3 {
                 client: *client,
                 request_id: &**request_id,
                 applied_at: entry.applied_at,
@@ -757,11 +798,67 @@ mod tests {
         machine
     }
 
+    /// `restored` remembers what `original` does, without the requests' fingerprints
+    /// (formats before 4 kept none).
+    fn assert_without_fingerprints(restored: &TaskMachine, original: &TaskMachine) {
+        let entries = |m: &TaskMachine| -> Vec<_> {
+            m.dedup()
+                .iter_oldest_first()
+                .map(|(key, e)| (key.clone(), e.applied_at, Arc::clone(&e.outcome)))
+                .collect()
+        };
+        assert_eq!(entries(restored), entries(original));
+        assert!(
+            original
+                .dedup()
+                .iter_oldest_first()
+                .all(|(_, e)| e.fingerprint.is_some())
+        );
+        assert!(
+            restored
+                .dedup()
+                .iter_oldest_first()
+                .all(|(_, e)| e.fingerprint.is_none())
+        );
+    }
+
+    #[test]
+    fn format_three_still_decodes_and_answers_any_retry_under_an_old_id() {
+        let machine = job_sample();
+        let mut bytes = SNAPSHOT_MAGIC.to_vec();
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        let (body, hash) = write_body_as(&machine, Vec::new(), 3).expect("vec");
+        bytes.extend_from_slice(&body);
+        bytes.extend_from_slice(&hash.0);
+        let mut restored = decode_snapshot(&bytes).expect("format 3 decodes");
+        assert_without_fingerprints(&restored, &machine);
+        let (key, entry) = restored
+            .dedup()
+            .iter_oldest_first()
+            .next()
+            .expect("an entry");
+        let (client, request_id) = (key.0, key.1.to_string());
+        let first = Arc::clone(&entry.outcome);
+        // Another request under a remembered id gets the first outcome, as before.
+        let other = restored.apply(&Command {
+            stamp: restored.log_time(),
+            request_id: Some(request_id),
+            request: Request::Claim(ClaimRequest {
+                client,
+                group: "elsewhere".into(),
+                duration_ms: 1,
+                depends: vec![],
+            }),
+        });
+        assert_eq!(other, first);
+    }
+
     #[test]
     fn format_one_still_decodes_with_an_empty_member_history() {
         let machine = seed_sample();
         let restored = decode_snapshot(&encode_legacy(&machine, 1)).expect("format 1 decodes");
-        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(encode_legacy(&restored, 1), encode_legacy(&machine, 1));
+        assert_without_fingerprints(&restored, &machine);
         assert_eq!(restored.members_ever().count(), 0);
     }
 
@@ -770,7 +867,8 @@ mod tests {
         let mut machine = seed_sample();
         machine.note_members([1, 2, 3]);
         let restored = decode_snapshot(&encode_legacy(&machine, 2)).expect("format 2 decodes");
-        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(encode_legacy(&restored, 2), encode_legacy(&machine, 2));
+        assert_without_fingerprints(&restored, &machine);
         assert_eq!(restored.members_ever().collect::<Vec<_>>(), vec![1, 2, 3]);
         assert!(
             restored

@@ -18,8 +18,10 @@ use std::time::Duration;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
+use store_sm::machine::Refusal;
 use store_sm::machine::Request;
 use store_sm::machine::TaskMachine;
+use store_sm::machine::fingerprint;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -31,14 +33,27 @@ use crate::waiting::claims::ProposalResult;
 use crate::waiting::grant_claims;
 
 /// What an earlier proposal under this request id claimed (or why it was refused), if
-/// `machine` remembers one.
+/// `machine` remembers one; an error if the id was used for a different request.
 fn remembered_claim(
     machine: &TaskMachine,
     claim: &ClaimRequest,
     request_id: Option<&str>,
-) -> Option<Arc<Outcome>> {
-    let key = (claim.client, Arc::<str>::from(request_id?));
-    machine.dedup().get(&key).cloned()
+) -> Result<Option<Arc<Outcome>>, ServiceError> {
+    let Some(request_id) = request_id else {
+        return Ok(None);
+    };
+    let key = (claim.client, Arc::<str>::from(request_id));
+    let Some(entry) = machine.dedup().get(&key) else {
+        return Ok(None);
+    };
+    let this = fingerprint(&Request::Claim(claim.clone()));
+    if entry.fingerprint.is_some_and(|first| first != this) {
+        let refusal = Refusal::RequestIdReused {
+            request_id: request_id.to_string(),
+        };
+        return Err(ServiceError::ReusedRequestId(refusal.to_string()));
+    }
+    Ok(Some(Arc::clone(&entry.outcome)))
 }
 
 /// The outcome of a proposal in flight once it has finished; `None` if its write
@@ -74,7 +89,7 @@ impl Node {
         // and waits in vain may answer empty as of now.
         let view = self.read(Consistency::Linearizable).await?;
         let slot = self.waiters.enter(WaitKind::Claim)?;
-        if let Some(outcome) = remembered_claim(&view.state.machine, &claim, request_id.as_deref())
+        if let Some(outcome) = remembered_claim(&view.state.machine, &claim, request_id.as_deref())?
         {
             return Ok(outcome);
         }
@@ -202,7 +217,7 @@ impl Node {
             return Ok(outcome);
         }
         let view = self.read(Consistency::Linearizable).await?;
-        Ok(remembered_claim(&view.state.machine, claim, request_id).unwrap_or_else(empty))
+        Ok(remembered_claim(&view.state.machine, claim, request_id)?.unwrap_or_else(empty))
     }
 
     /// Grants `group`'s blocking claims what is claimable now, by this node's clock.

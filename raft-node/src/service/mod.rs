@@ -47,6 +47,9 @@ pub enum ServiceError {
     /// The request is well formed but conflicts with the cluster's state.
     #[error("{0}")]
     Conflict(String),
+    /// The request's id names an earlier, different request of the same client.
+    #[error("{0}")]
+    ReusedRequestId(String),
     /// What the request names does not exist.
     #[error("{0}")]
     NotFound(String),

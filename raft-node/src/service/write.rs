@@ -6,6 +6,7 @@ use openraft::error::ClientWriteError;
 use openraft::error::RaftError;
 use store_sm::machine::Command;
 use store_sm::machine::Outcome;
+use store_sm::machine::Refusal;
 use store_sm::machine::Request;
 
 use super::ServiceError;
@@ -36,7 +37,19 @@ impl Node {
                 )
             })?;
         match written {
-            Ok(response) => Ok(response.data),
+            Ok(response) => match &*response.data {
+                // Not an outcome of the request but a client's bug, answered apart (422)
+                // so that a retry loop stops instead of reading it as the first outcome.
+                Outcome::Refused(refusals)
+                    if refusals
+                        .iter()
+                        .any(|r| matches!(r, Refusal::RequestIdReused { .. })) =>
+                {
+                    let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+                    Err(ServiceError::ReusedRequestId(reasons.join("; ")))
+                }
+                _ => Ok(response.data),
+            },
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(self.not_leader(&forward))
             }

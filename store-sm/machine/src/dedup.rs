@@ -23,6 +23,9 @@ pub struct DedupEntry {
     pub applied_at: LogTime,
     /// What the first application answered.
     pub outcome: Arc<Outcome>,
+    /// The first request's fingerprint (`None` when restored from a snapshot older than
+    /// fingerprints: any request under the id gets the outcome then).
+    pub fingerprint: Option<u64>,
     seq: u64,
     bytes: usize,
 }
@@ -37,19 +40,27 @@ pub struct DedupTable {
 }
 
 impl DedupTable {
-    /// The first outcome of `key`, if it is still remembered.
-    pub fn get(&self, key: &DedupKey) -> Option<&Arc<Outcome>> {
-        self.by_key.get(key).map(|entry| &entry.outcome)
+    /// The first outcome of `key` and its request's fingerprint, if still remembered.
+    pub fn get(&self, key: &DedupKey) -> Option<&DedupEntry> {
+        self.by_key.get(key)
     }
 
-    /// Remembers the first outcome of `key` and evicts what the limits require.
-    pub fn insert(&mut self, key: DedupKey, applied_at: LogTime, outcome: Arc<Outcome>) {
+    /// Remembers the first outcome of `key` (and its request's fingerprint) and evicts
+    /// what the limits require.
+    pub fn insert(
+        &mut self,
+        key: DedupKey,
+        applied_at: LogTime,
+        outcome: Arc<Outcome>,
+        fingerprint: Option<u64>,
+    ) {
         let bytes = approximate_bytes(&key, &outcome);
         let seq = self.next_seq;
         self.next_seq += 1;
         let entry = DedupEntry {
             applied_at,
             outcome,
+            fingerprint,
             seq,
             bytes,
         };
@@ -132,6 +143,7 @@ mod tests {
             key(1, "a"),
             LogTime::EPOCH,
             Arc::new(Outcome::Tasks(vec![])),
+            Some(7),
         );
         assert!(table.get(&key(1, "a")).is_some());
         assert!(table.get(&key(2, "a")).is_none());
@@ -144,6 +156,7 @@ mod tests {
             key(1, "a"),
             LogTime::EPOCH,
             Arc::new(Outcome::Tasks(vec![])),
+            Some(7),
         );
         table.evict(LogTime::from_millis(DEDUP_WINDOW_MS));
         assert_eq!(table.len(), 1, "kept for the whole window");
@@ -159,6 +172,7 @@ mod tests {
                 key(1, &i.to_string()),
                 LogTime::EPOCH,
                 Arc::new(Outcome::Tasks(vec![])),
+                None,
             );
         }
         assert_eq!(table.len(), DEDUP_ENTRIES_MAX);

@@ -11,6 +11,7 @@
 mod changes;
 pub mod constants;
 mod dedup;
+mod fingerprint;
 mod group_index;
 mod ids;
 #[cfg(debug_assertions)]
@@ -37,6 +38,7 @@ pub use self::changes::Change;
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
+pub use self::fingerprint::fingerprint;
 use self::group_index::GroupIndex;
 pub use self::jobs::*;
 pub use self::legacy::fits_seed_encoding;
@@ -157,8 +159,16 @@ impl TaskMachine {
             Some(id) => Some((command.request.client(), Arc::<str>::from(id.as_str()))),
             None => None,
         };
+        let fingerprint = key.as_ref().map(|_| fingerprint(&command.request));
         if let Some(first) = key.as_ref().and_then(|key| self.dedup.get(key)) {
-            return (Arc::clone(first), Effect::Unchanged);
+            // The same id for another request is a client's bug: answering the first
+            // request's outcome would tell it the second one happened.
+            if first.fingerprint.is_some() && first.fingerprint != fingerprint {
+                let request_id = command.request_id.clone().unwrap_or_default();
+                let refusal = Refusal::RequestIdReused { request_id };
+                return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
+            }
+            return (Arc::clone(&first.outcome), Effect::Unchanged);
         }
 
         let changed = |outcome: Outcome, effect| match outcome {
@@ -180,7 +190,8 @@ impl TaskMachine {
         let found_nothing = matches!(&*outcome, Outcome::Tasks(tasks) if tasks.is_empty());
         let forget = found_nothing && matches!(command.request, Request::WaitingClaim(_));
         if let Some(key) = key.filter(|_| !forget) {
-            self.dedup.insert(key, now, Arc::clone(&outcome));
+            self.dedup
+                .insert(key, now, Arc::clone(&outcome), fingerprint);
         }
         (outcome, effect)
     }

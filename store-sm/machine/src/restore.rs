@@ -71,7 +71,7 @@ impl TaskMachine {
         next_id: TaskId,
         log_time: LogTime,
         tasks: impl IntoIterator<Item = Task>,
-        dedup: impl IntoIterator<Item = (DedupKey, LogTime, Arc<Outcome>)>,
+        dedup: impl IntoIterator<Item = (DedupKey, LogTime, Arc<Outcome>, Option<u64>)>,
         members_ever: impl IntoIterator<Item = MemberId>,
         jobs: JobParts,
     ) -> Result<Self, InvalidParts> {
@@ -131,8 +131,8 @@ impl TaskMachine {
             }
             machine.index_task(task);
         }
-        for (key, applied_at, outcome) in dedup {
-            machine.dedup.insert(key, applied_at, outcome);
+        for (key, applied_at, outcome, fingerprint) in dedup {
+            machine.dedup.insert(key, applied_at, outcome, fingerprint);
         }
         machine.changes.clear();
         Ok(machine)

@@ -426,3 +426,35 @@ fn apply_asserts_that_the_indexes_hold_every_task() {
     machine.groups = OrdMap::new();
     machine.apply(&claim_cmd(T0, 1, "g", 10));
 }
+
+#[test]
+fn a_request_id_reused_for_another_request_is_refused_and_changes_nothing() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 2);
+    let mut claim = claim_cmd(T0, 9, "g", 1000);
+    claim.request_id = Some("req-1".into());
+    let first = machine.apply(&claim);
+    let mut other = claim_cmd(T0, 9, "g", 5000);
+    other.request_id = Some("req-1".into());
+    let before = machine.clone();
+    assert_eq!(
+        refusals_of(&machine.apply(&other)),
+        [
+            "requestid \"req-1\" was used for a different request of this client; a retry must send the same request, a new request needs a fresh requestid"
+        ]
+    );
+    assert_eq!(
+        machine.group_tasks("g", None, false, at(T0)).len(),
+        before.group_tasks("g", None, false, at(T0)).len()
+    );
+    // The same request still gets its first outcome, waiting or not.
+    assert_eq!(machine.apply(&claim), first);
+    let waiting = Command {
+        request: match &claim.request {
+            Request::Claim(c) => Request::WaitingClaim(c.clone()),
+            other => other.clone(),
+        },
+        ..claim.clone()
+    };
+    assert_eq!(machine.apply(&waiting), first);
+}

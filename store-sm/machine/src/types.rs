@@ -410,6 +410,12 @@ pub enum Refusal {
         /// What the request needed.
         needed: String,
     },
+    /// The request id names an earlier, different request of the same client (a retry
+    /// must send the same request; a new request needs a fresh id).
+    RequestIdReused {
+        /// The id.
+        request_id: String,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -507,6 +513,10 @@ impl fmt::Display for Refusal {
             Refusal::WrongState { key, state, needed } => {
                 write!(f, "keys: job {key:?} is {state}; {needed}")
             }
+            Refusal::RequestIdReused { request_id } => write!(
+                f,
+                "requestid {request_id:?} was used for a different request of this client; a retry must send the same request, a new request needs a fresh requestid"
+            ),
         }
     }
 }

@@ -14,7 +14,7 @@ pub struct Model {
     pub next_id: u64,
     pub time_ms: i64,
     pub tasks: BTreeMap<u64, Task>,
-    pub seen: BTreeMap<(i64, String), Outcome>,
+    pub seen: BTreeMap<(i64, String), (Request, Outcome)>,
     pub records: BTreeMap<(String, String), JobRecord>,
     pub settings: BTreeMap<String, GroupSettings>,
 }
@@ -74,8 +74,14 @@ impl Model {
             .request_id
             .clone()
             .map(|id| (command.request.client(), id));
-        if let Some(first) = key.as_ref().and_then(|key| self.seen.get(key)) {
-            return first.clone();
+        if let Some((request, first)) = key.as_ref().and_then(|key| self.seen.get(key)) {
+            // Another request under a remembered id is refused; the same one (through
+            // either door) gets the first outcome.
+            if same_request(request, &command.request) {
+                return first.clone();
+            }
+            let request_id = command.request_id.clone().unwrap_or_default();
+            return Outcome::Refused(vec![Refusal::RequestIdReused { request_id }]);
         }
         let outcome = match &command.request {
             Request::LegacyUpdate(u) | Request::Update(u) => self.update(u, now),
@@ -90,7 +96,8 @@ impl Model {
         let retry_allowed = matches!(command.request, Request::WaitingClaim(_))
             && matches!(&outcome, Outcome::Tasks(tasks) if tasks.is_empty());
         if let Some(key) = key.filter(|_| !retry_allowed) {
-            self.seen.insert(key, outcome.clone());
+            self.seen
+                .insert(key, (command.request.clone(), outcome.clone()));
         }
         outcome
     }
@@ -930,4 +937,15 @@ pub fn duplicate_refusals(named: impl Iterator<Item = (ListName, u64)>) -> Vec<R
         .filter(|&(_, id)| !counted.insert(id) && reported.insert(id))
         .map(|(list, id)| Refusal::Duplicate { list, id })
         .collect()
+}
+
+/// Whether two requests ask the same: a waiting claim is a claim, the seed's update is
+/// an update.
+fn same_request(a: &Request, b: &Request) -> bool {
+    let plain = |request: &Request| match request {
+        Request::LegacyUpdate(update) => Request::Update(update.clone()),
+        Request::WaitingClaim(claim) => Request::Claim(claim.clone()),
+        other => other.clone(),
+    };
+    plain(a) == plain(b)
 }
