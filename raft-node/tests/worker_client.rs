@@ -232,6 +232,26 @@ async fn a_lease_renews_itself_moves_its_fence_and_is_lost_when_cancelled() {
         lease.finish(None).await.is_err(),
         "a lost lease finishes nothing"
     );
+
+    // A claim that waited most of a lease before its task came: the first renewal goes
+    // out at once, and the lease holds.
+    let late = AddJson {
+        key: Some("late".into()),
+        ..AddJson::in_group("leases").with_data("work")
+    };
+    worker.add_task(late).await.expect("added");
+    let lease_for = Duration::from_secs(3);
+    let task = worker
+        .claim("leases", lease_for)
+        .await
+        .expect("answered")
+        .expect("the job");
+    let claimed_at = tokio::time::Instant::now() - Duration::from_millis(2_500);
+    let lease = Lease::hold(Arc::clone(&worker), task.clone(), lease_for, claimed_at);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(lease.lost_reason().is_none(), "{:?}", lease.lost_reason());
+    assert!(lease.fence() > task.id, "renewed at once");
+    lease.finish(None).await.expect("finished");
 }
 
 #[tokio::test]

@@ -171,17 +171,25 @@ impl Drop for Lease {
     }
 }
 
-/// The renewer: every third of the lease, a renewal; a refusal, or a lease that runs
-/// out first, is a loss.
+/// The renewer: a renewal when a third of the lease has passed since it was granted
+/// (for a claim that waited, that may be at once); a refusal, or a lease that runs out
+/// first, is a loss. A renewal whose outcome is unknown is sent again under the same
+/// request id, so that one that did apply is not mistaken for a refusal.
 async fn renew(
     client: Arc<WorkerClient>,
     shared: Arc<Shared>,
     lease: Duration,
     lost: watch::Sender<Option<LeaseLost>>,
 ) {
-    let every = lease / 3;
+    let ahead = lease - lease / 3;
+    let mut due = {
+        let until = *shared.until.lock().await;
+        until.checked_sub(ahead).unwrap_or_else(Instant::now)
+    };
+    // The request id and first send time of a renewal whose outcome is not known yet.
+    let mut pending: Option<(String, Instant)> = None;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep_until(due).await;
         let mut until = shared.until.lock().await;
         if shared.ended.load(std::sync::atomic::Ordering::SeqCst) {
             return;
@@ -190,14 +198,19 @@ async fn renew(
             let _ = lost.send(Some(LeaseLost::Expired));
             return;
         }
-        let sent = Instant::now();
+        let (request_id, sent) = pending
+            .get_or_insert_with(|| (client.next_request_id(), Instant::now()))
+            .clone();
         // Bounded by what is left of the lease: past it, the task is not ours anyway.
-        let left = until.saturating_duration_since(sent);
+        let left = until.saturating_duration_since(Instant::now());
         let task = shared.task();
-        match tokio::time::timeout(left, client.renew(&task, lease)).await {
+        match tokio::time::timeout(left, client.renew_as(&task, lease, request_id)).await {
             Ok(Ok(task)) => {
                 *shared.task.lock().unwrap_or_else(|p| p.into_inner()) = task;
+                // Conservatively from the first send: the write applied after it.
                 *until = sent + lease;
+                due = sent + lease / 3;
+                pending = None;
             }
             Ok(Err(WorkerError::Refused(reasons))) => {
                 let _ = lost.send(Some(LeaseLost::Refused(reasons)));
@@ -207,11 +220,14 @@ async fn renew(
                 let _ = lost.send(Some(LeaseLost::Expired));
                 return;
             }
-            // Not known yet; the next round tries again while the lease lasts.
-            _ => {}
+            // Not known yet: the same renewal again shortly, while the lease lasts.
+            _ => due = Instant::now() + RENEWAL_RETRY_PAUSE,
         }
     }
 }
+
+/// Pause before a renewal whose outcome is unknown is sent again.
+const RENEWAL_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// How [`run_worker`] works a group.
 #[derive(Clone, Debug)]
@@ -222,7 +238,8 @@ pub struct WorkerOptions {
     pub concurrency: usize,
     /// Each claim's lease, renewed at about a third of it.
     pub lease: Duration,
-    /// How long a claim waits for a task (at most a minute).
+    /// How long a claim waits for a task (at most a minute, and at most a third of the
+    /// lease).
     pub wait: Duration,
     /// After a stop, how long running work may go on before it is failed.
     pub grace: Duration,
@@ -354,12 +371,15 @@ async fn work_slot<F, Fut>(
     Fut: Future<Output = Result<Option<Value>, String>> + Send + 'static,
 {
     let stats = &options.stats;
+    // A granted lease is counted from when its claim was sent, so a claim may wait at
+    // most a third of the lease: the first renewal, due then, still finds it held.
+    let wait = options.wait.min(options.lease / 3);
     let mut empties: u32 = 0;
     let mut claims: u64 = 0;
     while !*stop.borrow() {
         let claimed_at = Instant::now();
         claims += 1;
-        let claim = client.claim_waiting(&options.group, options.lease, options.wait);
+        let claim = client.claim_waiting(&options.group, options.lease, wait);
         let task = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
@@ -370,7 +390,7 @@ async fn work_slot<F, Fut>(
             Ok(None) => {
                 // An empty answer well before the wait was up: this node does not wait
                 // (or the wait was cut short), so poll with a growing pause instead.
-                if claimed_at.elapsed() < options.wait / 2 {
+                if claimed_at.elapsed() < wait / 2 {
                     empties = empties.saturating_add(1);
                     let seed = slot.rotate_left(32) ^ claims;
                     if pause_unless_stopped(poll_backoff(empties, seed), &mut stop).await {

@@ -25,6 +25,11 @@ pub(crate) async fn write_once(
         .post_json(addr, request.path(), request, timeout)
         .await
         .map_err(|e| e.to_string())?;
+    // A 408 (the body came too slowly) or 429 (too many requests) says the node did not
+    // take the request: sending it again is safe and may succeed.
+    if matches!(response.status.as_u16(), 408 | 429) {
+        return Err(format!("status {}", response.status));
+    }
     if response.status.is_client_error() {
         return match response.success(addr) {
             Err(rejected) => Ok(Err(rejected)),

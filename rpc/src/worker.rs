@@ -163,12 +163,6 @@ pub struct UpdateRequestJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
-    /// When nothing is claimable, wait up to this many milliseconds (at most 60 000) for
-    /// a task, then claim it; the usual empty list at the deadline. Waiting costs no log
-    /// entry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = crate::watch::WAIT_MS_MAX))]
-    pub wait_ms: Option<u64>,
 }
 
 /// The body of `POST /claim`.
@@ -534,6 +528,17 @@ mod tests {
         assert_eq!(update.updates[0].timespec, Some(-60000));
         assert_eq!(update.deletes, [16, 18, 20]);
         assert_eq!(update.depends, [12, 13]);
+    }
+
+    #[test]
+    fn only_a_claim_waits() {
+        let update = serde_json::from_str::<UpdateRequestJson>(r#"{"clientid": 1, "wait_ms": 5}"#);
+        let error = update.expect_err("an update has no wait").to_string();
+        assert!(error.contains("unknown field `wait_ms`"), "{error}");
+        let claim: ClaimRequestJson =
+            serde_json::from_str(r#"{"clientid": 1, "group": "g", "duration": 5, "wait_ms": 5}"#)
+                .expect("a claim waits");
+        assert_eq!(claim.wait_ms, Some(5));
     }
 
     #[test]

@@ -407,6 +407,8 @@ impl WorkerClient {
                     Ok(gone) => Attempt::Done(Err(WorkerError::Forgotten(gone))),
                     Err(e) => Attempt::Retry(e.to_string()),
                 },
+                // Not taken (too slow a body, too many requests): safe to send again.
+                408 | 429 => Attempt::Retry(format!("status {}", response.status)),
                 400..=499 => match response.success(&addr) {
                     Err(e) => Attempt::Done(Err(WorkerError::Rejected(e))),
                     Ok(_) => Attempt::Retry("a 4xx that is not an error".into()),
@@ -468,10 +470,21 @@ impl WorkerClient {
     /// Renews an owned task for `lease` from now, keeping its data; the new version,
     /// whose id is the fence from now on.
     pub async fn renew(&self, task: &TaskJson, lease: Duration) -> Result<TaskJson, WorkerError> {
+        self.renew_as(task, lease, self.next_request_id()).await
+    }
+
+    /// As [`WorkerClient::renew`] under `request_id`: a renewal whose outcome is unknown
+    /// must be sent again under the same id (and for the same version), or a renewal
+    /// that did apply makes the retry look refused.
+    pub async fn renew_as(
+        &self,
+        task: &TaskJson,
+        lease: Duration,
+        request_id: String,
+    ) -> Result<TaskJson, WorkerError> {
         let change = ChangeJson::renewal(task.id, task.data.clone(), lease.as_millis() as i64);
-        let tasks = self
-            .write(UpdateRequestJson::by(self.client_id).with_change(change))
-            .await?;
+        let update = UpdateRequestJson::by(self.client_id).with_change(change);
+        let tasks = self.write_as(update, request_id).await?;
         Self::first(tasks, "a renewal")
     }
 
