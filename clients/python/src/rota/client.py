@@ -1,0 +1,737 @@
+"""``RotaClient``: the typed, thread-safe client of Rota's worker and job API.
+
+Every write goes to the leader when it is known (learned from ``GET /cluster``), else to
+the nodes in turn, under one request id until its answer is definite, so a write applies
+exactly once however often it is retried. Reads and waits go to any node (the leader
+first when known). A definite answer is the write's outcome (its tasks, or the cluster's
+refusal: :class:`~rota.errors.Refused`) or a 4xx (:class:`~rota.errors.Rejected`);
+anything else (no connection, a timeout, a dropped connection, a 5xx, a body that does
+not parse) is retried on the next node after a short pause, until ``give_up_after``
+seconds have passed (:class:`~rota.errors.Unavailable`).
+
+Durations on the wire are milliseconds and keep their ``_ms`` names here; the client's
+own transport settings (``call_timeout``, ``give_up_after``) are seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import threading
+import time
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
+from urllib.parse import quote
+
+from ._http import Cancel, CancelledError, Node, Pool, Response, TransportError, split_status
+from .errors import Cancelled, Forgotten, NotFound, Refused, Rejected, Unavailable
+from .types import (
+    Add,
+    AddLike,
+    Backoff,
+    ChangeLike,
+    GroupSettings,
+    Job,
+    JobPage,
+    JobWait,
+    Task,
+    WatchPage,
+    add_json,
+    change_json,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .lease import Lease
+    from .worker import Handler, Worker
+
+CALL_TIMEOUT = 5.0
+"""Deadline of one call in seconds (a waiting call gets its wait on top)."""
+
+GIVE_UP_AFTER = 30.0
+"""How long a call is retried, in seconds, before the client gives up on a definite answer."""
+
+RETRY_PAUSE = 0.1
+"""Pause between two attempts, so that a cluster electing a leader is not flooded."""
+
+WAIT_MS_MAX = 60_000
+"""Longest wait a request may ask for (``wait_ms``)."""
+
+REDISCOVER_PAUSE = 1.0
+"""Least time between two looks for the leader while none is known."""
+
+_MIN_TIMEOUT = 0.05
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+T = TypeVar("T")
+TaskRef = Union[int, Task]
+# What one attempt came to: (True, value) is definite; (False, why) is worth a retry.
+_Interpret = Callable[[Node, Response], Tuple[bool, Any]]
+
+
+def _task_id(task: TaskRef) -> int:
+    return task.id if isinstance(task, Task) else int(task)
+
+
+def _wait_ms(wait_ms: Optional[float]) -> int:
+    if not wait_ms or wait_ms < 0:
+        return 0
+    return min(int(wait_ms), WAIT_MS_MAX)
+
+
+def _query(**params: Any) -> str:
+    parts = []
+    for name, value in params.items():
+        if value is None:
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if isinstance(v, bool):
+                v = "1" if v else "0"
+            parts.append(f"{name}={quote(str(v), safe='')}")
+    return ("?" + "&".join(parts)) if parts else ""
+
+
+def _write_answer(node: Node, response: Response) -> Tuple[bool, Any]:
+    """A write's answer: its tasks, a refusal or a rejection (definite), or a retry."""
+    status = response.status
+    if 400 <= status < 500:
+        raise Rejected(*split_status(response), node=node.addr)
+    if not 200 <= status < 300:
+        return False, "status {}: {}".format(*split_status(response))
+    try:
+        obj = json.loads(response.body)
+    except ValueError as e:
+        return False, f"bad body: {e}"
+    if isinstance(obj, dict):
+        if isinstance(obj.get("tasks"), list):
+            return True, [Task.from_json(t) for t in obj["tasks"]]
+        if isinstance(obj.get("errors"), list):
+            raise Refused([str(e) for e in obj["errors"]])
+    return False, "an answer with neither tasks nor errors"
+
+
+def _object_answer(node: Node, response: Response) -> Tuple[bool, Any]:
+    """An answer that is a JSON document on 2xx (reads, settings changes)."""
+    status = response.status
+    if 200 <= status < 300:
+        try:
+            return True, json.loads(response.body)
+        except ValueError as e:
+            return False, f"bad body: {e}"
+    if status == 404:
+        raise NotFound(split_status(response)[1], node=node.addr)
+    if status == 410:
+        try:
+            gone = json.loads(response.body)
+            raise Forgotten(str(gone["error"]), int(gone["revision"]), int(gone["oldest"]))
+        except (ValueError, KeyError, TypeError) as e:
+            return False, f"a 410 without its revisions: {e}"
+    if 400 <= status < 500:
+        raise Rejected(*split_status(response), node=node.addr)
+    return False, "status {}: {}".format(*split_status(response))
+
+
+class RotaClient:
+    """A client of the Rota nodes at ``urls`` that writes as client ``client_id``.
+
+    ``urls``: node addresses (``host:port``, ``http://host:port``), a list or one
+    comma-separated string; give every node of the cluster, so that the client can go
+    on when some are down. ``client_id``: the owner of every task this client writes
+    (a signed 64-bit integer); ``None`` picks a random one, unique in practice.
+
+    One client may be shared by any number of threads: connections are pooled per node
+    and kept alive.
+    """
+
+    def __init__(
+        self,
+        urls: Union[str, Iterable[str]],
+        client_id: Optional[int] = None,
+        *,
+        call_timeout: float = CALL_TIMEOUT,
+        give_up_after: float = GIVE_UP_AFTER,
+        retry_pause: float = RETRY_PAUSE,
+    ) -> None:
+        if isinstance(urls, str):
+            urls = urls.split(",")
+        nodes: List[Node] = []
+        for url in urls:
+            if url.strip():
+                node = Node.parse(url)
+                if all(n.addr != node.addr for n in nodes):
+                    nodes.append(node)
+        if not nodes:
+            raise ValueError("give at least one node address")
+        if client_id is None:
+            client_id = secrets.randbits(62) + 1
+        if isinstance(client_id, bool) or not isinstance(client_id, int):
+            raise TypeError(f"client_id must be an int, not {type(client_id).__name__}")
+        if not _I64_MIN <= client_id <= _I64_MAX:
+            raise ValueError(f"client_id {client_id} is not a signed 64-bit integer")
+        self._nodes = nodes
+        self._client_id = client_id
+        self.call_timeout = float(call_timeout)
+        self.give_up_after = float(give_up_after)
+        self.retry_pause = float(retry_pause)
+        self._pool = Pool()
+        # Unique across processes and restarts, so that no two clients' request ids meet.
+        self._id_prefix = f"c{client_id}-{secrets.token_hex(8)}"
+        self._sent = itertools.count()
+        self._sent_lock = threading.Lock()
+        self._preferred = 0
+        self._preferred_lock = threading.Lock()
+        # Whether to look for the leader before the next call: before the first one, and
+        # after a failed attempt (leadership may have moved).
+        self._discover_needed = True
+        self._next_discovery = 0.0
+        self._discover_lock = threading.Lock()
+        self._retries = 0
+
+    # -- identity -----------------------------------------------------------------
+
+    @property
+    def client_id(self) -> int:
+        """The client id this client writes as."""
+        return self._client_id
+
+    @property
+    def urls(self) -> List[str]:
+        """The nodes' addresses (``host:port``), in the order given."""
+        return [n.addr for n in self._nodes]
+
+    @property
+    def preferred(self) -> str:
+        """The node tried first: the leader once it is known."""
+        with self._preferred_lock:
+            return self._nodes[self._preferred].addr
+
+    @property
+    def retries(self) -> int:
+        """Attempts that got no definite answer and were retried (connection failures,
+        timeouts, 5xx answers), over the client's life."""
+        return self._retries
+
+    def next_request_id(self) -> str:
+        """A request id no other write of any client will use (at most 64 bytes)."""
+        with self._sent_lock:
+            n = next(self._sent)
+        return f"{self._id_prefix}-{n}"
+
+    def close(self) -> None:
+        """Closes the pooled connections (the client stays usable)."""
+        self._pool.close()
+
+    def __enter__(self) -> "RotaClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RotaClient({self.urls!r}, client_id={self._client_id})"
+
+    # -- node choice ----------------------------------------------------------------
+
+    def _order(self) -> List[Node]:
+        with self._preferred_lock:
+            first = self._preferred
+        n = len(self._nodes)
+        return [self._nodes[(first + i) % n] for i in range(n)]
+
+    def _prefer(self, addr: str) -> None:
+        for i, node in enumerate(self._nodes):
+            if node.addr == addr:
+                with self._preferred_lock:
+                    self._preferred = i
+                return
+
+    def _look_for_leader(self) -> Tuple[Optional[str], bool]:
+        """Asks the nodes who leads; (the leader's address if it is one of ours, whether
+        any node knew a leader)."""
+        known = False
+        for node in self._order():
+            try:
+                response = self._pool.request(node, "GET", "/cluster", None, self.call_timeout)
+                status = json.loads(response.body) if response.status == 200 else None
+            except (TransportError, ValueError):
+                continue
+            if not isinstance(status, dict) or status.get("leader") is None:
+                continue
+            known = True
+            for member in status.get("nodes") or []:
+                if isinstance(member, dict) and member.get("id") == status["leader"]:
+                    try:
+                        addr = Node.parse(str(member.get("api_addr", ""))).addr
+                    except ValueError:
+                        break
+                    if any(n.addr == addr for n in self._nodes):
+                        self._prefer(addr)
+                        return addr, True
+                    break
+        return None, known
+
+    def find_leader(self) -> Optional[str]:
+        """Asks the nodes who leads and sends calls there first from now on; the leader's
+        address, if one is known and among this client's nodes."""
+        leader, known = self._look_for_leader()
+        if known:
+            self._discover_needed = False
+        return leader
+
+    def _maybe_discover(self) -> None:
+        if not self._discover_needed or time.monotonic() < self._next_discovery:
+            return
+        if not self._discover_lock.acquire(blocking=False):
+            return  # another thread is looking
+        try:
+            if self._discover_needed and time.monotonic() >= self._next_discovery:
+                _, known = self._look_for_leader()
+                if known:
+                    self._discover_needed = False
+                else:
+                    self._next_discovery = time.monotonic() + REDISCOVER_PAUSE
+        finally:
+            self._discover_lock.release()
+
+    # -- the retry loop -------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Mapping[str, Any]],
+        interpret: _Interpret,
+        *,
+        wait_s: float = 0.0,
+        request_id: Optional[str] = None,
+        deadline: Optional[float] = None,
+        cancel: Optional[Cancel] = None,
+    ) -> Any:
+        """Sends the request to the nodes in turn (the preferred one first) until one
+        gives a definite answer or the deadline (default: ``give_up_after`` plus the
+        wait, from now; a ``time.monotonic()`` value) passes."""
+        self._maybe_discover()
+        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        started = time.monotonic()
+        limit = deadline if deadline is not None else started + self.give_up_after + wait_s
+        last_error = "no node answered"
+        first_round = True
+        while True:
+            for node in self._order():
+                if cancel is not None and cancel.cancelled:
+                    raise Cancelled(f"{method} {path} was cancelled")
+                timeout = min(self.call_timeout + wait_s, max(limit - time.monotonic(), _MIN_TIMEOUT))
+                try:
+                    response = self._pool.request(node, method, path, payload, timeout, cancel)
+                except CancelledError:
+                    raise Cancelled(f"{method} {path} was cancelled") from None
+                except TransportError as e:
+                    last_error = str(e)
+                else:
+                    done, value = interpret(node, response)
+                    if done:
+                        if first_round:
+                            self._prefer(node.addr)
+                        return value
+                    last_error = f"{node.addr}: {value}"
+                self._discover_needed = True
+                with self._sent_lock:
+                    self._retries += 1
+                now = time.monotonic()
+                if now >= limit:
+                    raise Unavailable(now - started, request_id, last_error)
+                pause = min(self.retry_pause, limit - now)
+                if cancel is not None:
+                    if cancel.wait(pause):
+                        raise Cancelled(f"{method} {path} was cancelled")
+                else:
+                    time.sleep(pause)
+            first_round = False
+            # Leadership may have moved: ask before the next round.
+            self.find_leader()
+
+    def write(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: Optional[str] = None,
+        *,
+        deadline: Optional[float] = None,
+        cancel: Optional[Cancel] = None,
+    ) -> List[Task]:
+        """POSTs the write ``body`` to ``path`` (``/update``, ``/claim``, ``/finish``,
+        ``/fail``, ``/cancel``, ``/retry``) under ``request_id`` (default: a fresh one)
+        until its answer is definite, and answers the task versions it wrote.
+
+        The same request id always gets the first outcome, so a write retried this way
+        (also by the caller, after :class:`~rota.errors.Unavailable`, with the id the
+        exception carries) applies once.
+        """
+        rid = request_id if request_id is not None else self.next_request_id()
+        request = dict(body)
+        request["requestid"] = rid
+        wait_s = _wait_ms(request.get("wait_ms")) / 1000.0 if path == "/claim" else 0.0
+        tasks: List[Task] = self._call(
+            "POST", path, request, _write_answer,
+            wait_s=wait_s, request_id=rid, deadline=deadline, cancel=cancel,
+        )
+        return tasks
+
+    def _read(self, path: str, wait_ms: int = 0) -> Any:
+        return self._call("GET", path, None, _object_answer, wait_s=wait_ms / 1000.0)
+
+    @staticmethod
+    def _first(tasks: List[Task], what: str) -> Task:
+        if not tasks:
+            raise Refused([f"the cluster answered no task for {what}"])
+        return tasks[0]
+
+    # -- writes ---------------------------------------------------------------------
+
+    def update(
+        self,
+        adds: Sequence[AddLike] = (),
+        updates: Sequence[ChangeLike] = (),
+        deletes: Sequence[TaskRef] = (),
+        depends: Sequence[TaskRef] = (),
+        *,
+        request_id: Optional[str] = None,
+    ) -> List[Task]:
+        """One all-or-nothing transaction: adds, updates (new versions of tasks this
+        client owns, or available ones), deletes, and tasks that must exist. Answers the
+        written tasks, adds first, in request order; :class:`~rota.errors.Refused` with
+        every reason if any part is refused (then nothing changed). At most 10 000 items
+        (adds, updates, deletes, depends and ``after`` keys) in one update."""
+        body: Dict[str, Any] = {"clientid": self._client_id}
+        if adds:
+            body["adds"] = [add_json(a) for a in adds]
+        if updates:
+            body["updates"] = [change_json(u) for u in updates]
+        if deletes:
+            body["deletes"] = [_task_id(d) for d in deletes]
+        if depends:
+            body["depends"] = [_task_id(d) for d in depends]
+        return self.write("/update", body, request_id)
+
+    def add(
+        self,
+        group: str,
+        data: str = "",
+        *,
+        key: Optional[str] = None,
+        timespec: Optional[int] = None,
+        priority: Optional[int] = None,
+        after: Optional[Sequence[str]] = None,
+        max_attempts: Optional[int] = None,
+        every_ms: Optional[int] = None,
+        on_conflict: Optional[str] = None,
+        request_id: Optional[str] = None,
+    ) -> Task:
+        """Adds a task with ``data`` to ``group``, available now (or at ``timespec``); with
+        a ``key`` it is a job (see :class:`~rota.types.Add` for the other fields). With
+        ``on_conflict="keep"`` or ``"resubmit"`` the answer may be the live task."""
+        add = Add(
+            group=group, data=data, key=key, timespec=timespec, priority=priority,
+            after=after, max_attempts=max_attempts, every_ms=every_ms, on_conflict=on_conflict,
+        )
+        return self._first(self.update(adds=[add], request_id=request_id), "an add")
+
+    def add_many(self, adds: Sequence[AddLike], *, request_id: Optional[str] = None) -> List[Task]:
+        """Adds several tasks in one transaction (all or none)."""
+        return self.update(adds=adds, request_id=request_id)
+
+    def claim(
+        self,
+        group: str,
+        duration_ms: int = 30_000,
+        *,
+        wait_ms: int = 0,
+        depends: Sequence[TaskRef] = (),
+        request_id: Optional[str] = None,
+        cancel: Optional[Cancel] = None,
+    ) -> Optional[Task]:
+        """Claims ``group``'s next available task for ``duration_ms``; ``None`` if there is
+        none. With ``wait_ms`` (at most 60 000) the claim waits on the leader for a task
+        when none is available; waiting writes nothing to the log. The claimed version's
+        id is the fence: pass it downstream."""
+        body: Dict[str, Any] = {"clientid": self._client_id, "group": group, "duration": int(duration_ms)}
+        wait = _wait_ms(wait_ms)
+        if wait:
+            body["wait_ms"] = wait
+        if depends:
+            body["depends"] = [_task_id(d) for d in depends]
+        tasks = self.write("/claim", body, request_id, cancel=cancel)
+        return tasks[0] if tasks else None
+
+    def claim_lease(
+        self,
+        group: str,
+        duration_ms: int = 30_000,
+        *,
+        wait_ms: int = 0,
+        request_id: Optional[str] = None,
+        cancel: Optional[Cancel] = None,
+    ) -> Optional["Lease"]:
+        """As :meth:`claim`, and holds the task in a :class:`~rota.lease.Lease` that
+        renews itself at about a third of ``duration_ms``; ``None`` if no task came."""
+        from .lease import Lease
+
+        sent = time.monotonic()
+        task = self.claim(group, duration_ms, wait_ms=wait_ms, request_id=request_id, cancel=cancel)
+        if task is None:
+            return None
+        return Lease(self, task, duration_ms, claimed_at=sent)
+
+    def renew(
+        self,
+        task: Task,
+        duration_ms: int,
+        *,
+        request_id: Optional[str] = None,
+        deadline: Optional[float] = None,
+    ) -> Task:
+        """Renews an owned task for ``duration_ms`` from now, keeping its data; answers the
+        new version, whose id is the fence from now on."""
+        change = {"id": task.id, "data": task.data, "timespec": -int(duration_ms)}
+        body = {"clientid": self._client_id, "updates": [change]}
+        return self._first(self.write("/update", body, request_id, deadline=deadline), "a renewal")
+
+    def release(self, task: Task, *, request_id: Optional[str] = None) -> Task:
+        """Gives a claimed task back: a new version, available now, same data (for a job,
+        the attempt is ``released``)."""
+        body = {"clientid": self._client_id, "updates": [{"id": task.id, "data": task.data}]}
+        return self._first(self.write("/update", body, request_id), "a release")
+
+    def delete(self, task: TaskRef, *, request_id: Optional[str] = None) -> None:
+        """Deletes a task version (owned by this client, or available)."""
+        self.update(deletes=[task], request_id=request_id)
+
+    def finish(self, task: TaskRef, result: Any = None, *, request_id: Optional[str] = None) -> None:
+        """Ends the claim of a task version with success and an optional JSON result
+        (kept in the job's record, at most 256 KiB). Refused if the id is stale."""
+        body: Dict[str, Any] = {"clientid": self._client_id, "id": _task_id(task)}
+        if result is not None:
+            body["result"] = result
+        self.write("/finish", body, request_id)
+
+    def fail(
+        self,
+        task: TaskRef,
+        error: str = "",
+        retry_in_ms: Optional[int] = None,
+        *,
+        request_id: Optional[str] = None,
+    ) -> Optional[Task]:
+        """Ends the claim of a task version with an error (at most 64 KiB): retried after
+        the group's back-off (or ``retry_in_ms``), dead after its last attempt. Answers
+        the retry's new version, or ``None`` if the job is now dead."""
+        body: Dict[str, Any] = {"clientid": self._client_id, "id": _task_id(task), "error": error}
+        if retry_in_ms is not None:
+            body["retry_in_ms"] = int(retry_in_ms)
+        tasks = self.write("/fail", body, request_id)
+        return tasks[0] if tasks else None
+
+    def cancel(self, group: str, keys: Sequence[str], *, request_id: Optional[str] = None) -> None:
+        """Cancels the jobs ``keys`` of ``group`` (running or not): a running job's owner
+        is refused on its next write; jobs waiting for them are cancelled too."""
+        body = {"clientid": self._client_id, "group": group, "keys": list(keys)}
+        self.write("/cancel", body, request_id)
+
+    def retry(self, group: str, keys: Sequence[str], *, request_id: Optional[str] = None) -> List[Task]:
+        """Re-drives dead jobs with a fresh attempt budget; answers their new versions."""
+        body = {"clientid": self._client_id, "group": group, "keys": list(keys)}
+        return self.write("/retry", body, request_id)
+
+    def change_settings(
+        self,
+        group: str,
+        *,
+        max_running: Optional[int] = None,
+        paused: Optional[bool] = None,
+        max_attempts: Optional[int] = None,
+        backoff: Optional[Backoff] = None,
+        retention_ms: Optional[int] = None,
+        request_id: Optional[str] = None,
+    ) -> GroupSettings:
+        """Changes the settings given (the others keep their value); answers the
+        settings afterwards (with ``running`` 0: read it with :meth:`settings`)."""
+        rid = request_id if request_id is not None else self.next_request_id()
+        body: Dict[str, Any] = {"clientid": self._client_id, "requestid": rid}
+        if max_running is not None:
+            body["max_running"] = int(max_running)
+        if paused is not None:
+            body["paused"] = bool(paused)
+        if max_attempts is not None:
+            body["max_attempts"] = int(max_attempts)
+        if backoff is not None:
+            body["backoff"] = backoff.to_json()
+        if retention_ms is not None:
+            body["retention_ms"] = int(retention_ms)
+        path = f"/groups/{quote(group, safe='')}/settings"
+        obj = self._call("PUT", path, body, _object_answer, request_id=rid)
+        return GroupSettings.from_json(obj)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def task(self, task_id: int, *, consistency: Optional[str] = None) -> Task:
+        """One task version; :class:`~rota.errors.NotFound` if it does not exist (any more).
+        ``consistency``: ``"linearizable"`` (default) or ``"stale"`` (this node's state)."""
+        obj = self._read(f"/task/{int(task_id)}{_query(consistency=consistency)}")
+        return Task.from_json(obj)
+
+    def tasks(self, task_ids: Sequence[int], *, consistency: Optional[str] = None) -> List[Optional[Task]]:
+        """Several task versions (at most 10 000), in the order asked; ``None`` where one
+        does not exist."""
+        if not task_ids:
+            return []
+        ids = ",".join(str(int(i)) for i in task_ids)
+        obj = self._read(f"/tasks/{ids}{_query(consistency=consistency)}")
+        return [None if t is None else Task.from_json(t) for t in obj]
+
+    def group(
+        self,
+        name: str,
+        *,
+        limit: Optional[int] = None,
+        owned: bool = False,
+        consistency: Optional[str] = None,
+    ) -> List[Task]:
+        """The tasks of a group in claim order; only unowned ones unless ``owned``."""
+        query = _query(limit=limit, owned=True if owned else None, consistency=consistency)
+        obj = self._read(f"/group/{quote(name, safe='')}{query}")
+        return [Task.from_json(t) for t in obj]
+
+    def groups(self, *, consistency: Optional[str] = None) -> List[str]:
+        """The names of the groups that hold tasks."""
+        return [str(g) for g in self._read(f"/groups{_query(consistency=consistency)}")]
+
+    def job(
+        self,
+        group: str,
+        key: str,
+        *,
+        wait_ms: int = 0,
+        consistency: Optional[str] = None,
+    ) -> Job:
+        """The record of job ``key`` of ``group``; with ``wait_ms`` (at most 60 000),
+        answered once the job has finished or at the deadline. :class:`~rota.errors.NotFound`
+        if there is none (never added, or past the retention)."""
+        wait = _wait_ms(wait_ms)
+        query = _query(group=group, key=key, wait_ms=wait or None, consistency=consistency)
+        return Job.from_json(self._read(f"/job{query}", wait))
+
+    def jobs(
+        self,
+        group: str,
+        *,
+        state: Optional[str] = None,
+        after: Optional[str] = None,
+        limit: Optional[int] = None,
+        consistency: Optional[str] = None,
+    ) -> JobPage:
+        """One page of a group's job records in key order (``limit``: 100 by default, at
+        most 1 000); pass the page's ``next`` as ``after`` for the next one."""
+        query = _query(group=group, state=state, after=after, limit=limit, consistency=consistency)
+        obj = self._read(f"/jobs{query}")
+        return JobPage([Job.from_json(j) for j in obj.get("jobs") or []], obj.get("next"))
+
+    def iter_jobs(
+        self,
+        group: str,
+        *,
+        state: Optional[str] = None,
+        page_size: int = 1000,
+        consistency: Optional[str] = None,
+    ) -> Iterator[Job]:
+        """Every job record of a group (of one ``state`` if given), page by page."""
+        after: Optional[str] = None
+        while True:
+            page = self.jobs(group, state=state, after=after, limit=page_size, consistency=consistency)
+            yield from page.jobs
+            if page.next is None:
+                return
+            after = page.next
+
+    def dead(
+        self,
+        group: str,
+        *,
+        after: Optional[str] = None,
+        limit: Optional[int] = None,
+        consistency: Optional[str] = None,
+    ) -> JobPage:
+        """One page of a group's dead jobs (dead letters), in key order."""
+        query = _query(group=group, after=after, limit=limit, consistency=consistency)
+        obj = self._read(f"/dead{query}")
+        return JobPage([Job.from_json(j) for j in obj.get("jobs") or []], obj.get("next"))
+
+    def wait_jobs(
+        self,
+        group: str,
+        keys: Sequence[str],
+        wait_ms: int = 0,
+        *,
+        consistency: Optional[str] = None,
+    ) -> JobWait:
+        """The records of jobs ``keys`` (1 to 1 000) of ``group`` once all have finished,
+        or as they are after ``wait_ms`` (at most 60 000)."""
+        wait = _wait_ms(wait_ms)
+        query = _query(group=group, key=list(keys), wait_ms=wait, consistency=consistency)
+        obj = self._read(f"/jobs/wait{query}", wait)
+        return JobWait(
+            finished=bool(obj.get("finished")),
+            jobs=[Job.from_json(j) for j in obj.get("jobs") or []],
+            missing=[str(k) for k in obj.get("missing") or []],
+        )
+
+    def settings(self, group: str, *, consistency: Optional[str] = None) -> GroupSettings:
+        """A group's settings (the defaults unless changed), with ``running`` now."""
+        path = f"/groups/{quote(group, safe='')}/settings{_query(consistency=consistency)}"
+        return GroupSettings.from_json(self._read(path))
+
+    def watch(
+        self,
+        group: str,
+        after: Optional[int] = None,
+        wait_ms: int = 0,
+        *,
+        limit: Optional[int] = None,
+    ) -> WatchPage:
+        """A group's changes after revision ``after`` (default: from now), waiting up to
+        ``wait_ms`` for the first; :class:`~rota.errors.Forgotten` when the node no longer
+        keeps them (re-read, then watch from its ``revision``). Served by any node from
+        what it applied."""
+        wait = _wait_ms(wait_ms)
+        query = _query(group=group, after=after, wait_ms=wait, limit=limit)
+        return WatchPage.from_json(self._read(f"/watch{query}", wait))
+
+    def cluster(self) -> Dict[str, Any]:
+        """``GET /cluster`` of the first node that answers: its view of the cluster."""
+        obj: Dict[str, Any] = self._read("/cluster")
+        return obj
+
+    # -- workers --------------------------------------------------------------------
+
+    def worker(self, group: str, **options: Any) -> Callable[["Handler"], "Worker"]:
+        """A decorator that makes a handler ``f(task, lease)`` a :class:`~rota.worker.Worker`
+        of ``group`` (options as :class:`~rota.worker.Worker` takes them)."""
+        from .worker import Worker
+
+        def wrap(handler: "Handler") -> "Worker":
+            return Worker(self, group, handler, **options)
+
+        return wrap

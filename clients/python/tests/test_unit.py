@@ -1,0 +1,145 @@
+"""Pieces that need no cluster: addresses, wire shapes, errors."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from rota import Add, Cancel, Change, Job, LeaseLost, Refused, RotaClient, Task, Unavailable
+from rota._http import Node, Pool, TransportError
+from rota.client import _query
+
+
+def test_node_addresses_are_normalised() -> None:
+    assert Node.parse("http://127.0.0.1:7001/").addr == "127.0.0.1:7001"
+    assert Node.parse(" 127.0.0.1:7001 ").addr == "127.0.0.1:7001"
+    assert Node.parse("localhost").port == 80
+    https = Node.parse("https://rota.example:8443/x")
+    assert (https.host, https.port, https.https) == ("rota.example", 8443, True)
+    v6 = Node.parse("http://[::1]:7001")
+    assert (v6.host, v6.port, v6.addr) == ("::1", 7001, "[::1]:7001")
+    with pytest.raises(ValueError):
+        Node.parse("http://")
+
+
+def test_wire_shapes() -> None:
+    add = Add("g", "d", key="k", after=["a"], priority=2, max_attempts=0, every_ms=1000, on_conflict="keep", timespec=-5)
+    assert add.to_json() == {
+        "group": "g", "data": "d", "key": "k", "timespec": -5, "priority": 2,
+        "after": ["a"], "max_attempts": 0, "every_ms": 1000, "on_conflict": "keep",
+    }
+    assert Add("g").to_json() == {"group": "g", "data": ""}
+    assert Change(5).to_json() == {"id": 5}
+    assert Change(5, "x", -100).to_json() == {"id": 5, "data": "x", "timespec": -100}
+    wire = {"id": 3, "group": "g", "data": "d", "timespec": 9, "ownerid": -4, "key": "k", "attempt": 2, "new_field": 1}
+    task = Task.from_json(wire)
+    assert (task.id, task.ownerid, task.key, task.priority, task.attempt) == (3, -4, "k", 0, 2)
+    assert Task.from_json(task.to_json()) == task
+    job = Job.from_json({"group": "g", "key": "k", "state": "dead", "history": [{"run": 1, "attempt": 1, "owner": 7, "started_at": 1, "ended_at": 2, "outcome": "failed", "error": "e"}]})
+    assert job.finished and job.history[0].error == "e" and job.result is None
+
+
+def test_queries_are_percent_encoded() -> None:
+    assert _query(group="a b/c", key=["x&y", "é"], wait_ms=None, owned=True) == "?group=a%20b%2Fc&key=x%26y&key=%C3%A9&owned=1"
+    assert _query(limit=None) == ""
+
+
+def test_errors() -> None:
+    refused = Refused(["a", "b"])
+    assert refused.errors == ["a", "b"] and "a; b" in str(refused)
+    lost = LeaseLost("refused", ["updates: task 2 does not exist"])
+    assert isinstance(lost, Refused) and lost.errors == ["updates: task 2 does not exist"]
+    assert LeaseLost("expired").reason == "expired"
+    gave_up = Unavailable(1.5, "rid", "boom")
+    assert gave_up.request_id == "rid" and "rid" in str(gave_up)
+
+
+def test_a_cancel_aborts_a_blocked_exchange() -> None:
+    """A server that never answers: the cancel ends the wait at once."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        node = Node.parse(f"127.0.0.1:{server.getsockname()[1]}")
+        cancel = Cancel()
+        threading.Timer(0.3, cancel.cancel).start()
+        started = time.monotonic()
+        with pytest.raises(Exception) as aborted:
+            Pool().request(node, "GET", "/", None, 30.0, cancel)
+        assert type(aborted.value).__name__ == "CancelledError"
+        assert time.monotonic() - started < 5
+
+
+def test_a_closed_port_is_a_transport_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TransportError):
+        Pool().request(Node.parse(f"127.0.0.1:{port}"), "GET", "/", None, 1.0)
+
+
+def test_a_cancelled_client_call_raises_cancelled() -> None:
+    from rota import Cancelled
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        client = RotaClient([f"127.0.0.1:{server.getsockname()[1]}"], call_timeout=30)
+        client._discover_needed = False
+        cancel = Cancel()
+        threading.Timer(0.3, cancel.cancel).start()
+        with pytest.raises(Cancelled):
+            client.claim("g", 1000, wait_ms=10_000, cancel=cancel)
+
+
+def test_poll_backoff_grows_to_its_cap_with_bounded_jitter() -> None:
+    from rota.worker import poll_backoff
+
+    for _ in range(200):
+        assert 0.1 <= poll_backoff(1) <= 0.15
+        assert 0.4 <= poll_backoff(3) <= 0.6
+        assert 5.0 <= poll_backoff(40) <= 7.5
+    assert len({poll_backoff(2) for _ in range(50)}) > 10, "the jitter spreads workers"
+
+
+def test_a_worker_polls_a_node_that_cannot_wait_with_a_growing_pause() -> None:
+    """A node that answers every blocking claim empty at once: the worker neither spins
+    nor stops claiming."""
+    import http.server
+    import json
+
+    claims = []
+
+    class NoWait(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            claims.append(json.loads(body))
+            answer = b'{"tasks":[]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoWait)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        from rota import Worker
+
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
+        client._discover_needed = False
+        w = Worker(client, "g", lambda task, lease: None, wait_ms=20_000)
+        w.start()
+        time.sleep(1.6)
+        assert w.stop(timeout=5)
+        # 100, 200, 400, 800 ms pauses (plus jitter): about 4 to 5 claims, not hundreds.
+        assert 2 <= len(claims) <= 8, len(claims)
+        assert all(c["wait_ms"] == 20_000 for c in claims)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,181 @@
+"""The worker loop: results and errors recorded in the job outcomes, blocking claims,
+graceful stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List
+
+from conftest import wait_until
+from rota import FailTask, Lease, RotaClient, Task, Worker, worker
+
+
+def test_results_finish_and_exceptions_fail(client: RotaClient, group: str) -> None:
+    keys = [f"job-{i}" for i in range(12)]
+    client.add_many([{"group": group, "key": k, "data": str(i), "max_attempts": 1} for i, k in enumerate(keys)])
+    finished: List[str] = []
+    failed: Dict[str, str] = {}
+    lock = threading.Lock()
+
+    def on_finish(task: Task, result: Any) -> None:
+        with lock:
+            finished.append(task.key or "")
+
+    def on_fail(task: Task, error: str) -> None:
+        with lock:
+            failed[task.key or ""] = error
+
+    @worker(client, group, threads=4, lease_ms=10_000, wait_ms=1_000, on_finish=on_finish, on_fail=on_fail)
+    def handle(task: Task, lease: Lease) -> Any:
+        n = int(task.data)
+        assert lease.fence == lease.task.id and task.key == lease.task.key
+        if n % 4 == 1:
+            raise ValueError(f"cannot handle {n}")
+        if n % 4 == 2:
+            raise FailTask(f"refused {n}", retry_in_ms=0)
+        if n % 4 == 3:
+            return None
+        return {"square": n * n}
+
+    with handle:
+        done = client.wait_jobs(group, keys, wait_ms=20_000)
+    assert done.finished, [(j.key, j.state) for j in done.jobs]
+    by_key = {j.key: j for j in done.jobs}
+    for i, key in enumerate(keys):
+        job = by_key[key]
+        if i % 4 == 0:
+            assert (job.state, job.result) == ("succeeded", {"square": i * i})
+        elif i % 4 == 1:
+            assert job.state == "dead" and job.history[-1].error == f"ValueError: cannot handle {i}"
+            assert job.reason == f"attempt 1 failed: ValueError: cannot handle {i}"
+        elif i % 4 == 2:
+            assert job.state == "dead" and job.history[-1].error == f"refused {i}"
+        else:
+            assert (job.state, job.result) == ("succeeded", None)
+        assert len(job.history) == 1 and job.history[0].owner == client.client_id
+    assert sorted(finished) == sorted(k for i, k in enumerate(keys) if i % 4 in (0, 3))
+    assert set(failed) == {k for i, k in enumerate(keys) if i % 4 in (1, 2)}
+    assert (handle.finished, handle.failed, handle.lost) == (6, 6, 0)
+    assert not handle.running
+
+
+def test_a_failed_task_is_retried_until_it_succeeds(client: RotaClient, group: str) -> None:
+    client.add(group, "flaky", key="flaky")
+    calls: List[int] = []
+
+    def handle(task: Task, lease: Lease) -> Any:
+        calls.append(task.attempt)
+        if len(calls) < 3:
+            raise FailTask("not yet", retry_in_ms=0)
+        return "third time"
+
+    w = Worker(client, group, handle, threads=2, wait_ms=1_000)
+    w.start()
+    job = client.job(group, "flaky", wait_ms=20_000)
+    w.stop()
+    assert job.state == "succeeded" and job.result == "third time"
+    assert calls == [1, 2, 3]
+    assert [a.outcome for a in job.history] == ["failed", "failed", "succeeded"]
+
+
+def test_idle_workers_wait_in_blocking_claims_and_stop_at_once(client: RotaClient, group: str) -> None:
+    seen: List[str] = []
+    w = Worker(client, group, lambda task, lease: seen.append(task.data), threads=3, wait_ms=30_000)
+    w.start()
+    time.sleep(0.5)
+    client.add(group, "late")
+    wait_until(lambda: seen == ["late"], timeout=10, what="the waiting claim took the new task")
+    started = time.monotonic()
+    assert w.stop(timeout=10)
+    assert time.monotonic() - started < 3, "waiting claims are abandoned, not waited out"
+
+
+def test_stop_lets_running_work_finish_within_the_grace(client: RotaClient, group: str) -> None:
+    client.add(group, "slow", key="slow")
+    started = threading.Event()
+
+    def slow(task: Task, lease: Lease) -> Any:
+        started.set()
+        time.sleep(1.0)
+        return "finished in the grace"
+
+    w = Worker(client, group, slow, grace_ms=5_000, wait_ms=1_000)
+    w.start()
+    assert started.wait(10)
+    w.stop()
+    assert w.finished == 1
+    job = client.job(group, "slow")
+    assert job.state == "succeeded" and job.result == "finished in the grace"
+
+
+def test_work_past_the_grace_is_failed_so_it_runs_elsewhere(client: RotaClient, group: str) -> None:
+    client.add(group, "stuck", key="stuck")
+    started = threading.Event()
+    release = threading.Event()
+
+    def stuck(task: Task, lease: Lease) -> Any:
+        started.set()
+        release.wait(20)
+        return "too late"
+
+    w = Worker(client, group, stuck, grace_ms=300, wait_ms=1_000)
+    w.start()
+    assert started.wait(10)
+    t0 = time.monotonic()
+    w.stop()
+    assert time.monotonic() - t0 < 3
+    job = client.job(group, "stuck")
+    assert job.state == "failed" and job.history[-1].error == "stopped: the worker shut down before the task ended"
+    release.set()
+    wait_until(lambda: w.lost == 1, timeout=5, what="the late finish is counted as lost")
+    assert w.finished == 0
+
+
+def test_a_handler_whose_task_is_cancelled_sees_its_lease_lost(client: RotaClient, group: str) -> None:
+    client.add(group, "halt", key="halt")
+    saw_loss = threading.Event()
+
+    def long(task: Task, lease: Lease) -> Any:
+        client.cancel(group, ["halt"])
+        if lease.wait_lost(10):
+            saw_loss.set()
+        lease.check()  # raises LeaseLost: the worker counts the task lost
+        return "unreachable"
+
+    w = Worker(client, group, long, lease_ms=900, wait_ms=1_000)
+    w.start()
+    assert saw_loss.wait(15)
+    wait_until(lambda: w.lost == 1, timeout=5)
+    w.stop()
+    assert (w.finished, w.failed) == (0, 0)
+    assert client.job(group, "halt").state == "cancelled"
+
+
+def test_client_decorator_and_non_json_results(client: RotaClient, group: str) -> None:
+    client.add(group, "x", key="x", max_attempts=1)
+
+    @client.worker(group, wait_ms=1_000)
+    def bad(task: Task, lease: Lease) -> Any:
+        return object()
+
+    assert isinstance(bad, Worker)
+    with bad:
+        job = client.job(group, "x", wait_ms=10_000)
+    assert job.state == "dead" and "not JSON" in (job.history[-1].error or "")
+
+
+def test_a_handler_may_stop_its_own_worker(client: RotaClient, group: str) -> None:
+    client.add(group, "last", key="last")
+    w = Worker(client, group, wait_ms=1_000, grace_ms=10_000)
+
+    @w
+    def handle(task: Task, lease: Lease) -> Any:
+        w.stop()  # returns at once: it does not wait for this very handler
+        return "stopped myself"
+
+    started = time.monotonic()
+    w.start()
+    assert w.join(10) and time.monotonic() - started < 5
+    assert w.finished == 1
+    assert client.job(group, "last").result == "stopped myself"
