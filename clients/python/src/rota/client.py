@@ -105,9 +105,16 @@ def _query(**params: Any) -> str:
     return ("?" + "&".join(parts)) if parts else ""
 
 
+# A 408 (the body came too slowly) or 429 (too many requests): the node did not take the
+# request, so sending it again is safe, as after a 5xx.
+_NOT_TAKEN = (408, 429)
+
+
 def _write_answer(node: Node, response: Response) -> Tuple[bool, Any]:
     """A write's answer: its tasks, a refusal or a rejection (definite), or a retry."""
     status = response.status
+    if status in _NOT_TAKEN:
+        return False, "status {}: {}".format(*split_status(response))
     if 400 <= status < 500:
         raise Rejected(*split_status(response), node=node.addr)
     if not 200 <= status < 300:
@@ -140,7 +147,7 @@ def _object_answer(node: Node, response: Response) -> Tuple[bool, Any]:
             raise Forgotten(str(gone["error"]), int(gone["revision"]), int(gone["oldest"]))
         except (ValueError, KeyError, TypeError) as e:
             return False, f"a 410 without its revisions: {e}"
-    if 400 <= status < 500:
+    if 400 <= status < 500 and status not in _NOT_TAKEN:
         raise Rejected(*split_status(response), node=node.addr)
     return False, "status {}: {}".format(*split_status(response))
 
