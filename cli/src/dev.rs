@@ -238,6 +238,7 @@ fn spawn(
     node: &DevNode,
     cluster: &DevCluster,
     sync: &str,
+    node_args: &[String],
 ) -> Result<(), DevError> {
     let initial_cluster = cluster
         .nodes
@@ -265,6 +266,7 @@ fn spawn(
         .arg(initial_cluster)
         .arg("--sync")
         .arg(sync)
+        .args(node_args)
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
@@ -343,9 +345,15 @@ async fn exited_by(pid: u32, deadline: Instant) -> bool {
     poll_until(deadline, EXIT_POLL, look, |()| ()).await.is_ok()
 }
 
-/// Starts (or restarts) the cluster in `dir` and returns its worker URLs once every node
-/// is ready.
-pub async fn up(dir: &Path, nodes: u64, sync: &str) -> Result<Vec<String>, DevError> {
+/// Starts every node of the cluster in `dir` that is not running (with `node_args`
+/// added to each started node's command line) and waits until all are ready; their
+/// worker URLs.
+pub async fn up(
+    dir: &Path,
+    nodes: u64,
+    sync: &str,
+    node_args: &[String],
+) -> Result<Vec<String>, DevError> {
     if !(1..=NODES_MAX).contains(&nodes) {
         return Err(DevError::Usage(format!(
             "--nodes {nodes}: use 1 to {NODES_MAX}"
@@ -362,7 +370,7 @@ pub async fn up(dir: &Path, nodes: u64, sync: &str) -> Result<Vec<String>, DevEr
     let mut started = 0;
     for node in &cluster.nodes {
         if running_pid(dir, node.id).is_none() {
-            spawn(dir, &binary, node, &cluster, sync)?;
+            spawn(dir, &binary, node, &cluster, sync, node_args)?;
             started += 1;
         }
     }

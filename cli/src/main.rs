@@ -1376,6 +1376,10 @@ enum DevCommand {
         /// Durability mode passed to every node: always or never.
         #[arg(long, default_value = "always")]
         sync: String,
+        /// A flag for every node this command starts, e.g. --node-arg=--ui-actions
+        /// (repeat for several; nodes already running keep theirs).
+        #[arg(long = "node-arg", allow_hyphen_values = true)]
+        node_args: Vec<String>,
     },
     /// Stop the local cluster in DIR.
     #[command(after_help = "Example:\n  rota dev down --dir /tmp/rota-dev")]
@@ -1400,8 +1404,13 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Dev(DevCommand::Up { nodes, dir, sync }) => {
-                let urls = cli::dev::up(&dir, nodes, &sync).await?;
+            Command::Dev(DevCommand::Up {
+                nodes,
+                dir,
+                sync,
+                node_args,
+            }) => {
+                let urls = cli::dev::up(&dir, nodes, &sync, &node_args).await?;
                 for url in urls {
                     println!("{url}");
                 }

@@ -148,6 +148,10 @@ pub struct Flags {
     /// more get 503 with Retry-After.
     #[arg(long, env = "ROTA_MAX_WAITERS")]
     pub max_waiters: Option<usize>,
+    /// Let the dashboard at /ui retry, cancel, pause and resume (it is read-only
+    /// otherwise, until the API has authentication).
+    #[arg(long, env = "ROTA_UI_ACTIONS", num_args = 0..=1, default_missing_value = "true")]
+    pub ui_actions: Option<bool>,
 }
 
 impl Flags {
@@ -175,6 +179,7 @@ impl Flags {
                 .logs_kept_after_snapshot
                 .or(other.logs_kept_after_snapshot),
             max_waiters: self.max_waiters.or(other.max_waiters),
+            ui_actions: self.ui_actions.or(other.ui_actions),
         }
     }
 }
@@ -249,6 +254,8 @@ pub struct NodeConfig {
     pub logs_kept_after_snapshot: u64,
     /// Most waiting requests held at once.
     pub max_waiters: usize,
+    /// Whether the dashboard offers actions (retry, cancel, pause, resume).
+    pub ui_actions: bool,
     /// Raft timing.
     pub timing: RaftTiming,
 }
@@ -309,6 +316,7 @@ impl NodeConfig {
                 .logs_kept_after_snapshot
                 .unwrap_or(LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT),
             max_waiters: max_waiters(flags.max_waiters)?,
+            ui_actions: flags.ui_actions.unwrap_or(false),
             timing: RaftTiming::default(),
         })
     }

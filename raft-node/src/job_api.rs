@@ -18,6 +18,7 @@ use rpc::job::FAIL_PATH;
 use rpc::job::FINISH_PATH;
 use rpc::job::FailRequestJson;
 use rpc::job::FinishRequestJson;
+use rpc::job::GroupStatsJson;
 use rpc::job::JOBS_PAGE_DEFAULT;
 use rpc::job::JOBS_PAGE_MAX;
 use rpc::job::JobJson;
@@ -75,6 +76,7 @@ pub fn routes() -> Router<SharedNode> {
             "/groups/{group}/settings",
             get(get_settings).put(put_settings),
         )
+        .route("/groups/{group}/stats", get(get_stats))
 }
 
 async fn post_finish(
@@ -311,6 +313,39 @@ async fn get_settings(
         let settings = machine.group_settings(&group);
         let running = machine.running_in_group(&group);
         Ok(Json(settings_json(&group, &settings, running)).into_response())
+    })
+    .await)
+}
+
+/// The dashboard's figures for a group. O(tasks + jobs of the group): a look, not a
+/// hot path.
+async fn get_stats(
+    State(node): State<SharedNode>,
+    group: Result<Path<String>, PathRejection>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let group = path_segment(group)?;
+    let params = query_params(Some(incoming.query()))?;
+    Ok(read(&node, incoming, consistency(&params)?, |view| {
+        let machine = &view.state.machine;
+        let tasks = machine.group_len(&group) as u64;
+        let available = machine.iter_group(&group, false, view.now).count() as u64;
+        let records = machine.as_of(view.now);
+        let jobs = JobState::ALL
+            .iter()
+            .map(|&state| {
+                let count = records.jobs(&group, Some(state), None).count() as u64;
+                (state.as_str().to_string(), count)
+            })
+            .collect();
+        Ok(Json(GroupStatsJson {
+            group: group.clone(),
+            tasks,
+            available,
+            owned: tasks.saturating_sub(available),
+            jobs,
+        })
+        .into_response())
     })
     .await)
 }

@@ -195,6 +195,10 @@ fn job_paths(limits: &Limits) -> Value {
                     page_limit.clone(),
                     consistency()],
                 "responses": merge(json!({"200": ok("a page", ref_schema("JobPage"))}), read_errors())}},
+            "/groups/{group}/stats": {
+                "get": {"tags": ["jobs"], "summary": "A group's counts: tasks by availability, job records by state (O(tasks + jobs) per call)",
+                    "parameters": [{"name": "group", "in": "path", "required": true, "schema": {"type": "string"}}, consistency()],
+                    "responses": merge(json!({"200": ok("the counts", ref_schema("GroupStats"))}), read_errors())}},
             "/groups/{group}/settings": {
                 "get": {"tags": ["jobs"], "summary": "A group's settings (the defaults unless changed)",
                     "parameters": [{"name": "group", "in": "path", "required": true, "schema": {"type": "string"}}, consistency()],
@@ -259,6 +263,7 @@ pub fn document_for(limits: &Limits) -> Value {
                     {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
                     {"name": "limit", "in": "query", "required": false, "description": "at most this many", "schema": {"type": "integer", "minimum": 0}},
                     {"name": "owned", "in": "query", "required": false, "description": "include owned tasks: 0, 1, yes, no, true, false (default: unowned only)", "schema": {"type": "string"}},
+                    {"name": "after", "in": "query", "required": false, "description": "a cursor, TIMESPEC:ID of the previous page's last task: only the tasks after it, in the same order", "schema": {"type": "string"}},
                     consistency()],
                 "responses": merge(json!({"200": ok("tasks; [] for a group with none", task_list)}), read_errors())}},
             UPDATE_PATH: {"post": {"tags": ["worker"], "summary": "Add, update and delete tasks in one all-or-nothing transaction",

@@ -29,6 +29,7 @@ use serde::de::DeserializeOwned;
 use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimRequest;
+use store_sm::machine::LogTime;
 use store_sm::machine::OnConflict;
 use store_sm::machine::Request;
 use store_sm::machine::UpdateRequest;
@@ -197,17 +198,36 @@ async fn get_group(
         .map_err(ApiError::bad_request)?
         .flatten()
         .unwrap_or(false);
+    let after = params
+        .get("after")
+        .map(|cursor| parse_group_cursor(cursor))
+        .transpose()
+        .map_err(ApiError::bad_request)?;
     Ok(read(&node, incoming, consistency(&params)?, |view| {
         let tasks: Vec<TaskJson> = view
             .state
             .machine
-            .iter_group(&name, owned, view.now)
+            .iter_group_after(&name, owned, view.now, after)
             .take(limit.unwrap_or(usize::MAX))
             .map(task_json)
             .collect();
         Ok(Json(tasks).into_response())
     })
     .await)
+}
+
+/// A `GET /group` cursor, `AVAILABLE_MS:ID`: the `timespec` and `id` of the last task of
+/// the previous page.
+fn parse_group_cursor(cursor: &str) -> Result<(LogTime, u64), String> {
+    let bad = || {
+        format!(
+            "after: {cursor:?} is not a cursor; give the last task's timespec and id as TIMESPEC:ID"
+        )
+    };
+    let (at, id) = cursor.split_once(':').ok_or_else(bad)?;
+    let at: i64 = at.parse().map_err(|_| bad())?;
+    let id: u64 = id.parse().map_err(|_| bad())?;
+    Ok((LogTime::from_millis(at), id))
 }
 
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, ApiError> {

@@ -464,3 +464,86 @@ async fn a_wait_for_outcomes_ends_when_a_job_dies() {
     assert_eq!(waited["finished"], true, "{waited}");
     assert_eq!(waited["jobs"][0]["state"], "dead");
 }
+
+#[tokio::test]
+async fn a_groups_stats_count_its_tasks_and_jobs_and_a_cursor_pages_it() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_ready(&[1]).await;
+    let adds: Vec<Value> = (0..6)
+        .map(|i| json!({"group": "s", "data": format!("d{i}"), "key": format!("k{i}"), "max_attempts": 1}))
+        .chain([json!({"group": "s", "data": "plain"})])
+        .collect();
+    post(&cluster, 1, "/update", json!({"clientid": 1, "adds": adds})).await;
+    // One running, one dead (its only attempt failed), one succeeded.
+    let running = first_task(&post(&cluster, 1, "/claim", claim("s", 2)).await);
+    let doomed = first_task(&post(&cluster, 1, "/claim", claim("s", 2)).await);
+    post(
+        &cluster,
+        1,
+        "/fail",
+        json!({"clientid": 2, "id": doomed["id"], "error": "no"}),
+    )
+    .await;
+    let done = first_task(&post(&cluster, 1, "/claim", claim("s", 2)).await);
+    post(
+        &cluster,
+        1,
+        "/finish",
+        json!({"clientid": 2, "id": done["id"]}),
+    )
+    .await;
+
+    let stats = get(&cluster, 1, "/groups/s/stats").await;
+    assert_eq!(stats["group"], "s");
+    assert_eq!(stats["tasks"], 5, "{stats}");
+    assert_eq!(
+        (stats["available"].as_u64(), stats["owned"].as_u64()),
+        (Some(4), Some(1)),
+        "{stats}"
+    );
+    let jobs = &stats["jobs"];
+    assert_eq!(
+        [
+            &jobs["waiting"],
+            &jobs["running"],
+            &jobs["failed"],
+            &jobs["succeeded"],
+            &jobs["dead"],
+            &jobs["cancelled"]
+        ],
+        [
+            &json!(3),
+            &json!(1),
+            &json!(0),
+            &json!(1),
+            &json!(1),
+            &json!(0)
+        ],
+        "{stats}"
+    );
+    assert!(running["id"].is_u64());
+    let empty = get(&cluster, 1, "/groups/none/stats").await;
+    assert_eq!(empty["tasks"], 0);
+
+    // Two at a time by cursor: the same tasks, in the same order, as one listing.
+    let all = get(&cluster, 1, "/group/s?owned=1").await;
+    let mut paged = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = get(&cluster, 1, &format!("/group/s?owned=1&limit=2{after}")).await;
+        let tasks = page.as_array().expect("a list").clone();
+        let Some(last) = tasks.last() else { break };
+        after = format!("&after={}:{}", last["timespec"], last["id"]);
+        paged.extend(tasks);
+    }
+    assert_eq!(Value::Array(paged), all);
+    let (status, error) = call(&cluster, 1, Method::GET, "/group/s?after=soon", None).await;
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("TIMESPEC:ID"),
+        "{error}"
+    );
+}

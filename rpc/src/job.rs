@@ -124,6 +124,25 @@ pub struct BackoffJson {
     pub max_ms: i64,
 }
 
+/// A group's counts as `GET /groups/{group}/stats` answers them (the dashboard's
+/// figures): its tasks by availability and its job records by state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "GroupStats")]
+pub struct GroupStatsJson {
+    /// The group.
+    pub group: String,
+    /// Tasks in the group.
+    pub tasks: u64,
+    /// Tasks whose available time has come (claimable, unless waiting on a prerequisite
+    /// or the group's limits).
+    pub available: u64,
+    /// Tasks whose available time is still ahead: leased by a claim, or scheduled.
+    pub owned: u64,
+    /// Job records by state: `waiting`, `running`, `failed`, `succeeded`, `dead`,
+    /// `cancelled` (every state present, 0 when none).
+    pub jobs: std::collections::BTreeMap<String, u64>,
+}
+
 /// A group's settings as `GET /groups/{group}/settings` answers them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "GroupSettings")]

@@ -91,6 +91,7 @@ pub fn answer_schemas() -> Map<String, Value> {
     add::<job::JobPageJson>(&mut generator);
     add::<job::JobWaitJson>(&mut generator);
     add::<job::SettingsJson>(&mut generator);
+    add::<job::GroupStatsJson>(&mut generator);
     add::<watch::WatchPageJson>(&mut generator);
     add::<watch::WatchGoneJson>(&mut generator);
     add::<admin::ClusterStatusJson>(&mut generator);

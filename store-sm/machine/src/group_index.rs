@@ -136,15 +136,32 @@ impl GroupIndex {
             .min()
     }
 
-    /// Every task at or before `upper`, in `(available time, id)` order across levels and
-    /// blocked tasks: the seed's listing order. O(levels) per task.
-    pub(crate) fn in_order(&self, upper: LogTime) -> impl Iterator<Item = TaskId> + '_ {
+    /// Every task at or before `upper` and strictly after `after`, in `(available time,
+    /// id)` order across levels and blocked tasks: the seed's listing order. O(levels)
+    /// per task.
+    pub(crate) fn in_order(
+        &self,
+        after: Option<(LogTime, TaskId)>,
+        upper: LogTime,
+    ) -> impl Iterator<Item = TaskId> + '_ {
         let bound = (upper, TaskId::MAX);
+        let lower = match after {
+            Some(after) => std::ops::Bound::Excluded(after),
+            None => std::ops::Bound::Unbounded,
+        };
         let mut sources: Vec<_> = self
             .levels
             .values()
             .chain(std::iter::once(&self.blocked))
-            .map(|set| set.range(..=bound).peekable())
+            .map(|set| {
+                if after.is_some_and(|a| a > bound) {
+                    // Past the upper bound: an empty range (a reversed one would panic).
+                    set.range(bound..bound).peekable()
+                } else {
+                    set.range((lower, std::ops::Bound::Included(bound)))
+                        .peekable()
+                }
+            })
             .collect();
         std::iter::from_fn(move || {
             let next = sources

@@ -477,11 +477,23 @@ impl TaskMachine {
         include_owned: bool,
         now: LogTime,
     ) -> impl Iterator<Item = &'a Task> + 'a {
+        self.iter_group_after(group, include_owned, now, None)
+    }
+
+    /// As [`TaskMachine::iter_group`], starting strictly after the task at `after`
+    /// (`(available time, id)`, a page's last task): a cursor for paging a large group.
+    pub fn iter_group_after<'a>(
+        &'a self,
+        group: &str,
+        include_owned: bool,
+        now: LogTime,
+        after: Option<(LogTime, TaskId)>,
+    ) -> impl Iterator<Item = &'a Task> + 'a {
         let upper = if include_owned { LogTime::MAX } else { now };
         self.groups
             .get(group)
             .into_iter()
-            .flat_map(move |index| index.in_order(upper))
+            .flat_map(move |index| index.in_order(after, upper))
             .filter_map(|id| self.tasks.get(&id))
     }
 

@@ -458,3 +458,44 @@ fn a_request_id_reused_for_another_request_is_refused_and_changes_nothing() {
     };
     assert_eq!(machine.apply(&waiting), first);
 }
+
+#[test]
+fn paging_a_group_by_cursor_visits_every_task_once_in_listing_order() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 7);
+    // Some later, some claimed, so the order is not the id order.
+    let update = UpdateRequest {
+        client: 1,
+        adds: (0..5)
+            .map(|i| add("g", &format!("later{i}"), Some(-(5_000 - 100 * i))))
+            .collect(),
+        ..Default::default()
+    };
+    machine.apply(&update_cmd(T0, update));
+    machine.apply(&claim_cmd(T0, 2, "g", 60_000));
+    for include_owned in [true, false] {
+        let all: Vec<TaskId> = machine
+            .iter_group("g", include_owned, at(T0))
+            .map(|t| t.id)
+            .collect();
+        let mut paged = Vec::new();
+        let mut after = None;
+        loop {
+            let page: Vec<&Task> = machine
+                .iter_group_after("g", include_owned, at(T0), after)
+                .take(3)
+                .collect();
+            let Some(last) = page.last() else { break };
+            after = Some((last.available_at, last.id));
+            paged.extend(page.iter().map(|t| t.id));
+        }
+        assert_eq!(paged, all, "include_owned {include_owned}");
+    }
+    assert_eq!(
+        machine
+            .iter_group_after("g", false, at(T0), Some((LogTime::MAX, TaskId::MAX)))
+            .count(),
+        0,
+        "a cursor past the end"
+    );
+}
