@@ -1,6 +1,9 @@
 //! What clients nobody on the project wrote found (issue 20): oversized bodies read
 //! their 413 with Python's standard client, slow bodies and connection floods are cut,
-//! and every error answer, hyper's own included, is JSON.
+//! and every error answer, hyper's own included, is JSON. Issue 18: one peer holding
+//! idle connections past its share, trickling headers a byte a second and opening and
+//! dropping connections in a loop, all at once, does not keep another peer from being
+//! served.
 
 mod common;
 
@@ -259,4 +262,125 @@ async fn connections_over_the_limits_get_503_and_the_rest_are_served() {
         }
     })
     .await;
+}
+
+/// A request from 127.0.0.2 (another peer address on loopback), answered in full.
+async fn get_from_other_peer(addr: &str, path: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("an address"))
+        .expect("bind to another loopback address");
+    let mut stream = socket
+        .connect(addr.parse().expect("the node's address"))
+        .await
+        .expect("connect from the other address");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer));
+    let _ = read.await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_holding_idle_connections_trickling_headers_and_churning_does_not_starve_others() {
+    let cluster = TestCluster::start_with(
+        1,
+        "never",
+        &[
+            "--connections-max",
+            "400",
+            "--connections-per-peer-max",
+            "150",
+        ],
+    );
+    cluster.wait_ready(&[1]).await;
+    let addr = cluster.api(1).to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // 1. Idle connections from 127.0.0.1, beyond its per-peer share.
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        if let Ok(stream) = TcpStream::connect(&addr) {
+            idle.push(stream);
+        }
+    }
+    // 2. Headers one byte a second, on a few more connections.
+    let tricklers: Vec<_> = (0..8)
+        .map(|_| {
+            let (addr, stop) = (addr.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let Ok(mut stream) = TcpStream::connect(&addr) else {
+                    return false;
+                };
+                let request = b"GET /groups HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+                for byte in request {
+                    if stop.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    if stream.write_all(&[*byte]).is_err() {
+                        // Cut by the node: its header timeout.
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                false
+            })
+        })
+        .collect();
+    // 3. Connections opened and dropped in a loop.
+    let churned = Arc::new(AtomicU64::new(0));
+    let churner = {
+        let (addr, stop, churned) = (addr.clone(), Arc::clone(&stop), Arc::clone(&churned));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if TcpStream::connect(&addr).is_ok() {
+                    churned.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+
+    // Meanwhile another peer is served, request after request.
+    // Past the node's 10 s header timeout, so the tricklers have been cut by the end.
+    let served_until = std::time::Instant::now() + Duration::from_secs(14);
+    let mut served = 0;
+    while std::time::Instant::now() < served_until {
+        let answer = get_from_other_peer(&addr, "/groups").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "another peer was refused: {answer}"
+        );
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    churner.join().expect("the churner ends");
+    let cut = tricklers
+        .into_iter()
+        .map(|t| t.join().expect("a trickler ends"))
+        .filter(|&cut| cut)
+        .count();
+    assert!(served > 10, "served {served} requests");
+    assert!(churned.load(Ordering::Relaxed) > 100, "the churn ran");
+    assert_eq!(
+        cut, 8,
+        "every trickling connection was cut before its headers ended"
+    );
+    // The idle connections beyond the per-peer limit were refused, not held.
+    let answered = idle
+        .iter_mut()
+        .filter(|stream| {
+            stream
+                .set_read_timeout(Some(Duration::from_millis(50)))
+                .is_ok()
+                && stream.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0)
+        })
+        .count();
+    assert!(
+        answered >= 50,
+        "connections over the per-peer limit were answered 503: {answered}"
+    );
 }
