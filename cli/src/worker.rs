@@ -1,13 +1,15 @@
 //! `rota worker --group G [--concurrency N] [--lease 30s] -- CMD ARGS...`, or
 //! `rota worker --config worker.toml` for several groups each with its own command and
-//! concurrency (issue 14): claims tasks with a wait, runs CMD once per task in its own process group with the
-//! task's data on stdin and `ROTA_TASK_ID`, `ROTA_TASK_KEY`, `ROTA_ATTEMPT` and
-//! `ROTA_GROUP` in its environment, keeps the lease renewed (`rpc::lease`), kills the
-//! process group when the lease is lost or the task cancelled, and finishes the task on
-//! exit 0 (result: exit status, duration, the last 64 KiB of stdout and stderr) or
-//! fails it otherwise (the same, as the error). On SIGTERM or Ctrl-C it stops claiming,
-//! lets running commands go on for the grace period, then kills them and fails their
-//! tasks so they run elsewhere. With `--metrics-addr` it serves Prometheus metrics.
+//! concurrency (issue 14): claims tasks with a wait, runs CMD once per task in its own
+//! process group with the task's data on stdin and `ROTA_TASK_ID`, `ROTA_TASK_KEY`,
+//! `ROTA_ATTEMPT`, `ROTA_GROUP` and `ROTA_FENCE_FILE` (a file that always holds the
+//! current fence, rewritten at each renewal) in its environment, keeps the lease renewed
+//! (`rpc::lease`), kills the process group when the lease is lost or the task
+//! cancelled, and finishes the task on exit 0 (result: exit status, duration, the last
+//! 64 KiB of stdout and stderr) or fails it otherwise (the same, as the error). On
+//! SIGTERM or Ctrl-C it stops claiming, lets running commands go on for the grace
+//! period, then kills them and fails their tasks so they run elsewhere. With
+//! `--metrics-addr` it serves Prometheus metrics.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -270,16 +272,56 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Writes `fence` to `path` whole (a reader never sees half a number).
+fn write_fence(path: &std::path::Path, fence: u64) {
+    let partial = path.with_extension("partial");
+    if std::fs::write(&partial, format!("{fence}\n")).is_ok() {
+        let _ = std::fs::rename(&partial, path);
+    }
+}
+
+/// Keeps `path` holding the lease's current fence until dropped, then removes it.
+struct FenceFile {
+    path: std::path::PathBuf,
+    follower: tokio::task::JoinHandle<()>,
+}
+
+impl FenceFile {
+    fn follow(dir: &std::path::Path, lease: &Lease) -> Self {
+        let mut fences = lease.fences();
+        let path = dir.join(format!("fence-{}", *fences.borrow()));
+        write_fence(&path, *fences.borrow_and_update());
+        let followed = path.clone();
+        let follower = tokio::spawn(async move {
+            while fences.changed().await.is_ok() {
+                let fence = *fences.borrow_and_update();
+                write_fence(&followed, fence);
+            }
+        });
+        Self { path, follower }
+    }
+}
+
+impl Drop for FenceFile {
+    fn drop(&mut self) {
+        self.follower.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Runs the command for one task; the result to finish with, or the error to fail with.
 async fn run_command(
     command: Arc<Vec<String>>,
+    fence_dir: Arc<std::path::PathBuf>,
     lease: Arc<Lease>,
 ) -> Result<Option<serde_json::Value>, String> {
     let task = lease.task();
     let started = Instant::now();
+    let fence_file = FenceFile::follow(&fence_dir, &lease);
     let mut child = tokio::process::Command::new(&command[0])
         .args(&command[1..])
         .env("ROTA_TASK_ID", task.id.to_string())
+        .env("ROTA_FENCE_FILE", &fence_file.path)
         .env("ROTA_TASK_KEY", task.key.clone().unwrap_or_default())
         .env("ROTA_ATTEMPT", task.attempt.to_string())
         .env("ROTA_GROUP", &task.group)
@@ -349,6 +391,11 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
             .collect();
         tokio::spawn(crate::worker_metrics::serve(listener, groups));
     }
+    // Each running command's fence file lives here, gone when the worker stops.
+    let fence_dir = std::env::temp_dir().join(format!("rota-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&fence_dir)
+        .map_err(|e| CliError::Failed(format!("creating {}: {e}", fence_dir.display())))?;
+    let fence_dir = Arc::new(fence_dir);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_stop_signal().await;
@@ -359,11 +406,12 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
         .into_iter()
         .map(|group| {
             let command = Arc::new(group.command);
+            let fence_dir = Arc::clone(&fence_dir);
             tokio::spawn(run_worker(
                 Arc::clone(&client),
                 group.options,
                 stopped.clone(),
-                move |lease| run_command(Arc::clone(&command), lease),
+                move |lease| run_command(Arc::clone(&command), Arc::clone(&fence_dir), lease),
             ))
         })
         .collect();
@@ -371,6 +419,7 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
     for worker in workers {
         finished += worker.await.unwrap_or(0);
     }
+    let _ = std::fs::remove_dir_all(&*fence_dir);
     Ok(finished)
 }
 

@@ -59,7 +59,7 @@ async fn a_worker_runs_each_task_once_and_records_its_outcome() {
         }
         json(&dev, &args).await;
     }
-    let script = r#"cat; echo " on $ROTA_GROUP/$ROTA_TASK_KEY attempt $ROTA_ATTEMPT"; echo oops >&2; [ "$ROTA_TASK_KEY" != k2 ]"#;
+    let script = r#"cat; echo " on $ROTA_GROUP/$ROTA_TASK_KEY attempt $ROTA_ATTEMPT"; echo oops >&2; [ "$(cat "$ROTA_FENCE_FILE")" = "$ROTA_TASK_ID" ] || echo "fence file: $(cat "$ROTA_FENCE_FILE")"; [ "$ROTA_TASK_KEY" != k2 ]"#;
     let mut worker = worker(
         &dev,
         &["--group", "w", "--concurrency", "2"],
@@ -118,8 +118,10 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
         &["job", "add", "--group", "c", "--key", "long", "--data", "x"],
     )
     .await;
+    let info_file = dir.path().join("info");
     let script = format!(
-        "sleep 300 & echo $! > {}; wait",
+        "echo $ROTA_TASK_ID $ROTA_FENCE_FILE > {}; sleep 300 & echo $! > {}; wait",
+        info_file.to_str().expect("utf-8"),
         pid_file.to_str().expect("utf-8")
     );
     let mut worker = worker(
@@ -140,6 +142,24 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
     };
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
     assert!(alive(sleeper));
+    // The fence file follows the renewals (one every second with a 3 s lease).
+    let info = std::fs::read_to_string(&info_file).expect("the command wrote its info");
+    let (first_id, fence_path) = info.trim().split_once(' ').expect("id and path");
+    let first_id: u64 = first_id.parse().expect("a task id");
+    let fence = |path: &str| -> u64 {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fence(fence_path) <= first_id {
+        assert!(
+            Instant::now() < deadline,
+            "the fence file never moved past {first_id}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     json(&dev, &["job", "cancel", "--group", "c", "long"]).await;
     // The next renewal (a third of the 3 s lease) learns of the cancel.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -152,5 +172,9 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
     }
     let record = job_state(&dev, "c", "long").await;
     assert_eq!(record["state"], "cancelled", "{record}");
+    assert!(
+        !std::path::Path::new(fence_path).exists(),
+        "the fence file goes with its command"
+    );
     assert!(terminate(&mut worker).success());
 }

@@ -61,6 +61,8 @@ struct Shared {
     until: Mutex<Instant>,
     /// Set once the holder ends the lease: the renewer stops.
     ended: std::sync::atomic::AtomicBool,
+    /// The current fence, for holders that follow it as it changes.
+    fence: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -87,10 +89,12 @@ impl Lease {
         lease: Duration,
         claimed_at: Instant,
     ) -> Self {
+        let fence = watch::Sender::new(task.id);
         let shared = Arc::new(Shared {
             task: std::sync::Mutex::new(task),
             until: Mutex::new(claimed_at + lease),
             ended: std::sync::atomic::AtomicBool::new(false),
+            fence,
         });
         let (lost_tx, lost) = watch::channel(None);
         let renewer = tokio::spawn(renew(
@@ -115,6 +119,12 @@ impl Lease {
     /// The current fencing id: pass it downstream with every write the work makes.
     pub fn fence(&self) -> u64 {
         self.task().id
+    }
+
+    /// The fence as it changes: a receiver whose value is the current fencing id, marked
+    /// changed at each renewal.
+    pub fn fences(&self) -> watch::Receiver<u64> {
+        self.shared.fence.subscribe()
     }
 
     /// Why the lease was lost, if it was.
@@ -206,7 +216,9 @@ async fn renew(
         let task = shared.task();
         match tokio::time::timeout(left, client.renew_as(&task, lease, request_id)).await {
             Ok(Ok(task)) => {
+                let fence = task.id;
                 *shared.task.lock().unwrap_or_else(|p| p.into_inner()) = task;
+                shared.fence.send_replace(fence);
                 // Conservatively from the first send: the write applied after it.
                 *until = sent + lease;
                 due = sent + lease / 3;
