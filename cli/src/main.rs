@@ -1411,8 +1411,15 @@ fn main() -> ExitCode {
                 node_args,
             }) => {
                 let urls = cli::dev::up(&dir, nodes, &sync, &node_args).await?;
+                // `urls=$(rota dev up ... | head -1)` closes the pipe after one line: the
+                // nodes run either way, so a closed stdout is not an error.
+                let mut stdout = std::io::stdout().lock();
                 for url in urls {
-                    println!("{url}");
+                    if std::io::Write::write_all(&mut stdout, format!("{url}\n").as_bytes())
+                        .is_err()
+                    {
+                        break;
+                    }
                 }
                 Ok::<(), cli::CliError>(())
             }

@@ -23,6 +23,7 @@ pub mod runtime;
 pub mod service;
 pub mod storage;
 pub mod types;
+pub mod ui;
 pub mod waiting;
 pub mod watch_api;
 pub mod worker_api;
@@ -126,6 +127,7 @@ pub fn api_router(node: SharedNode) -> Router {
         .merge(job_api::routes())
         .merge(watch_api::routes())
         .merge(admin_api::routes())
+        .merge(ui::routes())
         .route("/metrics", axum::routing::get(metrics::get_metrics))
         .route("/openapi.json", axum::routing::get(openapi::get_openapi))
         .fallback(http::not_found_fallback)
