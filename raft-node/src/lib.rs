@@ -196,12 +196,26 @@ fn write_pid_file(data_dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::rename(&partial, data_dir.join(PID_FILE))
 }
 
+/// The term of the stored vote and the last index of the stored log.
+async fn log_at_start<L: RaftLogStorage<NodeTypes>>(
+    log_store: &mut L,
+) -> Result<(u64, Option<u64>), StartError> {
+    let failed = |e: std::io::Error| StartError::Raft(format!("reading the log: {e}"));
+    let mut reader = log_store.get_log_reader().await;
+    let term = openraft::storage::RaftLogReader::read_vote(&mut reader)
+        .await
+        .map_err(failed)?
+        .map_or(0, |vote| vote.leader_id().term);
+    let last = log_store.get_log_state().await.map_err(failed)?.last_log_id;
+    Ok((term, last.map(|id| id.index())))
+}
+
 /// Starts Raft on the given storage and both listeners, and forms the cluster if this
 /// node is the one that initialises the static member list. The daemon and the
 /// simulation both start nodes here; only storage and the wall clock differ.
 pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     config: NodeConfig,
-    log_store: L,
+    mut log_store: L,
     snapshots: NodeSnapshots,
     log_stats: Option<Arc<LogStats>>,
     wall: impl WallClock,
@@ -222,6 +236,8 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     let raft_listener = bind(config.listen_raft).await?;
 
     let client = HttpClient::new();
+    // What the log held before Raft starts on it: see `Node::log_at_start`.
+    let log_at_start = log_at_start(&mut log_store).await?;
     let network = Network::new(client.clone(), config.timing.clone());
     let raft = NodeRaft::new(
         config.id,
@@ -240,9 +256,9 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     if applied_at > LogTime::EPOCH {
         clock.follow(applied_at);
     }
-    let node = Arc::new(Node::new(
-        config, raft, state, clock, client, log_stats, &observer,
-    ));
+    let mut node = Node::new(config, raft, state, clock, client, log_stats, &observer);
+    node.log_at_start = log_at_start;
+    let node = Arc::new(node);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![
         tokio::spawn(http::serve(

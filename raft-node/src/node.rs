@@ -50,6 +50,10 @@ pub struct Node {
     pub claims: Arc<ClaimQueues>,
     /// Blocking claims' proposals under a request id that have not finished.
     pub claims_in_flight: InFlight,
+    /// The term and last log index this node's storage held when it started: a leader
+    /// that restarted without losing its leadership serves linearizable reads only once
+    /// it applied that far (see `Node::read`).
+    pub log_at_start: (u64, Option<u64>),
     request_nonce: u64,
     request_counter: AtomicU64,
 }
@@ -69,6 +73,7 @@ impl Node {
         observer: &Observer,
     ) -> Self {
         Self {
+            log_at_start: (0, None),
             claims: Arc::clone(&observer.claims),
             claims_in_flight: InFlight::default(),
             waiters: Arc::new(Waiters::new(config.max_waiters)),
