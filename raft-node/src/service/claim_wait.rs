@@ -18,10 +18,8 @@ use std::time::Duration;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
-use store_sm::machine::Refusal;
 use store_sm::machine::Request;
 use store_sm::machine::TaskMachine;
-use store_sm::machine::fingerprint;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -42,18 +40,8 @@ fn remembered_claim(
     let Some(request_id) = request_id else {
         return Ok(None);
     };
-    let key = (claim.client, Arc::<str>::from(request_id));
-    let Some(entry) = machine.dedup().get(&key) else {
-        return Ok(None);
-    };
-    let this = fingerprint(&Request::Claim(claim.clone()));
-    if entry.fingerprint.is_some_and(|first| first != this) {
-        let refusal = Refusal::RequestIdReused {
-            request_id: request_id.to_string(),
-        };
-        return Err(ServiceError::ReusedRequestId(refusal.to_string()));
-    }
-    Ok(Some(Arc::clone(&entry.outcome)))
+    let remembered = machine.remembered(claim.client, request_id, &Request::Claim(claim.clone()));
+    remembered.map(Node::outcome_or_reused_id).transpose()
 }
 
 /// The outcome of a proposal in flight once it has finished; `None` if its write

@@ -14,6 +14,25 @@ use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 
 impl Node {
+    /// `outcome`, unless it refuses a request id reused for another request: that is
+    /// not an outcome of the request but a client's bug, answered apart (422) so that a
+    /// retry loop stops instead of reading it as the first outcome.
+    pub(crate) fn outcome_or_reused_id(
+        outcome: Arc<Outcome>,
+    ) -> Result<Arc<Outcome>, ServiceError> {
+        match &*outcome {
+            Outcome::Refused(refusals)
+                if refusals
+                    .iter()
+                    .any(|r| matches!(r, Refusal::RequestIdReused { .. })) =>
+            {
+                let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+                Err(ServiceError::ReusedRequestId(reasons.join("; ")))
+            }
+            _ => Ok(outcome),
+        }
+    }
+
     /// Proposes `request` through Raft, stamped with this node's log clock, and returns
     /// the machine's outcome once a majority has the entry and this node applied it.
     pub async fn write(
@@ -37,19 +56,7 @@ impl Node {
                 )
             })?;
         match written {
-            Ok(response) => match &*response.data {
-                // Not an outcome of the request but a client's bug, answered apart (422)
-                // so that a retry loop stops instead of reading it as the first outcome.
-                Outcome::Refused(refusals)
-                    if refusals
-                        .iter()
-                        .any(|r| matches!(r, Refusal::RequestIdReused { .. })) =>
-                {
-                    let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
-                    Err(ServiceError::ReusedRequestId(reasons.join("; ")))
-                }
-                _ => Ok(response.data),
-            },
+            Ok(response) => Self::outcome_or_reused_id(response.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(self.not_leader(&forward))
             }

@@ -45,6 +45,20 @@ impl DedupTable {
         self.by_key.get(key)
     }
 
+    /// The answer to a request under `key` with `fingerprint`: its first outcome, or,
+    /// when the id named another request (a client's bug: answering the first outcome
+    /// would tell it the second one happened), a refusal; `None` if `key` is not
+    /// remembered.
+    pub fn answer(&self, key: &DedupKey, fingerprint: Option<u64>) -> Option<Arc<Outcome>> {
+        let first = self.by_key.get(key)?;
+        if first.fingerprint.is_some() && first.fingerprint != fingerprint {
+            let request_id = key.1.to_string();
+            let refusal = Refusal::RequestIdReused { request_id };
+            return Some(Arc::new(Outcome::Refused(vec![refusal])));
+        }
+        Some(Arc::clone(&first.outcome))
+    }
+
     /// Remembers the first outcome of `key` (and its request's fingerprint) and evicts
     /// what the limits require.
     pub fn insert(

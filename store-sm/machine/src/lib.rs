@@ -160,15 +160,11 @@ impl TaskMachine {
             None => None,
         };
         let fingerprint = key.as_ref().map(|_| fingerprint(&command.request));
-        if let Some(first) = key.as_ref().and_then(|key| self.dedup.get(key)) {
-            // The same id for another request is a client's bug: answering the first
-            // request's outcome would tell it the second one happened.
-            if first.fingerprint.is_some() && first.fingerprint != fingerprint {
-                let request_id = command.request_id.clone().unwrap_or_default();
-                let refusal = Refusal::RequestIdReused { request_id };
-                return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
-            }
-            return (Arc::clone(&first.outcome), Effect::Unchanged);
+        if let Some(first) = key
+            .as_ref()
+            .and_then(|key| self.dedup.answer(key, fingerprint))
+        {
+            return (first, Effect::Unchanged);
         }
 
         let changed = |outcome: Outcome, effect| match outcome {
@@ -525,6 +521,19 @@ impl TaskMachine {
     /// All tasks in id order.
     pub fn iter_tasks(&self) -> impl Iterator<Item = &Task> + '_ {
         self.tasks.values()
+    }
+
+    /// What a command of `client` under `request_id` asking `request` is answered from
+    /// the dedup table: its first outcome, or a refusal if the id named another request;
+    /// `None` if the id is not remembered.
+    pub fn remembered(
+        &self,
+        client: ClientId,
+        request_id: &str,
+        request: &Request,
+    ) -> Option<Arc<Outcome>> {
+        let key = (client, Arc::<str>::from(request_id));
+        self.dedup.answer(&key, Some(fingerprint(request)))
     }
 
     /// The dedup table, for snapshots and checks.
