@@ -13,9 +13,27 @@
 //! other half of the guarantee: applied time is `max(stamp, previous)`, so log time
 //! never goes back across leaders.
 //!
-//! After the whole cluster was down, the first leader continues from the last applied
-//! entry's time: leases are extended by the outage, never cut short, and log time then
-//! closes the gap to the wall clock at 1% of elapsed time.
+//! After the whole cluster was down, log time catches up with the outage at once rather
+//! than at 1% of elapsed time (which left absolute timespecs claimable late by up to the
+//! outage's length). Every node keeps a [`ClockRecord`] beside its snapshot, rewritten
+//! every second: its log time and its wall clock at one instant. A restarted node's
+//! *estimate* of log time is `record.log + 99% of (wall now - record.wall)`: the time of
+//! the record advanced by the real time its own wall clock says has passed, less the slew
+//! (see [`LogClock::resume_from`]); a running node's estimate is its clock. A new leader
+//! asks every voter for its estimate and, with answers from a majority (itself
+//! included), moves its clock forward to the *smallest* answer, never back
+//! ([`LogClock::advance_to`]). The smallest, not the median: a wall clock that jumped
+//! forward during the outage inflates its node's estimate, which is the unsafe direction
+//! (leases would end early), and a majority's smallest answer always comes from a node
+//! whose clock did not jump forward as long as only a minority's did. A clock that
+//! jumped back only makes the catch-up smaller, and log time then slews as before.
+//!
+//! Why that keeps leases: log time at the last stamp before the outage was at least the
+//! record's time plus 99% of the real time between the record and that stamp (log time
+//! never runs slower than that), so the estimate exceeds it by at most 99% of the real
+//! time since the stamp. Log time thus never advances faster than real time across an
+//! outage, as the holder of a lease assumes (it gives its lease up 1% early). Nodes with
+//! no record (new, or from an older release) answer their clock: no catch-up, as before.
 
 use std::sync::Mutex;
 
@@ -45,6 +63,18 @@ impl WallClock for SystemClock {
 struct ClockState {
     last_mono_ms: f64,
     offset_ms: f64,
+    /// From the record found at start: log time then, and the monotonic time it was read.
+    resumed: Option<(f64, f64)>,
+}
+
+/// A node's log time and wall clock at one instant, kept on disk so that after a restart
+/// the node can tell how much real time passed (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClockRecord {
+    /// Log time, in milliseconds since the Unix epoch.
+    pub log_ms: i64,
+    /// The node's wall clock at the same instant.
+    pub wall_ms: i64,
 }
 
 /// Monotonic time slewed toward the wall clock; see the module documentation.
@@ -72,6 +102,7 @@ impl LogClock {
             state: Mutex::new(ClockState {
                 last_mono_ms: 0.0,
                 offset_ms,
+                resumed: None,
             }),
         }
     }
@@ -83,6 +114,47 @@ impl LogClock {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.last_mono_ms = state.last_mono_ms.max(mono_ms);
         state.offset_ms = log_time.as_millis() as f64 - state.last_mono_ms;
+    }
+
+    /// Moves log time forward to `at` if it is behind; never back.
+    pub fn advance_to(&self, at: LogTime) {
+        let now = self.now();
+        if at > now {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.offset_ms += at.millis_since(now) as f64;
+        }
+    }
+
+    /// What this node keeps on disk: log time and its wall clock, now.
+    pub fn record(&self) -> ClockRecord {
+        ClockRecord {
+            log_ms: self.now().as_millis(),
+            wall_ms: self.wall.now_ms(),
+        }
+    }
+
+    /// Takes the record a restarted node found: from now on [`LogClock::estimate`] is at
+    /// least `record.log_ms` plus 99% of the wall-clock time since `record.wall_ms`,
+    /// growing with the monotonic clock. A wall clock behind the record adds nothing.
+    pub fn resume_from(&self, record: ClockRecord) {
+        let passed = self.wall.now_ms().saturating_sub(record.wall_ms).max(0) as f64;
+        let resumed_ms = record.log_ms as f64 + passed * (1.0 - LOG_CLOCK_SLEW_RATE);
+        let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.resumed = Some((resumed_ms, mono_ms));
+    }
+
+    /// This node's estimate of log time, which a new leader may catch up to: the larger
+    /// of its clock and what the record found at start says (see the module docs).
+    pub fn estimate(&self) -> LogTime {
+        let now = self.now();
+        let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let resumed = state.resumed.map(|(at_ms, read_ms)| {
+            let since = (mono_ms - read_ms).max(0.0) * (1.0 - LOG_CLOCK_SLEW_RATE);
+            LogTime::from_millis((at_ms + since) as i64)
+        });
+        resumed.map_or(now, |resumed| resumed.max(now))
     }
 
     /// Log time now; never decreases between calls to [`LogClock::follow`].
@@ -157,6 +229,65 @@ mod tests {
         assert!(
             (10_000..=10_101).contains(&moved),
             "then runs at most 1% fast toward its wall clock: moved {moved} ms in 10 s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_node_estimates_log_time_from_its_record_and_its_wall_clock() {
+        let wall = JumpingClock::default();
+        let clock = LogClock::new(wall.clone());
+        let applied = LogTime::from_millis(SystemClock.now_ms() - 3_600_000);
+        clock.follow(applied);
+        assert_eq!(clock.estimate(), clock.now(), "no record: the clock itself");
+
+        // Kept an hour ago, when log time was `applied`: 99% of the hour is added.
+        clock.resume_from(ClockRecord {
+            log_ms: applied.as_millis(),
+            wall_ms: SystemClock.now_ms() - 3_600_000,
+        });
+        let estimate = clock.estimate().millis_since(applied);
+        assert!(
+            (3_563_000..=3_565_000).contains(&estimate),
+            "99% of the hour since the record: {estimate} ms"
+        );
+        assert!(
+            clock.now().millis_since(applied) < 100,
+            "the estimate does not move the clock"
+        );
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let later = clock.estimate().millis_since(applied);
+        assert!(
+            (estimate + 9_899..=estimate + 9_901).contains(&later),
+            "and grows at 99% of monotonic time: {later} ms"
+        );
+
+        // A wall clock behind the record adds nothing.
+        let behind = LogClock::new(wall.clone());
+        behind.follow(applied);
+        behind.resume_from(ClockRecord {
+            log_ms: applied.as_millis(),
+            wall_ms: SystemClock.now_ms() + 60_000,
+        });
+        assert!(behind.estimate().millis_since(applied) < 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn advance_to_moves_the_clock_forward_only() {
+        let clock = LogClock::new(JumpingClock::default());
+        let now = clock.now();
+        clock.advance_to(LogTime::from_millis(now.as_millis() - 60_000));
+        assert!(clock.now().millis_since(now).abs() <= 1, "never back");
+        let ahead = LogTime::from_millis(now.as_millis() + 60_000);
+        clock.advance_to(ahead);
+        assert!(
+            clock.now().millis_since(ahead).abs() <= 1,
+            "forward at once"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let moved = clock.now().millis_since(ahead);
+        assert!(
+            (990..=1_010).contains(&moved),
+            "then slews as before: {moved} ms in 1 s"
         );
     }
 }

@@ -22,6 +22,7 @@ pub mod relay;
 pub mod runtime;
 pub mod service;
 pub mod storage;
+pub mod time_keeper;
 pub mod types;
 pub mod ui;
 pub mod waiting;
@@ -220,6 +221,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     log_stats: Option<Arc<LogStats>>,
     wall: impl WallClock,
 ) -> Result<RunningNode, StartError> {
+    let notes = snapshots.clone();
     let mut state_machine =
         TaskStateMachine::open(snapshots).map_err(|source| StartError::Storage {
             dir: config.data_dir.display().to_string(),
@@ -256,6 +258,9 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     if applied_at > LogTime::EPOCH {
         clock.follow(applied_at);
     }
+    if let Some(record) = time_keeper::load_record(&notes) {
+        clock.resume_from(record);
+    }
     let mut node = Node::new(config, raft, state, clock, client, log_stats, &observer);
     node.log_at_start = log_at_start;
     let node = Arc::new(node);
@@ -274,7 +279,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             node.config.connection_limits,
         )),
     ];
-    let log_time = tokio::spawn(node.clone().follow_log_time());
+    let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));
     bootstrap(&node).await;
     tracing::info!(
         id = node.id(),

@@ -56,6 +56,8 @@ pub mod paths {
     pub const SNAPSHOT: &str = "/raft/snapshot";
     /// Leadership transfer.
     pub const TRANSFER_LEADER: &str = "/raft/transfer-leader";
+    /// The node's estimate of log time, which a new leader may catch up to.
+    pub const CLOCK_ESTIMATE: &str = "/raft/clock-estimate";
 }
 
 /// The media type of Raft bodies.
@@ -153,6 +155,22 @@ fn transport_error(e: ClientError) -> RPCError<NodeTypes> {
 }
 
 impl PeerClient {
+    /// A client of node `target`'s Raft listener at `addr`.
+    pub fn to(target: NodeId, addr: String, client: HttpClient, timing: RaftTiming) -> Self {
+        Self {
+            target,
+            addr,
+            client,
+            timing,
+        }
+    }
+
+    /// The peer's estimate of log time (see `crate::clock`), within one RPC deadline.
+    pub async fn clock_estimate(&self) -> Result<store_sm::machine::LogTime, ClientError> {
+        self.call(paths::CLOCK_ESTIMATE, &(), self.timing.rpc_timeout)
+            .await
+    }
+
     async fn call<Req, Resp>(
         &self,
         path: &str,

@@ -6,10 +6,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use rpc::client::HttpClient;
-use store_sm::machine::LogTime;
 use store_sm::raft_types::NodeId;
 use store_sm::state_machine::StateReader;
 
@@ -115,35 +113,5 @@ impl Node {
     /// The leader this node knows of, if any.
     pub fn leader_id(&self) -> Option<NodeId> {
         self.raft.metrics().borrow_watched().current_leader
-    }
-
-    /// Sets this node's log clock to the time of each entry it applies that another
-    /// leader (or this node in an earlier term) stamped (see [`crate::clock`]); ends when
-    /// Raft shuts down.
-    pub async fn follow_log_time(self: Arc<Self>) {
-        let mut metrics = self.raft.metrics();
-        let mut seen_applied = None;
-        loop {
-            let (stamped_here, applied) = {
-                let now = metrics.borrow_watched();
-                let stamped_here = now.last_applied.is_some_and(|id| {
-                    let leader = id.committed_leader_id();
-                    now.state == ServerState::Leader
-                        && leader.term == now.current_term
-                        && leader.node_id == self.config.id
-                });
-                (stamped_here, now.last_applied)
-            };
-            if !stamped_here && applied.is_some() && applied != seen_applied {
-                let log_time = self.state.read(|s| s.machine.log_time());
-                if log_time > LogTime::EPOCH {
-                    self.clock.follow(log_time);
-                }
-            }
-            seen_applied = applied;
-            if metrics.changed().await.is_err() {
-                return;
-            }
-        }
     }
 }

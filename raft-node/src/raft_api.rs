@@ -33,6 +33,7 @@ pub fn routes() -> Router<SharedNode> {
         .route(paths::PRE_VOTE, post(pre_vote))
         .route(paths::SNAPSHOT, post(snapshot))
         .route(paths::TRANSFER_LEADER, post(transfer_leader))
+        .route(paths::CLOCK_ESTIMATE, post(clock_estimate))
 }
 
 async fn decode<T: DeserializeOwned>(
@@ -112,4 +113,13 @@ async fn transfer_leader(
         .await
         .map_err(|e| e.to_string());
     Ok(encode(&result))
+}
+
+async fn clock_estimate(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let () = decode(&headers, body, "clock estimate").await?;
+    Ok(encode(&node.clock.estimate()))
 }

@@ -34,3 +34,24 @@ impl SnapshotPersistence for NodeSnapshots {
         }
     }
 }
+
+impl NodeSnapshots {
+    /// Keeps `note`, the node's clock record, beside its snapshot.
+    pub fn save_note(&self, note: &[u8]) -> io::Result<()> {
+        match self {
+            Self::Dir(dir) => dir.save_note(note),
+            Self::Memory(memory) => {
+                memory.save_note(note);
+                Ok(())
+            }
+        }
+    }
+
+    /// The note last kept, if any.
+    pub fn load_note(&self) -> io::Result<Option<Vec<u8>>> {
+        match self {
+            Self::Dir(dir) => dir.load_note(),
+            Self::Memory(memory) => Ok(memory.load_note()),
+        }
+    }
+}

@@ -292,11 +292,13 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         .on_client(async move { Workers::start(WORKERS, addrs, mix) })
         .await;
 
+    // Problems a scenario finds while it runs, reported after the history's checks.
+    let mut late_problems = Vec::new();
     match scenario {
         Scenario::Swarm => swarm(&mut faults, &mut trace).await,
         Scenario::Partition => partitions(&mut faults, &mut trace).await,
         Scenario::Crash => crashes(&mut faults, &workers, &mut trace).await,
-        Scenario::Clock => clocks(&mut faults, &mut trace).await,
+        Scenario::Clock => late_problems = clocks(&mut faults, &mut trace).await,
         Scenario::Membership => membership(&mut faults, &mut trace).await,
     }
     madsim::time::sleep(Duration::from_secs(1)).await;
@@ -348,6 +350,9 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         Ok(searched) => searched,
         Err(problems) => return Err(trace.fail(problems)),
     };
+    if !late_problems.is_empty() {
+        return Err(trace.fail(late_problems));
+    }
     Ok(RunReport {
         nodes: size,
         check,
@@ -471,6 +476,17 @@ impl Faults<'_> {
             }
         }
         None
+    }
+
+    /// How far the leader's applied log time is behind real (simulated) time, in ms;
+    /// `None` if no leader answers.
+    async fn log_lag(&self) -> Option<i64> {
+        let leader = self.leader().await?;
+        let status = self.cluster.status(leader).await?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        Some(now_ms - status.applied_time_ms)
     }
 
     /// The leader, or else any running voter.
@@ -768,10 +784,17 @@ async fn crashes(f: &mut Faults<'_>, workers: &Workers, trace: &mut Trace) {
 }
 
 /// Wall clocks jump (the leader's too), skewed nodes restart, and leadership moves onto
-/// skewed nodes.
-async fn clocks(f: &mut Faults<'_>, trace: &mut Trace) {
-    for _ in 0..FAULT_ROUNDS / 2 {
+/// skewed nodes; once, the whole cluster is down for a while (see [`outage`]). Returns
+/// what the outage's check found.
+async fn clocks(f: &mut Faults<'_>, trace: &mut Trace) -> Vec<String> {
+    let outage_at = Faults::rng().gen_range(0..FAULT_ROUNDS / 2);
+    let mut problems = Vec::new();
+    for round in 0..FAULT_ROUNDS / 2 {
         hold(500, 2000).await;
+        if round == outage_at {
+            problems.extend(outage(f, trace).await);
+            continue;
+        }
         let leader = f.leader_or_any().await.unwrap_or(1);
         let node = if Faults::rng().gen_bool(0.5) {
             leader
@@ -793,6 +816,78 @@ async fn clocks(f: &mut Faults<'_>, trace: &mut Trace) {
             _ => {}
         }
     }
+    problems
+}
+
+/// How far log time may stay behind after an outage, beyond where it was before: the
+/// catch-up takes 99% of the real time that passed (1% of it stays, closed by the
+/// slew), plus a round of elections and the first writes.
+const CATCH_UP_SLACK_MS: i64 = 3_000;
+
+/// Every node loses power for 20 s to 2 min, and a minority's wall clocks jump forward
+/// meanwhile; after the restart, log time must catch up with the outage (within 1% of it
+/// and [`CATCH_UP_SLACK_MS`]) but not follow the jumped clocks ahead of real time, which
+/// the history's real-time lease check would see as leases cut short.
+async fn outage(f: &mut Faults<'_>, trace: &mut Trace) -> Vec<String> {
+    let Some(lag_before) = f.log_lag().await else {
+        trace.fault("no leader to read log time from: outage skipped".into());
+        return Vec::new();
+    };
+    let cut_at = madsim::time::Instant::now();
+    for id in f.voters.clone() {
+        f.cluster.crash(id);
+    }
+    let outage_ms = Faults::rng().gen_range(20_000..120_000);
+    trace.fault(format!(
+        "power cut of every node for {outage_ms} ms (log time {lag_before} ms behind real time)"
+    ));
+    let mut voters = f.voters.clone();
+    voters.shuffle(&mut Faults::rng());
+    for &id in voters.iter().take((voters.len() - 1) / 2) {
+        let jump = Faults::rng().gen_range(60_000..3_600_000);
+        f.cluster.skew_clock(id, jump);
+        trace.fault(format!("clock of {id} jumps {jump} ms while it is down"));
+    }
+    madsim::time::sleep(Duration::from_millis(outage_ms)).await;
+    for id in f.voters.clone() {
+        f.cluster.restart(id);
+    }
+    f.down.clear();
+    trace.fault("restart every node".into());
+
+    let deadline = madsim::time::Instant::now() + Duration::from_secs(30);
+    let mut lag = None;
+    while madsim::time::Instant::now() < deadline {
+        madsim::time::sleep(Duration::from_millis(250)).await;
+        lag = f.log_lag().await;
+        let allowed = lag_before + cut_at.elapsed().as_millis() as i64 / 100 + CATCH_UP_SLACK_MS;
+        if lag.is_some_and(|lag| lag <= allowed) {
+            break;
+        }
+    }
+    let Some(lag) = lag else {
+        return vec![format!(
+            "no leader served /cluster within 30 s of restarting every node"
+        )];
+    };
+    trace.fault(format!(
+        "log time {lag} ms behind real time after the outage"
+    ));
+    let allowed = lag_before + cut_at.elapsed().as_millis() as i64 / 100 + CATCH_UP_SLACK_MS;
+    let mut problems = Vec::new();
+    if lag > allowed {
+        problems.push(format!(
+            "log time did not catch up with a {outage_ms} ms outage: {lag} ms behind real \
+             time 30 s after the restart (it was {lag_before} ms behind before; allowed {allowed})"
+        ));
+    }
+    if lag < lag_before - CATCH_UP_SLACK_MS {
+        problems.push(format!(
+            "log time ran ahead over a {outage_ms} ms outage: {lag} ms behind real time, \
+             {lag_before} ms before (a jumped wall clock moved it?)"
+        ));
+    }
+    problems
 }
 
 /// Grows 3 -> 5 and shrinks again under load, with a snapshot and a killed follower.

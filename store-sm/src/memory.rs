@@ -83,6 +83,7 @@ struct DiskState {
     synced: LogImage,
     pending: Vec<LogOp>,
     snapshot: Option<StoredSnapshot>,
+    note: Option<Vec<u8>>,
     syncs: u64,
 }
 
@@ -276,5 +277,19 @@ impl SnapshotPersistence for MemSnapshots {
 
     fn load(&self) -> io::Result<Option<StoredSnapshot>> {
         Ok(self.disk.lock().snapshot.clone())
+    }
+}
+
+impl MemSnapshots {
+    /// Replaces the node's small note beside its snapshot (the daemon keeps it in a file
+    /// of the snapshot directory; see [`crate::snapshot_dir::SnapshotDir::save_note`]).
+    /// Durable at once, like a snapshot.
+    pub fn save_note(&self, note: &[u8]) {
+        self.disk.lock().note = Some(note.to_vec());
+    }
+
+    /// The note last saved, if any.
+    pub fn load_note(&self) -> Option<Vec<u8>> {
+        self.disk.lock().note.clone()
     }
 }

@@ -30,6 +30,8 @@ const FILE_MAGIC: &[u8; 8] = b"ROTASNPF";
 const FILE_FORMAT_VERSION: u32 = 1;
 const FILE_NAME: &str = "current.snapshot";
 const TEMP_NAME: &str = "current.snapshot.tmp";
+const NOTE_NAME: &str = "node.note";
+const NOTE_TEMP_NAME: &str = "node.note.tmp";
 
 /// Snapshot persistence in a directory; see the module documentation.
 #[derive(Clone, Debug)]
@@ -90,6 +92,28 @@ impl SnapshotDir {
         File::open(&self.dir)?
             .sync_all()
             .map_err(|e| context(e, "syncing", &self.dir))
+    }
+}
+
+impl SnapshotDir {
+    /// Replaces a small note the node keeps beside its snapshot (its clock record: see
+    /// `raft_node::clock`), whole or not at all. Not synced: a note lost in a power cut
+    /// leaves the older one, which its reader must accept.
+    pub fn save_note(&self, note: &[u8]) -> io::Result<()> {
+        let temp = self.dir.join(NOTE_TEMP_NAME);
+        fs::write(&temp, note).map_err(|e| context(e, "writing", &temp))?;
+        let path = self.dir.join(NOTE_NAME);
+        fs::rename(&temp, &path).map_err(|e| context(e, "renaming note into", &path))
+    }
+
+    /// The note last saved, if any.
+    pub fn load_note(&self) -> io::Result<Option<Vec<u8>>> {
+        let path = self.dir.join(NOTE_NAME);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(context(e, "reading", &path)),
+        }
     }
 }
 

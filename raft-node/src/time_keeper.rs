@@ -1,0 +1,153 @@
+//! Keeps a node's log clock: follows the time of entries other leaders stamped, keeps the
+//! clock record on disk, and catches a new leader's clock up after the whole cluster was
+//! down (the reasoning is in [`crate::clock`]).
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use store_sm::machine::LogTime;
+use store_sm::raft_types::NodeId;
+
+use crate::clock::ClockRecord;
+use crate::network::PeerClient;
+use crate::node::SharedNode;
+use crate::storage::NodeSnapshots;
+
+/// How often the clock record is rewritten. Its age never makes a catch-up unsafe (see
+/// [`crate::clock`]); a record older than the outage only makes it smaller.
+pub const CLOCK_RECORD_EVERY: Duration = Duration::from_secs(1);
+
+/// Reads the record a node kept before it stopped; a missing or unreadable one means no
+/// catch-up from this node, which is always safe.
+pub fn load_record(notes: &NodeSnapshots) -> Option<ClockRecord> {
+    match notes.load_note() {
+        Ok(Some(bytes)) => match serde_json::from_slice(&bytes) {
+            Ok(record) => Some(record),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring an unreadable clock record");
+                None
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the clock record");
+            None
+        }
+    }
+}
+
+fn save_record(node: &SharedNode, notes: &NodeSnapshots) {
+    // The estimate, not the clock: a node that restarts twice in a row must not forget
+    // the outage it learned of from its first record.
+    let record = ClockRecord {
+        log_ms: node.clock.estimate().as_millis(),
+        wall_ms: node.clock.record().wall_ms,
+    };
+    let saved = serde_json::to_vec(&record)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| notes.save_note(&bytes));
+    if let Err(e) = saved {
+        tracing::warn!(error = %e, "cannot keep the clock record");
+    }
+}
+
+/// Runs until Raft shuts down: sets the clock to the time of each entry this node applies
+/// that another leader (or this node in an earlier term) stamped, rewrites the clock
+/// record every [`CLOCK_RECORD_EVERY`], and starts [`catch_up`] in each term this node
+/// leads.
+pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
+    let mut metrics = node.raft.metrics();
+    let mut seen_applied = None;
+    let mut caught_up_term = None;
+    let mut next_record = tokio::time::Instant::now();
+    loop {
+        let (stamped_here, applied, leading_term) = {
+            let now = metrics.borrow_watched();
+            let leading = now.state == ServerState::Leader;
+            let stamped_here = now.last_applied.is_some_and(|id| {
+                let leader = id.committed_leader_id();
+                leading && leader.term == now.current_term && leader.node_id == node.id()
+            });
+            (
+                stamped_here,
+                now.last_applied,
+                leading.then_some(now.current_term),
+            )
+        };
+        if !stamped_here && applied.is_some() && applied != seen_applied {
+            let log_time = node.state.read(|s| s.machine.log_time());
+            if log_time > LogTime::EPOCH {
+                node.clock.follow(log_time);
+            }
+        }
+        seen_applied = applied;
+        if leading_term.is_some() && leading_term != caught_up_term {
+            caught_up_term = leading_term;
+            tokio::spawn(catch_up(node.clone()));
+        }
+        if tokio::time::Instant::now() >= next_record {
+            save_record(&node, &notes);
+            next_record = tokio::time::Instant::now() + CLOCK_RECORD_EVERY;
+        }
+        tokio::select! {
+            biased;
+            changed = metrics.changed() => if changed.is_err() {
+                save_record(&node, &notes);
+                return;
+            },
+            () = tokio::time::sleep_until(next_record) => {}
+        }
+    }
+}
+
+/// Moves a new leader's clock forward to the smallest estimate of log time among a
+/// majority of voters (itself included), if that is ahead; does nothing without a
+/// majority's answers. Stamps made before it finishes are earlier, which is safe.
+pub async fn catch_up(node: SharedNode) {
+    let (voters, peers): (Vec<NodeId>, Vec<(NodeId, String)>) = {
+        let watch = node.raft.metrics();
+        let metrics = watch.borrow_watched();
+        let membership = metrics.membership_config.membership();
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let peers = voters
+            .iter()
+            .filter(|id| **id != node.id())
+            .filter_map(|id| membership.get_node(id).map(|n| (*id, n.raft_addr.clone())))
+            .collect();
+        (voters, peers)
+    };
+    let asks = peers.into_iter().map(|(id, addr)| {
+        let peer = PeerClient::to(id, addr, node.client.clone(), node.config.timing.clone());
+        async move { (id, peer.clock_estimate().await) }
+    });
+    let mut estimates = vec![node.clock.estimate()];
+    for (id, answer) in join_all(asks).await {
+        match answer {
+            Ok(estimate) => estimates.push(estimate),
+            Err(e) => tracing::debug!(peer = id, error = %e, "no clock estimate"),
+        }
+    }
+    let majority = voters.len() / 2 + 1;
+    if estimates.len() < majority {
+        tracing::info!(
+            answers = estimates.len(),
+            voters = voters.len(),
+            "log time not caught up: no majority of clock estimates"
+        );
+        return;
+    }
+    let Some(target) = estimates.iter().min().copied() else {
+        return;
+    };
+    let before = node.clock.now();
+    if target > before {
+        node.clock.advance_to(target);
+        tracing::info!(
+            by_ms = target.millis_since(before),
+            answers = estimates.len(),
+            "log time caught up with an outage"
+        );
+    }
+}
