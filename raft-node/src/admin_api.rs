@@ -22,7 +22,6 @@ use rpc::admin::ClusterStatusJson;
 use rpc::admin::InitRequestJson;
 use rpc::admin::NodeIdJson;
 use rpc::admin::ProbeJson;
-use rpc::admin::RESTORE_BYTES_MAX;
 use rpc::admin::RESTORE_MEMBERS_HEADER;
 use rpc::admin::StateHashJson;
 use serde::de::DeserializeOwned;
@@ -30,8 +29,9 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 
 use crate::http::ApiError;
-use crate::http::read_body;
+use crate::http::stream_body;
 use crate::node::SharedNode;
+use crate::raft_api::snapshot_refused;
 use crate::relay::Incoming;
 use crate::relay::respond;
 use crate::service::Backup;
@@ -198,7 +198,8 @@ async fn get_backup(State(node): State<SharedNode>, incoming: Incoming) -> Respo
 
 /// Starts a new cluster from a backup on this empty node; the new cluster's members come
 /// in the `x-rota-restore-members` header, the backup in the body (up to
-/// [`RESTORE_BYTES_MAX`]). Never relayed: it is meant for this node.
+/// `--snapshot-max-bytes`, the limit followers apply to the snapshot it becomes),
+/// spooled to disk as it arrives. Never relayed: it is meant for this node.
 async fn post_restore(
     State(node): State<SharedNode>,
     headers: HeaderMap,
@@ -207,8 +208,16 @@ async fn post_restore(
     let members = restore_members(&headers)?;
     // Refused before reading what may be gigabytes of body.
     node.check_restore(&members)?;
-    let backup = read_body(&headers, body, RESTORE_BYTES_MAX, RESTORE_READ_TIMEOUT).await?;
-    Ok(Json(node.restore(members, &backup).await?).into_response())
+    let mut spool = node
+        .snapshot_spool()
+        .map_err(|e| ApiError::internal(format!("cannot spool the backup: {e}")))?;
+    let limit = node.config.snapshot_max_bytes;
+    stream_body(&headers, body, limit, RESTORE_READ_TIMEOUT, |piece| {
+        spool.write(&piece).map_err(snapshot_refused)
+    })
+    .await?;
+    let backup = spool.finish().map_err(snapshot_refused)?;
+    Ok(Json(node.restore(members, backup).await?).into_response())
 }
 
 /// The new cluster's members from the restore header.

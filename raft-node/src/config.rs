@@ -148,6 +148,11 @@ pub struct Flags {
     /// more get 503 with Retry-After.
     #[arg(long, env = "ROTA_MAX_WAITERS")]
     pub max_waiters: Option<usize>,
+    /// Largest snapshot, in bytes, this node accepts from a leader or as a backup to
+    /// restore (one limit for both, so a restored backup always reaches the followers);
+    /// give every node the same value.
+    #[arg(long, env = "ROTA_SNAPSHOT_MAX_BYTES")]
+    pub snapshot_max_bytes: Option<u64>,
     /// Let the dashboard at /ui retry, cancel, pause and resume (it is read-only
     /// otherwise, until the API has authentication).
     #[arg(long, env = "ROTA_UI_ACTIONS", num_args = 0..=1, default_missing_value = "true")]
@@ -179,6 +184,7 @@ impl Flags {
                 .logs_kept_after_snapshot
                 .or(other.logs_kept_after_snapshot),
             max_waiters: self.max_waiters.or(other.max_waiters),
+            snapshot_max_bytes: self.snapshot_max_bytes.or(other.snapshot_max_bytes),
             ui_actions: self.ui_actions.or(other.ui_actions),
         }
     }
@@ -254,6 +260,8 @@ pub struct NodeConfig {
     pub logs_kept_after_snapshot: u64,
     /// Most waiting requests held at once.
     pub max_waiters: usize,
+    /// Largest snapshot received from a leader or restored from a backup.
+    pub snapshot_max_bytes: u64,
     /// Whether the dashboard offers actions (retry, cancel, pause, resume).
     pub ui_actions: bool,
     /// Raft timing.
@@ -316,6 +324,7 @@ impl NodeConfig {
                 .logs_kept_after_snapshot
                 .unwrap_or(LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT),
             max_waiters: max_waiters(flags.max_waiters)?,
+            snapshot_max_bytes: snapshot_max_bytes(flags.snapshot_max_bytes)?,
             ui_actions: flags.ui_actions.unwrap_or(false),
             timing: RaftTiming::default(),
         })
@@ -431,6 +440,24 @@ fn connection_limits(
         });
     }
     Ok(limits)
+}
+
+/// Default of `--snapshot-max-bytes`.
+pub const SNAPSHOT_MAX_BYTES_DEFAULT: u64 = rpc::admin::RESTORE_BYTES_MAX as u64;
+
+/// Smallest `--snapshot-max-bytes`: an empty store's snapshot is a few hundred bytes.
+pub const SNAPSHOT_MAX_BYTES_MIN: u64 = 64 * 1024;
+
+/// The bound on snapshots received or restored: at least [`SNAPSHOT_MAX_BYTES_MIN`].
+fn snapshot_max_bytes(flag: Option<u64>) -> Result<u64, ConfigError> {
+    let max = flag.unwrap_or(SNAPSHOT_MAX_BYTES_DEFAULT);
+    if max < SNAPSHOT_MAX_BYTES_MIN {
+        return Err(ConfigError::Invalid {
+            name: "snapshot-max-bytes",
+            problem: format!("{max} is less than {SNAPSHOT_MAX_BYTES_MIN}"),
+        });
+    }
+    Ok(max)
 }
 
 /// The bound on waiting requests: at least one, and few enough to keep in memory.

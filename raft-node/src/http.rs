@@ -281,10 +281,30 @@ impl IntoResponse for ApiError {
 /// deadline gets 408.
 pub async fn read_body(
     headers: &axum::http::HeaderMap,
-    mut body: Body,
+    body: Body,
     limit: usize,
     deadline: Duration,
 ) -> Result<Bytes, ApiError> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    stream_body(headers, body, limit as u64, deadline, |data| {
+        chunks.push(data);
+        Ok(())
+    })
+    .await?;
+    Ok(concat(chunks))
+}
+
+/// Like [`read_body`], handing each piece of the body to `consume` as it arrives rather
+/// than gathering it, for bodies too large to hold (snapshots, backups). An error from
+/// `consume` ends the read with that error; one with status 413 is answered like a body
+/// over `limit`.
+pub async fn stream_body(
+    headers: &axum::http::HeaderMap,
+    mut body: Body,
+    limit: u64,
+    deadline: Duration,
+    mut consume: impl FnMut(Bytes) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -295,28 +315,29 @@ pub async fn read_body(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    if declared.is_some_and(|len| len > limit) {
         if !expects_continue(headers) {
             linger(body, declared).await;
         }
         return Err(too_large());
     }
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut read = 0usize;
+    let mut read = 0u64;
     let collect = async {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
                 ApiError::bad_request(format!("could not read the request body: {e}"))
             })?;
             if let Ok(data) = frame.into_data() {
-                read += data.len();
+                read += data.len() as u64;
                 if read > limit {
-                    return Ok(false);
+                    return Ok(Err(too_large()));
                 }
-                chunks.push(data);
+                if let Err(e) = consume(data) {
+                    return Ok(Err(e));
+                }
             }
         }
-        Ok(true)
+        Ok(Ok(()))
     };
     match tokio::time::timeout(deadline, collect).await {
         Err(_) => Err(ApiError::new(
@@ -327,10 +348,13 @@ pub async fn read_body(
             ),
         )),
         Ok(Err(e)) => Err(e),
-        Ok(Ok(true)) => Ok(concat(chunks)),
-        Ok(Ok(false)) => {
-            linger(body, None).await;
-            Err(too_large())
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(refused))) => {
+            // Read and drop what is left, so the client sees the answer (see `linger`).
+            if refused.status == StatusCode::PAYLOAD_TOO_LARGE {
+                linger(body, None).await;
+            }
+            Err(refused)
         }
     }
 }

@@ -47,6 +47,7 @@ use crate::clock::WallClock;
 use crate::config::NodeConfig;
 use crate::network::Network;
 use crate::node::Node;
+use crate::node::NodeStorage;
 use crate::node::SharedNode;
 use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
@@ -261,7 +262,18 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     if let Some(record) = time_keeper::load_record(&notes) {
         clock.resume_from(record);
     }
-    let mut node = Node::new(config, raft, state, clock, client, log_stats, &observer);
+    let mut node = Node::new(
+        config,
+        raft,
+        state,
+        clock,
+        client,
+        NodeStorage {
+            log_stats,
+            snapshots: notes.clone(),
+        },
+        &observer,
+    );
     node.log_at_start = log_at_start;
     let node = Arc::new(node);
     let (shutdown, shutdown_rx) = watch::channel(false);

@@ -39,7 +39,8 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::RotaSnapshot;
 use store_sm::raft_types::RotaVote;
-use store_sm::raft_types::SnapshotBytes;
+use store_sm::raft_types::SnapshotData;
+use store_sm::snapshot_data::SnapshotSpool;
 
 use crate::config::RaftTiming;
 use crate::types::NodeTypes;
@@ -72,42 +73,84 @@ pub struct SnapshotHead {
     pub meta: store_sm::raft_types::RotaSnapshotMeta,
 }
 
-/// Size of the chunks a snapshot is streamed in.
-pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+/// Largest encoded [`SnapshotHead`] a receiver accepts (a vote and a membership).
+pub const SNAPSHOT_HEAD_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// A snapshot transfer's body as chunks, without copying the snapshot: the head's
-/// length (u32 LE), the head (a codec value), then the snapshot bytes.
-pub fn snapshot_chunks(head: &SnapshotHead, data: &SnapshotBytes) -> std::io::Result<Vec<Bytes>> {
+/// A snapshot transfer's body, a chunk at a time as it is sent: the head's length (u32
+/// LE), the head (a codec value), then the snapshot's bytes, read from wherever they are
+/// (a file on disk, in the daemon) only as the body reaches them.
+pub fn snapshot_body(
+    head: &SnapshotHead,
+    data: &SnapshotData,
+) -> std::io::Result<impl Iterator<Item = std::io::Result<Bytes>> + Send + Sync + 'static> {
     let head = encode_value(head)?;
     let head_len =
         u32::try_from(head.len()).map_err(|_| std::io::Error::other("snapshot head too large"))?;
     let mut first = head_len.to_le_bytes().to_vec();
     first.extend_from_slice(&head);
-    let data = Bytes::from_owner(data.clone());
-    let mut chunks = vec![Bytes::from(first)];
-    let mut offset = 0;
-    while offset < data.len() {
-        let end = (offset + SNAPSHOT_CHUNK_BYTES).min(data.len());
-        chunks.push(data.slice(offset..end));
-        offset = end;
-    }
-    Ok(chunks)
+    Ok(std::iter::once(Ok(Bytes::from(first))).chain(data.chunks()))
 }
 
-/// Splits a body made by [`snapshot_chunks`].
-pub fn parse_snapshot_body(body: &[u8]) -> std::io::Result<(SnapshotHead, SnapshotBytes)> {
-    let invalid =
-        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let len_bytes: [u8; 4] = body
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| invalid("snapshot body shorter than its head length"))?;
-    let head_end = 4 + u32::from_le_bytes(len_bytes) as usize;
-    let head_bytes = body
-        .get(4..head_end)
-        .ok_or_else(|| invalid("snapshot body shorter than its head"))?;
-    let head: SnapshotHead = decode_value(head_bytes, "snapshot head")?;
-    Ok((head, SnapshotBytes::from(&body[head_end..])))
+/// Takes a body made by [`snapshot_body`] apart as it arrives: the head into memory, the
+/// snapshot's bytes into a spool (a file, in the daemon).
+pub struct SnapshotReceiver {
+    head: Vec<u8>,
+    head_len: Option<usize>,
+    spool: SnapshotSpool,
+}
+
+impl SnapshotReceiver {
+    /// A receiver writing the snapshot's bytes to `spool`.
+    pub fn new(spool: SnapshotSpool) -> Self {
+        Self {
+            head: Vec::new(),
+            head_len: None,
+            spool,
+        }
+    }
+
+    /// Takes the next piece of the body.
+    pub fn push(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        if self.head_len.is_none() {
+            let take = (4 - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if let Ok(len_bytes) = <[u8; 4]>::try_from(self.head.as_slice()) {
+                let len = u32::from_le_bytes(len_bytes) as usize;
+                if len > SNAPSHOT_HEAD_BYTES_MAX {
+                    return Err(invalid(format!(
+                        "snapshot head of {len} bytes is over the {SNAPSHOT_HEAD_BYTES_MAX} limit"
+                    )));
+                }
+                self.head.clear();
+                self.head_len = Some(len);
+            }
+        }
+        if let Some(len) = self.head_len {
+            let take = (len - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+        }
+        if !bytes.is_empty() {
+            self.spool.write(bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The head and the snapshot, once the whole body arrived.
+    pub fn finish(self) -> std::io::Result<(SnapshotHead, SnapshotData)> {
+        match self.head_len {
+            Some(len) if self.head.len() == len => {
+                let head: SnapshotHead = decode_value(&self.head, "snapshot head")?;
+                Ok((head, self.spool.finish()?))
+            }
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "snapshot body shorter than its head",
+            )),
+        }
+    }
 }
 
 /// Creates a [`PeerClient`] per target; shares one connection pool.
@@ -206,6 +249,24 @@ impl PeerClient {
         })
     }
 
+    async fn call_stream<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        source: rpc::client::ChunkSource<'_>,
+        timeout: Duration,
+    ) -> Result<Resp, ClientError> {
+        let header = (CONTENT_TYPE, HeaderValue::from_static(RAFT_CONTENT_TYPE));
+        let response = self
+            .client
+            .send_stream(&self.addr, Method::POST, path, &[header], source, timeout)
+            .await?
+            .success(&self.addr)?;
+        decode_value(&response.body, path).map_err(|e| ClientError::Body {
+            addr: self.addr.clone(),
+            message: e.to_string(),
+        })
+    }
+
     async fn rpc<Req, Resp>(&self, path: &str, request: &Req) -> Result<Resp, RPCError<NodeTypes>>
     where
         Req: Serialize,
@@ -226,7 +287,7 @@ impl PeerClient {
 }
 
 impl RaftNetworkV2<NodeTypes> for PeerClient {
-    type SnapshotData = SnapshotBytes;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
@@ -263,11 +324,21 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
             vote,
             meta: snapshot.meta,
         };
-        let chunks = snapshot_chunks(&head, &snapshot.snapshot)
-            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let send = self.call_chunks::<Result<SnapshotResponse<NodeTypes>, String>>(
+        // Fails early if the head cannot be encoded; the body is made again per attempt.
+        drop(
+            snapshot_body(&head, &snapshot.snapshot)
+                .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?,
+        );
+        let data = snapshot.snapshot;
+        let source = move || -> Box<dyn Iterator<Item = std::io::Result<Bytes>> + Send + Sync> {
+            match snapshot_body(&head, &data) {
+                Ok(body) => Box::new(body),
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            }
+        };
+        let send = self.call_stream::<Result<SnapshotResponse<NodeTypes>, String>>(
             paths::SNAPSHOT,
-            &chunks,
+            &source,
             self.timing.snapshot_timeout,
         );
         tokio::select! {
@@ -298,15 +369,16 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
 #[cfg(test)]
 mod tests {
     use store_sm::raft_types::RotaSnapshotMeta;
+    use store_sm::snapshot_data::SNAPSHOT_CHUNK_BYTES;
 
     use super::*;
 
     #[test]
-    fn a_snapshot_streams_in_chunks_and_reassembles() {
-        let data: SnapshotBytes = (0..(2 * SNAPSHOT_CHUNK_BYTES + 17))
+    fn a_snapshot_streams_in_chunks_and_reassembles_piece_by_piece() {
+        let bytes: Vec<u8> = (0..(2 * SNAPSHOT_CHUNK_BYTES + 17))
             .map(|i| (i % 251) as u8)
-            .collect::<Vec<u8>>()
-            .into();
+            .collect();
+        let data = SnapshotData::from(bytes.clone());
         let head = SnapshotHead {
             vote: RotaVote::new_committed(3, 1),
             meta: RotaSnapshotMeta {
@@ -314,12 +386,29 @@ mod tests {
                 last_membership: Default::default(),
             },
         };
-        let chunks = snapshot_chunks(&head, &data).expect("chunks");
+        let chunks: Vec<Bytes> = snapshot_body(&head, &data)
+            .expect("body")
+            .collect::<std::io::Result<_>>()
+            .expect("chunks");
         assert_eq!(chunks.len(), 1 + 3, "head, then the data in 1 MiB chunks");
-        let body: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
-        let (back, back_data) = parse_snapshot_body(&body).expect("parses");
+        let body: Vec<u8> = chunks.concat();
+        // Arrives in pieces that split the head's length and the head itself.
+        let mut receiver = SnapshotReceiver::new(SnapshotSpool::in_memory(u64::MAX));
+        for piece in body.chunks(3).take(10).chain(body[30..].chunks(70_001)) {
+            receiver.push(piece).expect("push");
+        }
+        let (back, back_data) = receiver.finish().expect("finish");
         assert_eq!(back.vote, head.vote);
-        assert_eq!(back_data, data);
-        assert!(parse_snapshot_body(&body[..3]).is_err());
+        assert_eq!(&*back_data.load().expect("load"), &bytes[..]);
+
+        let mut short = SnapshotReceiver::new(SnapshotSpool::in_memory(u64::MAX));
+        short.push(&body[..6]).expect("push");
+        assert!(
+            short.finish().is_err(),
+            "a body cut inside its head is refused"
+        );
+        let mut limited = SnapshotReceiver::new(SnapshotSpool::in_memory(1000));
+        let err = limited.push(&body[..5000]).expect_err("over the limit");
+        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
     }
 }

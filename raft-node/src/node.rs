@@ -9,11 +9,13 @@ use std::time::Duration;
 use openraft::async_runtime::WatchReceiver;
 use rpc::client::HttpClient;
 use store_sm::raft_types::NodeId;
+use store_sm::snapshot_data::SnapshotSpool;
 use store_sm::state_machine::StateReader;
 
 use crate::clock::LogClock;
 use crate::config::NodeConfig;
 use crate::metrics::requests::HttpMetrics;
+use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
 use crate::waiting::Observer;
 use crate::waiting::Waiters;
@@ -52,8 +54,18 @@ pub struct Node {
     /// that restarted without losing its leadership serves linearizable reads only once
     /// it applied that far (see `Node::read`).
     pub log_at_start: (u64, Option<u64>),
+    /// Where the node keeps its snapshot; snapshots arriving are spooled beside it.
+    pub snapshots: NodeSnapshots,
     request_nonce: u64,
     request_counter: AtomicU64,
+}
+
+/// What a node reads of its storage besides Raft's own use of it.
+pub struct NodeStorage {
+    /// The log store's write counters, when the store keeps them.
+    pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
+    /// The snapshot store (snapshots arriving are spooled beside it).
+    pub snapshots: NodeSnapshots,
 }
 
 /// A node shared by all handlers.
@@ -67,10 +79,15 @@ impl Node {
         state: StateReader,
         clock: LogClock,
         client: HttpClient,
-        log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
+        storage: NodeStorage,
         observer: &Observer,
     ) -> Self {
+        let NodeStorage {
+            log_stats,
+            snapshots,
+        } = storage;
         Self {
+            snapshots,
             log_at_start: (0, None),
             claims: Arc::clone(&observer.claims),
             claims_in_flight: InFlight::default(),
@@ -86,6 +103,12 @@ impl Node {
             request_nonce: rand::random(),
             request_counter: AtomicU64::new(0),
         }
+    }
+
+    /// A spool for a snapshot arriving from a leader or a restore, bounded by
+    /// `--snapshot-max-bytes`: a file beside the node's snapshot, or memory in simulation.
+    pub fn snapshot_spool(&self) -> std::io::Result<SnapshotSpool> {
+        self.snapshots.spool(self.config.snapshot_max_bytes)
     }
 
     /// This node's id.

@@ -298,7 +298,7 @@ pub fn document_for(limits: &Limits) -> Value {
                     "200": ok("installed; the node now elects itself and replicates", ref_schema("Restore")),
                     "400": error("missing or invalid members header, or the body is not a usable backup"),
                     "409": error("this node already holds a cluster's state"),
-                    "413": error(&format!("backup larger than {RESTORE_BYTES_MAX} bytes"))}}},
+                    "413": error(&format!("backup larger than the node's --snapshot-max-bytes (default {RESTORE_BYTES_MAX} bytes)"))}}},
             "/admin/state-hash": {"get": {"tags": ["admin"], "summary": "Hash of this node's applied state, to compare replicas (O(tasks))",
                 "responses": {"200": ok("hash", ref_schema("StateHash"))}}}
         },

@@ -17,12 +17,15 @@ use store_sm::raft_types::RotaSnapshot;
 use crate::http::ApiError;
 use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
+use crate::http::stream_body;
 use crate::network::RAFT_CONTENT_TYPE;
-use crate::network::parse_snapshot_body;
+use crate::network::SNAPSHOT_HEAD_BYTES_MAX;
+use crate::network::SnapshotReceiver;
 use crate::network::paths;
 use crate::node::SharedNode;
 
-/// Largest Raft request body: a whole snapshot travels in one.
+/// Largest Raft message other than a snapshot, which streams to disk bounded by
+/// `--snapshot-max-bytes` instead.
 pub const RAFT_BODY_BYTES_MAX: usize = 1024 * 1024 * 1024;
 
 /// The Raft routes.
@@ -85,10 +88,20 @@ async fn snapshot(
     body: Body,
 ) -> Result<Response, ApiError> {
     let deadline = node.config.timing.snapshot_timeout;
-    let bytes = read_body(&headers, body, RAFT_BODY_BYTES_MAX, deadline).await?;
-    let (head, data) =
-        parse_snapshot_body(&bytes).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    drop(bytes);
+    let limit = node.config.snapshot_max_bytes + 4 + SNAPSHOT_HEAD_BYTES_MAX as u64;
+    let spool = node
+        .snapshot_spool()
+        .map_err(|e| ApiError::internal(format!("cannot spool a snapshot: {e}")))?;
+    let mut receiver = SnapshotReceiver::new(spool);
+    let received = stream_body(&headers, body, limit, deadline, |piece| {
+        receiver.push(&piece).map_err(snapshot_refused)
+    })
+    .await
+    .and_then(|()| receiver.finish().map_err(snapshot_refused));
+    let (head, data) = received.inspect_err(|e| {
+        // The leader retries every second; an operator must see why this node lags.
+        tracing::warn!(status = %e.status, error = %e.message, "refused a snapshot from the leader");
+    })?;
     let snapshot = RotaSnapshot {
         meta: head.meta,
         snapshot: data,
@@ -99,6 +112,18 @@ async fn snapshot(
         .await
         .map_err(|e| e.to_string());
     Ok(encode(&result))
+}
+
+/// 413 for a snapshot over `--snapshot-max-bytes`, 400 for a malformed one, 500 for a
+/// spool that cannot be written.
+pub fn snapshot_refused(e: std::io::Error) -> ApiError {
+    match e.kind() {
+        std::io::ErrorKind::FileTooLarge => {
+            ApiError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+        }
+        std::io::ErrorKind::InvalidData => ApiError::bad_request(e.to_string()),
+        _ => ApiError::internal(format!("cannot spool a snapshot: {e}")),
+    }
 }
 
 async fn transfer_leader(

@@ -6,6 +6,7 @@
 use std::io;
 
 use store_sm::memory::MemSnapshots;
+use store_sm::snapshot_data::SnapshotSpool;
 use store_sm::snapshot_dir::SnapshotDir;
 use store_sm::state_machine::SnapshotPersistence;
 use store_sm::state_machine::StoredSnapshot;
@@ -44,6 +45,15 @@ impl NodeSnapshots {
                 memory.save_note(note);
                 Ok(())
             }
+        }
+    }
+
+    /// A spool for a snapshot arriving: an unnamed file in the snapshot directory, or
+    /// memory for the simulated disk.
+    pub fn spool(&self, limit: u64) -> io::Result<SnapshotSpool> {
+        match self {
+            Self::Dir(dir) => SnapshotSpool::in_dir(dir.path(), limit),
+            Self::Memory(_) => Ok(SnapshotSpool::in_memory(limit)),
         }
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use common::TestCluster;
+use common::eventually;
 use rpc::worker::WriteResultJson;
 use serde_json::json;
 
@@ -438,6 +439,168 @@ async fn a_follower_behind_a_compacted_log_catches_up_by_snapshot() {
     assert!(
         log.contains("snapshot installed"),
         "the follower caught up by snapshot"
+    );
+}
+
+/// Writes `batches` updates of 20 tasks with `bytes`-byte payloads through `leader`.
+async fn fill(cluster: &TestCluster, leader: u64, batches: usize, bytes: usize) {
+    for i in 0..batches {
+        let adds: Vec<_> = (0..20)
+            .map(|j| json!({"group": "big", "data": format!("{i}-{j}-{}", "x".repeat(bytes))}))
+            .collect();
+        tasks(
+            cluster
+                .write(leader, "/update", &json!({"clientid": 5, "adds": adds}))
+                .await
+                .expect("write"),
+        );
+    }
+}
+
+/// Snapshots the leader and waits until its log is purged behind the snapshot.
+async fn snapshot_and_purge(cluster: &TestCluster, leader: u64) {
+    admin(cluster, leader, "/admin/snapshot", json!({})).await;
+    eventually(|| async {
+        let status = cluster.status(leader).await.ok_or("no status")?;
+        if status.purged_index.is_some() && status.purged_index >= status.applied_index {
+            Ok(())
+        } else {
+            Err(format!("the leader has not purged its log: {status:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_stream_through_disk_within_one_limit_shared_with_restore() {
+    // 256 KiB: small, so the test is fast; the snapshot path never gathers a body in
+    // memory, so only this limit (not the Raft message limit) bounds it.
+    const LIMIT: usize = 256 * 1024;
+    let limit = LIMIT.to_string();
+    let cluster = TestCluster::start_with(
+        3,
+        "always",
+        &[
+            "--logs-kept-after-snapshot",
+            "0",
+            "--snapshot-max-bytes",
+            &limit,
+        ],
+    )
+    .with_joiner(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+
+    // Under the limit (about 150 KiB): the follower catches up by a streamed snapshot.
+    cluster.kill(follower);
+    fill(&cluster, leader, 30, 200).await;
+    snapshot_and_purge(&cluster, leader).await;
+    let backup = cluster
+        .client
+        .get(cluster.api(leader), "/admin/backup", common::CALL_TIMEOUT)
+        .await
+        .expect("backup");
+    let size = backup.body.len();
+    assert!(
+        (LIMIT / 2..LIMIT).contains(&size),
+        "a snapshot of {size} bytes, under the limit"
+    );
+    cluster.start_node(follower);
+    let converged = cluster.wait_converged(&[1, 2, 3]).await;
+    assert_eq!(converged.tasks, 600);
+    let log = std::fs::read_to_string(cluster.log_path(follower)).expect("log");
+    assert!(log.contains("snapshot installed"), "caught up by snapshot");
+    let snapshots = cluster.data_dir(follower).join("snapshots");
+    let leftovers: Vec<_> = std::fs::read_dir(&snapshots)
+        .expect("snapshot directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("incoming"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "spool files left behind: {leftovers:?}"
+    );
+
+    // Over the limit: the follower refuses it (413), stays behind, and the rest serve.
+    cluster.kill(follower);
+    fill(&cluster, leader, 40, 200).await;
+    snapshot_and_purge(&cluster, leader).await;
+    cluster.start_node(follower);
+    eventually(|| async {
+        let log = std::fs::read_to_string(cluster.log_path(follower)).map_err(|e| e.to_string())?;
+        if log.contains(&format!("snapshot larger than the limit of {LIMIT} bytes")) {
+            Ok(())
+        } else {
+            let snapshot_lines: Vec<&str> = log.lines().filter(|l| l.contains("napshot")).collect();
+            Err(format!(
+                "the follower has not refused the snapshot: {:?}",
+                &snapshot_lines[snapshot_lines.len().saturating_sub(6)..]
+            ))
+        }
+    })
+    .await;
+    let behind = cluster
+        .status(follower)
+        .await
+        .expect("the follower answers");
+    let ahead = cluster.status(leader).await.expect("the leader answers");
+    assert!(
+        behind.applied_index < ahead.applied_index,
+        "the follower did not install a snapshot over the limit"
+    );
+    let write = cluster
+        .write(
+            leader,
+            "/update",
+            &json!({"clientid": 6, "adds": [{"group": "g", "data": "x"}]}),
+        )
+        .await;
+    assert!(write.is_ok(), "a majority still serves");
+
+    // The same limit bounds a restore: a body over it is refused before it is decoded,
+    // and the empty node stays empty.
+    cluster.start_node(4);
+    eventually(|| async {
+        cluster
+            .status(4)
+            .await
+            .map(|_| ())
+            .ok_or("node 4 does not answer".to_string())
+    })
+    .await;
+    let node = &cluster.nodes[3];
+    let members =
+        json!({"members": [{"id": 4, "api_addr": node.api_addr, "raft_addr": node.raft_addr}]});
+    let header = (
+        hyper::header::HeaderName::from_static(rpc::admin::RESTORE_MEMBERS_HEADER),
+        hyper::header::HeaderValue::from_str(&members.to_string()).expect("header"),
+    );
+    for (body, status, says) in [
+        (vec![7u8; LIMIT + 1], 413, "larger than"),
+        (vec![7u8; 1000], 400, "not a usable backup"),
+    ] {
+        let response = cluster
+            .client
+            .send(
+                cluster.api(4),
+                hyper::Method::POST,
+                "/admin/restore",
+                std::slice::from_ref(&header),
+                body.into(),
+                common::CALL_TIMEOUT,
+            )
+            .await
+            .expect("answered");
+        assert_eq!(response.status.as_u16(), status);
+        let text = String::from_utf8_lossy(&response.body);
+        assert!(text.contains(says), "{text}");
+    }
+    let empty = cluster.status(4).await.expect("node 4 answers");
+    assert!(
+        empty.voters.is_empty() && empty.applied_index.is_none(),
+        "{empty:?}"
     );
 }
 

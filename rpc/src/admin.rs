@@ -143,8 +143,9 @@ pub const BACKUP_INDEX_HEADER: &str = "x-rota-applied-index";
 /// canonical body).
 pub const BACKUP_HASH_HEADER: &str = "x-rota-state-hash";
 
-/// Largest backup `POST /admin/restore` accepts: about 90 million small tasks, more than
-/// a node holds in memory. A larger body is refused with 413 before it is read.
+/// Default of a node's `--snapshot-max-bytes`, the largest backup `POST /admin/restore`
+/// accepts and the largest snapshot a follower accepts: about 90 million small tasks,
+/// more than a node holds in memory. A larger body is refused with 413.
 pub const RESTORE_BYTES_MAX: usize = 4 << 30;
 
 /// How far behind a node may be and still count as caught up, in log entries: a learner

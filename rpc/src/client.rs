@@ -129,13 +129,15 @@ impl HttpResponse {
 type Sender = SendRequest<RequestBody>;
 
 /// A request body: one buffer (sent with a length) or a stream of chunks.
-type RequestBody = BoxBody<Bytes, std::convert::Infallible>;
+type RequestBody = BoxBody<Bytes, std::io::Error>;
 
 fn request_body(chunks: &[Bytes]) -> RequestBody {
     match chunks {
-        [one] => Full::new(one.clone()).boxed(),
+        [one] => Full::new(one.clone())
+            .map_err(|never| match never {})
+            .boxed(),
         many => {
-            let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = many
+            let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = many
                 .iter()
                 .map(|chunk| Ok(Frame::data(chunk.clone())))
                 .collect();
@@ -143,6 +145,10 @@ fn request_body(chunks: &[Bytes]) -> RequestBody {
         }
     }
 }
+
+/// Makes a request body of chunks read as the body is sent; see [`HttpClient::send_stream`].
+pub type ChunkSource<'a> =
+    &'a (dyn Fn() -> Box<dyn Iterator<Item = std::io::Result<Bytes>> + Send + Sync> + Sync);
 
 /// The pooled client; cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -255,6 +261,41 @@ impl HttpClient {
         chunks: &[Bytes],
         timeout: Duration,
     ) -> Result<HttpResponse, ClientError> {
+        let body = || request_body(chunks);
+        self.send_body(addr, method, path_and_query, headers, &body, timeout)
+            .await
+    }
+
+    /// Like [`Self::send_chunks`], with each chunk made only when the body reaches it
+    /// (read from a file, say), so not even the chunks are all in memory at once.
+    /// `source` is called again if a pooled connection fails before the request is sent.
+    /// A chunk that fails to read ends the request with a body error.
+    pub async fn send_stream(
+        &self,
+        addr: &str,
+        method: Method,
+        path_and_query: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        source: ChunkSource<'_>,
+        timeout: Duration,
+    ) -> Result<HttpResponse, ClientError> {
+        let body = || -> RequestBody {
+            let frames = source().map(|chunk| chunk.map(Frame::data));
+            StreamBody::new(futures_util::stream::iter(frames)).boxed()
+        };
+        self.send_body(addr, method, path_and_query, headers, &body, timeout)
+            .await
+    }
+
+    async fn send_body(
+        &self,
+        addr: &str,
+        method: Method,
+        path_and_query: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        body: &(dyn Fn() -> RequestBody + Sync),
+        timeout: Duration,
+    ) -> Result<HttpResponse, ClientError> {
         let build = || {
             let mut builder = Request::builder()
                 .method(method.clone())
@@ -263,12 +304,10 @@ impl HttpClient {
             for (name, value) in headers {
                 builder = builder.header(name, value);
             }
-            builder
-                .body(request_body(chunks))
-                .map_err(|e| ClientError::Body {
-                    addr: addr.to_string(),
-                    message: e.to_string(),
-                })
+            builder.body(body()).map_err(|e| ClientError::Body {
+                addr: addr.to_string(),
+                message: e.to_string(),
+            })
         };
         let attempt = async {
             if let Some(sender) = self.take_idle(addr) {

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod planted;
 pub mod raft_types;
 pub mod snapshot;
+pub mod snapshot_data;
 pub mod snapshot_dir;
 pub mod state_machine;
 

@@ -43,12 +43,12 @@ pub type RotaSnapshotMeta = openraft::SnapshotMeta<RotaLeaderId, NodeId, RotaNod
 /// The state machine's answer to one entry.
 pub type Response = Arc<Outcome>;
 
-/// A snapshot's bytes (see [`crate::snapshot`]); shared, not copied, between the store,
-/// the network and the state machine.
-pub type SnapshotBytes = Arc<[u8]>;
+/// A snapshot's bytes (see [`crate::snapshot`]), in memory or on disk; shared, not
+/// copied, between the store, the network and the state machine.
+pub use crate::snapshot_data::SnapshotData;
 
 /// A snapshot with its metadata.
-pub type RotaSnapshot = openraft::Snapshot<RotaLeaderId, NodeId, RotaNode, SnapshotBytes>;
+pub type RotaSnapshot = openraft::Snapshot<RotaLeaderId, NodeId, RotaNode, SnapshotData>;
 
 /// The addresses of one member, as stored in the membership configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@
 use std::fs;
 use std::fs::File;
 use std::io;
+use std::io::Read;
 use std::io::Write;
 use std::path::Path;
 use std::path::PathBuf;
@@ -22,6 +23,9 @@ use sha2::Sha256;
 use crate::codec::decode_value;
 use crate::codec::encode_value;
 use crate::raft_types::RotaSnapshotMeta;
+use crate::snapshot_data::FileRegion;
+use crate::snapshot_data::SNAPSHOT_CHUNK_BYTES;
+use crate::snapshot_data::SnapshotData;
 use crate::state_machine::SnapshotPersistence;
 use crate::state_machine::StoredSnapshot;
 use crate::state_machine::supersedes;
@@ -65,12 +69,19 @@ impl SnapshotDir {
 
     fn read_file(&self) -> io::Result<Option<StoredSnapshot>> {
         let path = self.dir.join(FILE_NAME);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
+        let mut file = match File::open(&path) {
+            Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(context(e, "reading snapshot", &path)),
         };
-        decode_file(&bytes)
+        read_file(&mut file)
+            .and_then(|(meta, data_at)| {
+                let region = FileRegion::to_end(file, data_at)?;
+                Ok(StoredSnapshot {
+                    meta,
+                    data: SnapshotData::File(Arc::new(region)),
+                })
+            })
             .map(Some)
             .map_err(|e| context(e, "decoding snapshot", &path))
     }
@@ -84,7 +95,9 @@ impl SnapshotDir {
         file.write_all(&(meta.len() as u64).to_le_bytes())?;
         file.write_all(&meta)?;
         file.write_all(&Sha256::digest(&meta))?;
-        file.write_all(&snapshot.data)?;
+        let mut out = io::BufWriter::with_capacity(SNAPSHOT_CHUNK_BYTES, file);
+        snapshot.data.write_to(&mut out)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all().map_err(|e| context(e, "syncing", &temp))?;
         drop(file);
         let path = self.dir.join(FILE_NAME);
@@ -96,6 +109,11 @@ impl SnapshotDir {
 }
 
 impl SnapshotDir {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
     /// Replaces a small note the node keeps beside its snapshot (its clock record: see
     /// `raft_node::clock`), whole or not at all. Not synced: a note lost in a power cut
     /// leaves the older one, which its reader must accept.
@@ -121,36 +139,38 @@ fn context(error: io::Error, doing: &str, path: &Path) -> io::Error {
     io::Error::new(error.kind(), format!("{doing} {}: {error}", path.display()))
 }
 
-fn decode_file(bytes: &[u8]) -> io::Result<StoredSnapshot> {
+/// Reads and checks a snapshot file's header and metadata; returns the metadata and
+/// where the snapshot's bytes start. Those are checked (their own checksum) when they are
+/// decoded, which a node does when it opens the snapshot at start.
+fn read_file(file: &mut File) -> io::Result<(RotaSnapshotMeta, u64)> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    let header = FILE_MAGIC.len() + 4 + 8;
-    if bytes.len() < header || &bytes[..FILE_MAGIC.len()] != FILE_MAGIC {
+    let mut header = [0u8; FILE_MAGIC.len() + 4 + 8];
+    file.read_exact(&mut header)
+        .map_err(|_| invalid("not a Rota snapshot file (too short)"))?;
+    if &header[..FILE_MAGIC.len()] != FILE_MAGIC {
         return Err(invalid("not a Rota snapshot file"));
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| invalid("header"))?);
+    let version = u32::from_le_bytes(header[8..12].try_into().map_err(|_| invalid("header"))?);
     if version != FILE_FORMAT_VERSION {
         return Err(invalid(&format!(
             "snapshot file format {version} is not supported (this build reads {FILE_FORMAT_VERSION})"
         )));
     }
-    let meta_len = u64::from_le_bytes(bytes[12..20].try_into().map_err(|_| invalid("header"))?);
-    let meta_end = usize::try_from(meta_len)
-        .ok()
-        .and_then(|len| header.checked_add(len))
-        .filter(|&end| end + 32 <= bytes.len())
-        .ok_or_else(|| invalid("snapshot file is truncated"))?;
-    let meta_bytes = &bytes[header..meta_end];
-    if Sha256::digest(meta_bytes).as_slice() != &bytes[meta_end..meta_end + 32] {
+    let meta_len = u64::from_le_bytes(header[12..20].try_into().map_err(|_| invalid("header"))?);
+    if meta_len > crate::codec::VALUE_BYTES_MAX as u64 {
+        return Err(invalid("snapshot metadata length is corrupt"));
+    }
+    let mut meta_bytes = vec![0u8; meta_len as usize + 32];
+    file.read_exact(&mut meta_bytes)
+        .map_err(|_| invalid("snapshot file is truncated"))?;
+    let (meta_bytes, digest) = meta_bytes.split_at(meta_len as usize);
+    if Sha256::digest(meta_bytes).as_slice() != digest {
         return Err(invalid(
             "snapshot metadata checksum mismatch: the file is corrupt",
         ));
     }
     let meta: RotaSnapshotMeta = decode_value(meta_bytes, "snapshot metadata")?;
-    let data: Arc<[u8]> = bytes[meta_end + 32..].into();
-    // Checks the snapshot's own checksum now rather than at first use.
-    crate::snapshot::snapshot_hash(&data)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok(StoredSnapshot { meta, data })
+    Ok((meta, (header.len() + meta_bytes.len() + 32) as u64))
 }
 
 impl SnapshotPersistence for SnapshotDir {
@@ -165,7 +185,8 @@ impl SnapshotPersistence for SnapshotDir {
                 *cache = Some(current);
                 return Err(e);
             }
-            *cache = Some(Some(snapshot.clone()));
+            // Kept as the file's region, not the caller's bytes, which may be in memory.
+            *cache = Some(self.read_file()?);
         } else {
             *cache = Some(current);
         }

@@ -30,7 +30,7 @@ use crate::raft_types::RotaLogId;
 use crate::raft_types::RotaSnapshot;
 use crate::raft_types::RotaSnapshotMeta;
 use crate::raft_types::RotaStoredMembership;
-use crate::raft_types::SnapshotBytes;
+use crate::raft_types::SnapshotData;
 use crate::snapshot::StateHash;
 use crate::snapshot::decode_snapshot;
 use crate::snapshot::encode_snapshot;
@@ -42,7 +42,7 @@ pub struct StoredSnapshot {
     /// Last log id and membership the snapshot covers.
     pub meta: RotaSnapshotMeta,
     /// The encoded machine (see [`crate::snapshot`]).
-    pub data: SnapshotBytes,
+    pub data: SnapshotData,
 }
 
 impl fmt::Debug for StoredSnapshot {
@@ -82,7 +82,7 @@ impl AppliedState {
     }
 
     fn from_snapshot(snapshot: &StoredSnapshot) -> io::Result<Self> {
-        let machine = decode_snapshot(&snapshot.data)
+        let machine = decode_snapshot(&snapshot.data.load()?)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         Ok(Self {
             machine,
@@ -189,10 +189,10 @@ pub struct TaskSnapshotBuilder<C, P> {
 }
 
 impl<C: RotaConfig, P: SnapshotPersistence> RaftSnapshotBuilder<C> for TaskSnapshotBuilder<C, P> {
-    type SnapshotData = SnapshotBytes;
+    type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<RotaSnapshot, io::Error> {
-        let data: SnapshotBytes = encode_snapshot(&self.view.machine).into();
+        let data: SnapshotData = encode_snapshot(&self.view.machine).into();
         let stored = StoredSnapshot {
             meta: RotaSnapshotMeta {
                 last_log_id: self.view.applied,
@@ -218,7 +218,7 @@ fn empty_response() -> Arc<Outcome> {
 }
 
 impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMachine<C, P> {
-    type SnapshotData = SnapshotBytes;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = TaskSnapshotBuilder<C, P>;
 
     async fn applied_state(
@@ -280,7 +280,7 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
     async fn install_snapshot(
         &mut self,
         meta: &RotaSnapshotMeta,
-        snapshot: SnapshotBytes,
+        snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
         let stored = StoredSnapshot {
             meta: meta.clone(),

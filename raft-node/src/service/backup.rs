@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::vote::RaftLeaderId;
@@ -15,6 +14,7 @@ use store_sm::raft_types::RotaSnapshot;
 use store_sm::raft_types::RotaSnapshotMeta;
 use store_sm::raft_types::RotaStoredMembership;
 use store_sm::raft_types::RotaVote;
+use store_sm::raft_types::SnapshotData;
 
 use super::Consistency;
 use super::ServiceError;
@@ -87,22 +87,28 @@ impl Node {
     pub async fn restore(
         &self,
         members: BTreeMap<NodeId, RotaNode>,
-        backup: &[u8],
+        backup: SnapshotData,
     ) -> Result<RestoreJson, ServiceError> {
         self.check_restore(&members)?;
-        let (machine, state_hash) = store_sm::snapshot::decode_snapshot_with_hash(backup)
+        let bytes = backup
+            .load()
+            .map_err(|e| ServiceError::Internal(format!("reading the spooled backup: {e}")))?;
+        let (machine, state_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
             .map_err(|e| ServiceError::Invalid(format!("the body is not a usable backup: {e}")))?;
+        // Held only to check the backup: the state machine decodes it again to install.
+        let tasks = machine.task_count() as u64;
+        drop((machine, bytes));
         let (vote, snapshot) = restored_snapshot(members, backup)?;
         let applied_index = snapshot.meta.last_log_id.map_or(0, |id| id.index());
         self.raft
             .install_full_snapshot(vote, snapshot)
             .await
             .map_err(|e| ServiceError::Internal(format!("installing the backup failed: {e}")))?;
-        tracing::info!(%state_hash, tasks = machine.task_count(), "restored from a backup");
+        tracing::info!(%state_hash, tasks, "restored from a backup");
         Ok(RestoreJson {
             applied_index,
             state_hash: state_hash.to_string(),
-            tasks: machine.task_count() as u64,
+            tasks,
         })
     }
 }
@@ -111,7 +117,7 @@ impl Node {
 /// `members` as voters, and the committed vote that lets a node install it.
 fn restored_snapshot(
     members: BTreeMap<NodeId, RotaNode>,
-    backup: &[u8],
+    backup: SnapshotData,
 ) -> Result<(RotaVote, RotaSnapshot), ServiceError> {
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let log_id = RotaLogId::new(RotaLeaderId::new(1, RESTORE_LEADER), 1);
@@ -122,7 +128,7 @@ fn restored_snapshot(
             last_log_id: Some(log_id),
             last_membership: RotaStoredMembership::new(Some(log_id), membership),
         },
-        snapshot: Arc::from(backup),
+        snapshot: backup,
     };
     Ok((RotaVote::new_committed(1, RESTORE_LEADER), snapshot))
 }

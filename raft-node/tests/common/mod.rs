@@ -118,6 +118,11 @@ impl TestCluster {
             .join(",")
     }
 
+    /// The data directory of node `id`.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
     /// The log file of node `id`.
     pub fn log_path(&self, id: u64) -> PathBuf {
         self.dir.path().join(format!("node-{id}.log"))
