@@ -19,14 +19,20 @@
 //! every second: its log time and its wall clock at one instant. A restarted node's
 //! *estimate* of log time is `record.log + 99% of (wall now - record.wall)`: the time of
 //! the record advanced by the real time its own wall clock says has passed, less the slew
-//! (see [`LogClock::resume_from`]); a running node's estimate is its clock. A new leader
+//! (see [`LogClock::resume_from`]); a running node's estimate is its clock, and so is a
+//! restarted node's once it has known a leader for [`RESUME_FORGOTTEN_AFTER`] (the
+//! catch-up is the first leader's business; an estimate kept longer would be stale, and
+//! a node whose clock jumped just before it restarted into a live cluster would keep an
+//! inflated one that a later leader could take while the live nodes are slow to
+//! answer: the simulation found that). A new leader
 //! asks every voter for its estimate and, with answers from a majority (itself
 //! included), moves its clock forward to the *smallest* answer, never back
 //! ([`LogClock::advance_to`]). The smallest, not the median: a wall clock that jumped
 //! forward during the outage inflates its node's estimate, which is the unsafe direction
 //! (leases would end early), and a majority's smallest answer always comes from a node
 //! whose clock did not jump forward as long as only a minority's did. A clock that
-//! jumped back only makes the catch-up smaller, and log time then slews as before.
+//! jumped back only makes the catch-up smaller, and log time then slews as before (so
+//! does a jump back in the second between a node's last record and the outage).
 //!
 //! Why that keeps leases: log time at the last stamp before the outage was at least the
 //! record's time plus 99% of the real time between the record and that stamp (log time
@@ -58,6 +64,11 @@ impl WallClock for SystemClock {
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
     }
 }
+
+/// How long after it first knows a leader a restarted node keeps offering its
+/// record-based estimate: a few election rounds' worth of time for the first leader to
+/// ask for it.
+pub const RESUME_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
 
 #[derive(Debug)]
 struct ClockState {
@@ -142,6 +153,13 @@ impl LogClock {
         let mono_ms = self.start.elapsed().as_secs_f64() * 1000.0;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.resumed = Some((resumed_ms, mono_ms));
+    }
+
+    /// Drops what [`LogClock::resume_from`] set: once a leader has served for a while,
+    /// this node's clock follows the cluster's time and the record has done its job.
+    pub fn forget_resume(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.resumed = None;
     }
 
     /// This node's estimate of log time, which a new leader may catch up to: the larger
@@ -260,6 +278,8 @@ mod tests {
             (estimate + 9_899..=estimate + 9_901).contains(&later),
             "and grows at 99% of monotonic time: {later} ms"
         );
+        clock.forget_resume();
+        assert_eq!(clock.estimate(), clock.now(), "forgotten: the clock again");
 
         // A wall clock behind the record adds nothing.
         let behind = LogClock::new(wall.clone());

@@ -11,6 +11,7 @@ use store_sm::machine::LogTime;
 use store_sm::raft_types::NodeId;
 
 use crate::clock::ClockRecord;
+use crate::clock::RESUME_FORGOTTEN_AFTER;
 use crate::network::PeerClient;
 use crate::node::SharedNode;
 use crate::storage::NodeSnapshots;
@@ -55,16 +56,23 @@ fn save_record(node: &SharedNode, notes: &NodeSnapshots) {
 
 /// Runs until Raft shuts down: sets the clock to the time of each entry this node applies
 /// that another leader (or this node in an earlier term) stamped, rewrites the clock
-/// record every [`CLOCK_RECORD_EVERY`], and starts [`catch_up`] in each term this node
-/// leads.
+/// record every [`CLOCK_RECORD_EVERY`], and starts [`catch_up`] (and the completion of
+/// a membership change an earlier leader left joint) in each term this node leads.
 pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
     let mut metrics = node.raft.metrics();
     let mut seen_applied = None;
     let mut caught_up_term = None;
     let mut next_record = tokio::time::Instant::now();
+    let mut leader_known_since = None;
     loop {
         let (stamped_here, applied, leading_term) = {
             let now = metrics.borrow_watched();
+            if now.current_leader.is_some() {
+                let since = *leader_known_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= RESUME_FORGOTTEN_AFTER {
+                    node.clock.forget_resume();
+                }
+            }
             let leading = now.state == ServerState::Leader;
             let stamped_here = now.last_applied.is_some_and(|id| {
                 let leader = id.committed_leader_id();
@@ -86,6 +94,10 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
         if leading_term.is_some() && leading_term != caught_up_term {
             caught_up_term = leading_term;
             tokio::spawn(catch_up(node.clone()));
+            // Not about time, but due at the same moment: the start of a term this node
+            // leads (see `Node::finish_interrupted_change`).
+            let leader = node.clone();
+            tokio::spawn(async move { leader.finish_interrupted_change().await });
         }
         if tokio::time::Instant::now() >= next_record {
             save_record(&node, &notes);

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use openraft::ChangeMembers;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::ClientWriteError;
 use openraft::error::InitializeError;
 use openraft::error::RaftError;
@@ -148,6 +149,50 @@ impl Node {
             Err(e) => Err(ServiceError::Unavailable(format!(
                 "membership change failed: {e}; retry"
             ))),
+        }
+    }
+
+    /// Completes a membership change that a previous leader left in its joint
+    /// configuration (it died between the two entries of a promote or a remove): without
+    /// this, every later change is refused as in flight, for good. Called in each term
+    /// this node leads; waits (a bounded time) for the configuration to commit, then, if it
+    /// is joint, moves to the joint's newer half, as the interrupted change would have.
+    pub async fn finish_interrupted_change(&self) {
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let target = loop {
+            let status = self.cluster_status();
+            if status.leader != Some(self.id()) || status.removed {
+                return;
+            }
+            if status.membership_committed {
+                if !status.joint {
+                    return;
+                }
+                let watch = self.raft.metrics();
+                let metrics = watch.borrow_watched();
+                let joint = metrics.membership_config.membership().get_joint_config();
+                match joint.last() {
+                    Some(newer) => break newer.clone(),
+                    None => return,
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        tracing::warn!(
+            voters = %id_list(&target.iter().copied().collect::<Vec<_>>()),
+            "finishing a membership change that an earlier leader left joint"
+        );
+        // retain = false, as a remove does; a promote removes no voter, so it loses nothing.
+        let change = self
+            .raft
+            .change_membership(ChangeMembers::ReplaceAllVoters(target), false)
+            .await;
+        if let Err(e) = self.membership_changed(change) {
+            tracing::warn!(error = %e, "could not finish the interrupted membership change");
         }
     }
 
