@@ -25,11 +25,19 @@
 //! partition is a set of DROP rules for pairs of node addresses, one-way loss a rule for
 //! one direction, random loss an iptables `statistic` rule and delay a userspace
 //! NFQUEUE delayer ([`delay`]), because this machine's kernel has no `sch_netem`.
+//!
+//! A lab may have spare slots after the initial nodes ([`run_test_with_spares`]): their
+//! namespaces and links exist from the start, and their nodes start empty when the test
+//! adds them to the cluster through the CLI ([`membership`]). The lab follows the
+//! membership those changes leave: [`Lab::ids`] are the members (voters and learners)
+//! as last confirmed by the leader, and a majority is one of the voters.
 
 pub mod delay;
+pub mod membership;
 pub mod workload;
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::io::BufRead;
 use std::io::Write;
@@ -90,8 +98,12 @@ pub struct LabSpec {
     prefix: String,
     /// First three octets of the lab's /24.
     subnet: [u8; 3],
-    /// Number of nodes.
+    /// Number of nodes in the initial cluster (ids 1..=nodes).
     pub nodes: u64,
+    /// Slots for nodes that join later (ids nodes+1..=nodes+spares): each has its
+    /// namespace and link from the start, and its node runs only once the test starts it.
+    #[serde(default)]
+    pub spares: u64,
     /// Directory for the nodes' data and logs.
     dir: PathBuf,
     /// The `rota-node` binary.
@@ -109,8 +121,17 @@ impl LabSpec {
         format!("{}-n{id}", self.prefix)
     }
 
+    /// Every node slot: the initial members, then the spares.
+    pub fn slots(&self) -> Vec<u64> {
+        (1..=self.nodes + self.spares).collect()
+    }
+
     fn namespaces(&self) -> Vec<String> {
-        let mut all: Vec<String> = (1..=self.nodes).map(|id| self.node_ns(id)).collect();
+        let mut all: Vec<String> = self
+            .slots()
+            .into_iter()
+            .map(|id| self.node_ns(id))
+            .collect();
         all.push(self.worker_ns());
         all
     }
@@ -130,12 +151,17 @@ impl LabSpec {
         format!("{}:{API_PORT}", self.ip(id))
     }
 
-    fn raft(&self, id: u64) -> String {
+    /// Node `id`'s Raft address.
+    pub fn raft(&self, id: u64) -> String {
         format!("{}:{RAFT_PORT}", self.ip(id))
     }
 
     fn log_path(&self, id: u64) -> PathBuf {
         self.dir.join(format!("node-{id}.log"))
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node-{id}"))
     }
 }
 
@@ -177,13 +203,23 @@ where
     F: FnOnce(Arc<Lab>) -> Fut,
     Fut: Future<Output = ()>,
 {
+    run_test_with_spares(name, nodes, 0, scenario);
+}
+
+/// [`run_test`] with `spares` more node slots (ids after the initial `nodes`), for nodes
+/// that join the cluster during the scenario ([`Lab::start_empty`]).
+pub fn run_test_with_spares<F, Fut>(name: &str, nodes: u64, spares: u64, scenario: F)
+where
+    F: FnOnce(Arc<Lab>) -> Fut,
+    Fut: Future<Output = ()>,
+{
     match std::env::var(LAB_ENV) {
         Ok(spec) => {
             let spec: LabSpec = serde_json::from_str(&spec).expect("the lab spec parses");
             assert_eq!(spec.test, name, "the inner run ran another test");
             inside(spec, scenario);
         }
-        Err(_) => supervise(name, nodes),
+        Err(_) => supervise(name, nodes, spares),
     }
 }
 
@@ -229,10 +265,10 @@ pub fn out(line: &str) {
     let _ = stdout.flush();
 }
 
-fn supervise(name: &str, nodes: u64) {
+fn supervise(name: &str, nodes: u64, spares: u64) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     remove_stale_labs();
-    let net = match Net::create(name, nodes) {
+    let net = match Net::create(name, nodes, spares) {
         Ok(net) => net,
         Err(Skip(reason)) => {
             out(&format!("partition tests skipped ({name}): {reason}"));
@@ -245,7 +281,15 @@ fn supervise(name: &str, nodes: u64) {
     let mut child = Command::new("ip")
         .args(["netns", "exec", &worker_ns])
         .arg(&exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        // The supervisor ran, so the test was selected (an ignored one too, with
+        // --ignored): the inner run runs it whether ignored or not.
+        .args([
+            name,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(LAB_ENV, spec_json)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -366,7 +410,7 @@ struct Net {
 }
 
 impl Net {
-    fn create(name: &str, nodes: u64) -> Result<Self, Skip> {
+    fn create(name: &str, nodes: u64, spares: u64) -> Result<Self, Skip> {
         match effective_uid() {
             Some(0) => {}
             Some(uid) => {
@@ -384,17 +428,25 @@ impl Net {
         })?;
         let pid = std::process::id();
         let dir = tempfile::tempdir().expect("a temporary directory");
+        let (prefix, size) = match spares {
+            0 => (format!("{NS_PREFIX}{pid}-{nodes}"), nodes),
+            _ => (
+                format!("{NS_PREFIX}{pid}-{nodes}j{spares}"),
+                nodes + 10 * spares,
+            ),
+        };
         let spec = LabSpec {
             test: name.to_string(),
-            prefix: format!("{NS_PREFIX}{pid}-{nodes}"),
+            prefix,
             // Any /24 would do (the lab's namespaces are a network of their own); this
             // one differs per run and size, which keeps logs of concurrent runs apart.
             subnet: [
                 10,
                 64 + (pid % 128) as u8,
-                u8::try_from(nodes).expect("few nodes"),
+                u8::try_from(size).expect("few nodes"),
             ],
             nodes,
+            spares,
             dir: dir.path().to_path_buf(),
             node_bin: crate::common::node_binary(),
             supervisor: pid,
@@ -415,7 +467,7 @@ impl Net {
         };
         run("ip", &["netns", "add", &w])
             .map_err(|e| format!("this machine does not allow network namespaces: {e}"))?;
-        for id in 1..=spec.nodes {
+        for id in spec.slots() {
             must(&["netns", "add", &spec.node_ns(id)]);
         }
         let bridge_ip = format!("{}/24", spec.host(WORKER_HOST));
@@ -423,7 +475,7 @@ impl Net {
         must(&["-n", &w, "link", "add", "br0", "type", "bridge"]);
         must(&["-n", &w, "addr", "add", &bridge_ip, "dev", "br0"]);
         must(&["-n", &w, "link", "set", "br0", "up"]);
-        for id in 1..=spec.nodes {
+        for id in spec.slots() {
             let ns = spec.node_ns(id);
             let port = format!("n{id}");
             let ip = format!("{}/24", spec.ip(id));
@@ -465,9 +517,12 @@ impl Net {
     }
 
     fn print_node_logs(&self) {
-        for id in 1..=self.spec.nodes {
+        for id in self.spec.slots() {
             let path = self.spec.log_path(id);
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            // A spare that never ran has no log.
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(25)..];
             println!("--- last lines of {}:\n{}", path.display(), tail.join("\n"));
@@ -514,32 +569,72 @@ struct FaultLog {
     order: Vec<&'static str>,
 }
 
+/// The cluster's membership as the test last confirmed it from the leader.
+#[derive(Clone, Debug, Default)]
+struct Members {
+    voters: Vec<u64>,
+    learners: Vec<u64>,
+    /// Ids removed from the cluster, never to be used again.
+    retired: Vec<u64>,
+}
+
 /// The lab seen from inside the worker namespace: nodes, faults, probes.
 pub struct Lab {
     /// The lab's layout.
     pub spec: LabSpec,
     client: HttpClient,
     nodes: Mutex<BTreeMap<u64, Child>>,
+    members: Mutex<Members>,
+    /// Nodes SIGSTOPped now.
+    paused: Mutex<BTreeSet<u64>>,
+    /// Nodes a partition keeps from the largest side now (until [`Lab::heal`]).
+    cut_off: Mutex<BTreeSet<u64>>,
     faults: Mutex<FaultLog>,
+    /// Membership changes made, by kind, for the summary.
+    changes: Mutex<FaultLog>,
     delayer: Mutex<Option<delay::Delayer>>,
     started: Instant,
 }
 
 impl Lab {
     fn new(spec: LabSpec) -> Self {
+        let members = Members {
+            voters: (1..=spec.nodes).collect(),
+            ..Members::default()
+        };
         Self {
             spec,
             client: HttpClient::new(),
             nodes: Mutex::new(BTreeMap::new()),
+            members: Mutex::new(members),
+            paused: Mutex::new(BTreeSet::new()),
+            cut_off: Mutex::new(BTreeSet::new()),
             faults: Mutex::new(FaultLog::default()),
+            changes: Mutex::new(FaultLog::default()),
             delayer: Mutex::new(None),
             started: Instant::now(),
         }
     }
 
-    /// Node ids, 1..=N.
+    /// The cluster's members (voters and learners) as last confirmed, ascending: at
+    /// first the initial nodes 1..=N.
     pub fn ids(&self) -> Vec<u64> {
-        (1..=self.spec.nodes).collect()
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<u64> = members
+            .voters
+            .iter()
+            .chain(&members.learners)
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// The voters as last confirmed, ascending.
+    pub fn voters(&self) -> Vec<u64> {
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        members.voters.clone()
     }
 
     /// Every node id but those in `except`, ascending.
@@ -558,6 +653,16 @@ impl Lab {
     /// The worker API addresses of every node.
     pub fn api_addrs(&self) -> Vec<String> {
         self.ids().into_iter().map(|id| self.spec.api(id)).collect()
+    }
+
+    /// The worker API addresses of every slot, spares included (a client that is told of
+    /// nodes before they run, and keeps nodes that left in its list).
+    pub fn slot_addrs(&self) -> Vec<String> {
+        self.spec
+            .slots()
+            .into_iter()
+            .map(|id| self.spec.api(id))
+            .collect()
     }
 
     /// Prints `message` with the time since the lab started.
@@ -585,7 +690,7 @@ impl Lab {
     /// (A later run would also remove the namespaces: see [`remove_stale_labs`].)
     fn remove_orphaned(&self) {
         self.shutdown();
-        for id in self.ids() {
+        for id in self.spec.slots() {
             remove_namespace(&self.spec.node_ns(id));
         }
         let _ = run("ip", &["netns", "delete", &self.spec.worker_ns()]);
@@ -615,30 +720,56 @@ impl Lab {
             .join(", ")
     }
 
+    /// The initial nodes 1..=N as `--initial-cluster` lists them (whatever the
+    /// membership became since).
     fn initial_cluster(&self) -> String {
-        self.ids()
-            .into_iter()
+        (1..=self.spec.nodes)
             .map(|id| format!("{id}={}/{}", self.spec.api(id), self.spec.raft(id)))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     /// Starts node `id` in its namespace (on its data directory, so a restart keeps it).
+    /// The initial nodes get `--initial-cluster`; a spare's node joined through the CLI
+    /// and restarts without it, as an operator runs a node added later.
     pub fn start(&self, id: u64) {
+        self.spawn(id, id <= self.spec.nodes, "started");
+    }
+
+    /// Starts node `id` on an empty data directory (wiped first) and without
+    /// `--initial-cluster`: a new node that belongs to no cluster until it is added.
+    pub fn start_empty(&self, id: u64) {
+        let dir = self.spec.data_dir(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).expect("the node's data directory is wiped");
+        }
+        self.spawn(id, false, "started empty");
+    }
+
+    fn spawn(&self, id: u64, initial_cluster: bool, what: &str) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.spec.log_path(id))
             .expect("the node's log file opens");
-        let child = Command::new("ip")
+        let mut command = Command::new("ip");
+        command
             .args(["netns", "exec", &self.spec.node_ns(id)])
             .arg(&self.spec.node_bin)
             .args(["--id", &id.to_string()])
             .arg("--data-dir")
-            .arg(self.spec.dir.join(format!("node-{id}")))
+            .arg(self.spec.data_dir(id))
             .args(["--listen-api", &self.spec.api(id)])
-            .args(["--listen-raft", &self.spec.raft(id)])
-            .args(["--initial-cluster", &self.initial_cluster()])
+            .args(["--listen-raft", &self.spec.raft(id)]);
+        if initial_cluster {
+            command.args(["--initial-cluster", &self.initial_cluster()]);
+        }
+        if self.spec.spares > 0 {
+            // A short log behind each snapshot: a node that joins (or restarts) well
+            // behind catches up from a snapshot.
+            command.args(["--logs-kept-after-snapshot", "100"]);
+        }
+        let child = command
             .args(["--snapshot-every-entries", "300"])
             .env("ROTA_LOG", "info")
             .stdin(Stdio::null())
@@ -647,7 +778,7 @@ impl Lab {
             .spawn()
             .expect("rota-node starts in its namespace");
         self.say(&format!(
-            "node {id} started (pid {}) at {}",
+            "node {id} {what} (pid {}) at {}",
             child.id(),
             self.spec.api(id)
         ));
@@ -678,6 +809,11 @@ impl Lab {
         let mut child = child.unwrap_or_else(|| panic!("node {id} is not running"));
         child.kill().expect("SIGKILL is delivered");
         let status = child.wait().expect("the node is reaped");
+        // SIGKILL ends a stopped process too.
+        self.paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
         self.say(&format!("node {id} killed: {status}"));
     }
 
@@ -686,6 +822,16 @@ impl Lab {
         let pid = self.pid(id).to_string();
         run("kill", &[&format!("-{signal}"), &pid])
             .unwrap_or_else(|e| panic!("kill -{signal} {pid}: {e}"));
+        let mut paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        match signal {
+            "STOP" => {
+                paused.insert(id);
+            }
+            "CONT" => {
+                paused.remove(&id);
+            }
+            _ => {}
+        }
     }
 
     /// Node `id`'s view of the cluster, if it answers within the probe deadline.
@@ -716,7 +862,7 @@ impl Lab {
     /// Waits until a node of `among` leads and a majority of the whole cluster, polled
     /// among `among`, names it; returns it. A leader in `not` does not count.
     pub async fn wait_leader(&self, among: &[u64], not: &[u64], within: Duration) -> u64 {
-        let majority = self.spec.nodes as usize / 2 + 1;
+        let majority = self.voters().len() / 2 + 1;
         let deadline = Instant::now() + within;
         let mut last = Vec::new();
         while Instant::now() < deadline {
@@ -803,6 +949,14 @@ impl Lab {
     /// Drops every packet between nodes of different `groups` (workers still reach every
     /// node: the clients' side of a partition is not cut).
     pub fn partition(&self, groups: &[&[u64]]) {
+        if let Some(largest) = groups.iter().max_by_key(|g| g.len()) {
+            let mut cut_off = self.cut_off.lock().unwrap_or_else(|p| p.into_inner());
+            for group in groups {
+                if !std::ptr::eq(group, largest) {
+                    cut_off.extend(group.iter().copied());
+                }
+            }
+        }
         for (i, a) in groups.iter().enumerate() {
             for b in &groups[i + 1..] {
                 for &x in a.iter() {
@@ -882,6 +1036,10 @@ impl Lab {
     pub fn heal(&self) -> Healed {
         let (dropped, queued) = self.rule_counts();
         run("iptables", &["-w", "-F", "ROTA"]).expect("the fault chain flushes");
+        self.cut_off
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         let delayer = self
             .delayer
             .lock()
