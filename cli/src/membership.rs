@@ -83,12 +83,26 @@ impl Admin {
 
     /// [`Admin::leader_view`], giving up at `deadline`.
     async fn leader_view_by(&self, deadline: Instant) -> Result<ClusterStatusJson, CliError> {
+        // Every node of --url is asked until one names a leader that answers as such: the
+        // first to answer may be cut off from the others and know no leader.
         let look = async || {
-            let seen: ClusterStatusJson = self.nodes.get_json("/cluster").await?;
-            Ok(match self.view_of_leader(&seen).await {
-                Some(view) => Look::Done(view),
-                None => Look::NotYet(seen),
-            })
+            let mut first_seen = None;
+            for addr in self.nodes.addrs() {
+                let Some(seen) = self.status_of(addr).await else {
+                    continue;
+                };
+                if let Some(view) = self.view_of_leader(&seen).await {
+                    return Ok(Look::Done(view));
+                }
+                first_seen.get_or_insert(seen);
+            }
+            match first_seen {
+                Some(seen) => Ok(Look::NotYet(seen)),
+                None => Err(CliError::Unreachable(format!(
+                    "no node answered: {}; check --url and that the nodes run and have a leader",
+                    self.nodes.addrs().join(", ")
+                ))),
+            }
         };
         poll_until(deadline, POLL_INTERVAL, look, |seen| {
             CliError::Unreachable(format!(

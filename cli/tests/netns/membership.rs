@@ -117,13 +117,11 @@ impl Lab {
         run
     }
 
-    /// `--url` as an operator writes it: every member. Members the test made unhealthy
-    /// go last, SIGSTOPped ones at the very end: the CLI tries the nodes in turn, and a
-    /// stopped node costs each call its whole deadline (10 s) before the next is tried.
-    /// A node a partition cut off goes after the healthy ones because the CLI asks the
-    /// first node that answers who leads, and keeps asking it: a cut-off node that knows
-    /// no leader makes every membership command fail ("no leader answered"), though a
-    /// leader and a majority answer behind it in the list.
+    /// `--url` as an operator writes it: every member. SIGSTOPped members go last: the
+    /// CLI tries the nodes in turn, and a stopped node costs each call its whole deadline
+    /// (10 s) before the next is tried. A node a partition cut off goes *first*, so every
+    /// command proves the CLI looks past a node that answers but knows no leader (it
+    /// once asked only the first node that answered who leads, and failed).
     pub fn url(&self) -> String {
         let paused = self
             .paused
@@ -136,7 +134,7 @@ impl Lab {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let mut ids = self.ids();
-        ids.sort_by_key(|id| (paused.contains(id), cut_off.contains(id), *id));
+        ids.sort_by_key(|id| (paused.contains(id), !cut_off.contains(id), *id));
         ids.into_iter()
             .map(|id| self.spec.api(id))
             .collect::<Vec<_>>()
