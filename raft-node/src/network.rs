@@ -241,8 +241,17 @@ impl PeerClient {
         let response = self
             .client
             .send_chunks(&self.addr, Method::POST, path, &[header], chunks, timeout)
-            .await?
-            .success(&self.addr)?;
+            .await;
+        self.answer(response, path)
+    }
+
+    /// A peer's answer to a call on `path`, decoded; a failure status is an error.
+    fn answer<Resp: DeserializeOwned>(
+        &self,
+        response: Result<rpc::client::HttpResponse, ClientError>,
+        path: &str,
+    ) -> Result<Resp, ClientError> {
+        let response = response?.success(&self.addr)?;
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
             message: e.to_string(),
@@ -259,12 +268,8 @@ impl PeerClient {
         let response = self
             .client
             .send_stream(&self.addr, Method::POST, path, &[header], source, timeout)
-            .await?
-            .success(&self.addr)?;
-        decode_value(&response.body, path).map_err(|e| ClientError::Body {
-            addr: self.addr.clone(),
-            message: e.to_string(),
-        })
+            .await;
+        self.answer(response, path)
     }
 
     async fn rpc<Req, Resp>(&self, path: &str, request: &Req) -> Result<Resp, RPCError<NodeTypes>>

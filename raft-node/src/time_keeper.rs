@@ -44,7 +44,7 @@ fn save_record(node: &SharedNode, notes: &NodeSnapshots) {
     // the outage it learned of from its first record.
     let record = ClockRecord {
         log_ms: node.clock.estimate().as_millis(),
-        wall_ms: node.clock.record().wall_ms,
+        ..node.clock.record()
     };
     let saved = serde_json::to_vec(&record)
         .map_err(std::io::Error::other)
@@ -64,13 +64,16 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
     let mut caught_up_term = None;
     let mut next_record = tokio::time::Instant::now();
     let mut leader_known_since = None;
+    let mut resume_forgotten = false;
     loop {
         let (stamped_here, applied, leading_term) = {
             let now = metrics.borrow_watched();
-            if now.current_leader.is_some() {
+            // Checked on every wake-up (every apply on a follower): once done, done.
+            if !resume_forgotten && now.current_leader.is_some() {
                 let since = *leader_known_since.get_or_insert_with(tokio::time::Instant::now);
                 if since.elapsed() >= RESUME_FORGOTTEN_AFTER {
                     node.clock.forget_resume();
+                    resume_forgotten = true;
                 }
             }
             let leading = now.state == ServerState::Leader;
