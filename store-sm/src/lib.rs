@@ -8,10 +8,13 @@
 //! - [`memory`]: a log and snapshot store in memory with a crash model (tests, simulation).
 //! - [`snapshot_dir`]: snapshot persistence in a directory (production).
 //! - [`planted`]: known bugs the simulation plants to test its checkers (feature `planted-bugs`).
-//! - `rocks` (feature `rocksdb`): the RocksDB log store (production).
+//! - `rocks` (feature `rocksdb`): the RocksDB log store (production), with `log_tail`,
+//!   the newest entries it keeps in memory.
 
 pub mod codec;
 pub mod log_stats;
+#[cfg(feature = "rocksdb")]
+pub mod log_tail;
 pub mod memory;
 pub mod planted;
 pub mod raft_types;

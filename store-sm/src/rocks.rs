@@ -6,6 +6,14 @@
 //! appends and truncations are synced before openraft is told they are durable under
 //! [`SyncMode::Always`], and left to the OS under [`SyncMode::Never`]. A synced write
 //! syncs the whole WAL before it, so earlier unsynced writes become durable with it.
+//!
+//! Every write goes through one writer thread, in the order the store was asked. An
+//! append only encodes its entries, puts them in the in-memory [`LogTail`] (readable at
+//! once) and queues them: the writer takes everything that queued up during its last
+//! write into one RocksDB write and one fsync (group commit), then tells openraft.
+//! Meanwhile the leader already sends the entries to its followers, so its own fsync
+//! overlaps theirs. The other writes (vote, truncation, purge) wait for the writer, so
+//! they land after every append asked for before them.
 
 use std::fmt::Debug;
 use std::io;
@@ -13,6 +21,10 @@ use std::ops::Bound;
 use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::MutexGuard;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use openraft::LogState;
 use openraft::OptionalSend;
@@ -32,6 +44,7 @@ use rocksdb::WriteOptions;
 use crate::codec::decode_value;
 use crate::codec::encode_value;
 use crate::log_stats::LogStats;
+use crate::log_tail::LogTail;
 use crate::raft_types::RotaConfig;
 use crate::raft_types::RotaEntry;
 use crate::raft_types::RotaLogId;
@@ -51,9 +64,11 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 /// openraft's log storage in RocksDB; see the module documentation.
 #[derive(Clone)]
 pub struct RocksLogStore {
+    writer: Arc<LogWriter>,
     db: Arc<DB>,
     sync: SyncMode,
     stats: Arc<LogStats>,
+    tail: Arc<Mutex<LogTail>>,
 }
 
 impl Debug for RocksLogStore {
@@ -80,8 +95,200 @@ fn key_index(key: &[u8]) -> io::Result<u64> {
     Ok(u64::from_be_bytes(bytes))
 }
 
+fn column<'a>(db: &'a DB, name: &str) -> io::Result<&'a ColumnFamily> {
+    db.cf_handle(name)
+        .ok_or_else(|| io::Error::other(format!("rocksdb: column family {name} is missing")))
+}
+
+/// An io::Error copied for each of the callers that share one failed write.
+fn copy_error(error: &io::Error) -> io::Error {
+    io::Error::new(error.kind(), error.to_string())
+}
+
+/// Writes `batch`, synced or not, counting synced writes and their latency.
+fn write_batch(db: &DB, stats: &LogStats, batch: WriteBatch, sync: bool) -> io::Result<()> {
+    let mut options = WriteOptions::default();
+    options.set_sync(sync);
+    let started = std::time::Instant::now();
+    let result = db
+        .write_opt(batch, &options)
+        .map_err(rocks_error("writing"));
+    if sync {
+        stats.record_sync(started.elapsed());
+    }
+    result
+}
+
+type AppendDone = Box<dyn FnOnce(io::Result<()>) + Send>;
+type Work = Box<dyn FnOnce(&DB) -> io::Result<()> + Send>;
+
+/// Encoded entries (key, value) to store; `last` is the highest index among them.
+struct QueuedAppend {
+    entries: Vec<([u8; 8], Vec<u8>)>,
+    last: u64,
+    done: AppendDone,
+}
+
+/// What the writer thread is asked to do, in order.
+enum WriteOp {
+    /// Entries to store, then report durable.
+    Append(QueuedAppend),
+    /// Any other write, answered once done.
+    Other {
+        work: Work,
+        done: Option<futures_channel::oneshot::Sender<io::Result<()>>>,
+    },
+}
+
+/// Appends that queued up, written together: their entries in one batch, one fsync.
+const GROUP_OPS_MAX: usize = 1024;
+
+/// The writer thread and the queue to it; the thread ends (after the queue) when the
+/// last store handle is dropped.
+struct LogWriter {
+    queue: Mutex<Option<mpsc::Sender<WriteOp>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl LogWriter {
+    fn start(
+        db: Arc<DB>,
+        sync: SyncMode,
+        stats: Arc<LogStats>,
+        tail: Arc<Mutex<LogTail>>,
+    ) -> io::Result<Self> {
+        let (queue, ops) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("rota-log-writer".into())
+            .spawn(move || write_loop(&db, sync, &stats, &tail, &ops))?;
+        Ok(Self {
+            queue: Mutex::new(Some(queue)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn send(&self, op: WriteOp) -> io::Result<()> {
+        let stopped = || io::Error::other("the log writer has stopped");
+        let queue = self.queue.lock().map_err(|_| stopped())?;
+        queue
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send(op)
+            .map_err(|_| stopped())
+    }
+
+    /// Runs `work` on the writer after everything queued before it, and waits for it.
+    async fn run(&self, work: Work) -> io::Result<()> {
+        let (done, answer) = futures_channel::oneshot::channel();
+        self.send(WriteOp::Other {
+            work,
+            done: Some(done),
+        })?;
+        answer
+            .await
+            .map_err(|_| io::Error::other("the log writer stopped before the write"))?
+    }
+
+    /// Queues `work` without waiting for it.
+    fn queue(&self, work: Work) -> io::Result<()> {
+        self.send(WriteOp::Other { work, done: None })
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has written what was queued; joining
+        // it releases the database before a reopen of the same directory.
+        if let Ok(mut queue) = self.queue.lock() {
+            queue.take();
+        }
+        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn lock_tail(tail: &Mutex<LogTail>) -> MutexGuard<'_, LogTail> {
+    // The tail is consistent after every method; a panic elsewhere does not spoil it.
+    tail.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write_loop(
+    db: &DB,
+    sync: SyncMode,
+    stats: &LogStats,
+    tail: &Mutex<LogTail>,
+    ops: &mpsc::Receiver<WriteOp>,
+) {
+    let mut appends = Vec::new();
+    while let Ok(first) = ops.recv() {
+        let mut taken = vec![first];
+        while taken.len() < GROUP_OPS_MAX {
+            match ops.try_recv() {
+                Ok(op) => taken.push(op),
+                Err(_) => break,
+            }
+        }
+        for op in taken {
+            match op {
+                WriteOp::Append(append) => appends.push(append),
+                WriteOp::Other { work, done } => {
+                    write_appends(db, sync, stats, tail, &mut appends);
+                    let result = work(db);
+                    if let Err(error) = &result {
+                        tracing::error!("log write failed: {error}");
+                    }
+                    if let Some(done) = done {
+                        let _ = done.send(result);
+                    }
+                }
+            }
+        }
+        write_appends(db, sync, stats, tail, &mut appends);
+    }
+}
+
+/// Writes the queued appends in one batch, then reports to each of them.
+fn write_appends(
+    db: &DB,
+    sync: SyncMode,
+    stats: &LogStats,
+    tail: &Mutex<LogTail>,
+    appends: &mut Vec<QueuedAppend>,
+) {
+    if appends.is_empty() {
+        return;
+    }
+    let result = column(db, CF_LOGS).and_then(|logs| {
+        let mut batch = WriteBatch::default();
+        let mut count = 0;
+        for append in appends.iter() {
+            for (key, value) in &append.entries {
+                batch.put_cf(logs, key, value);
+                count += 1;
+            }
+        }
+        stats.record_append(count);
+        write_batch(db, stats, batch, sync == SyncMode::Always)
+    });
+    match &result {
+        Ok(()) => {
+            let last = appends.iter().map(|append| append.last).max();
+            if let Some(last) = last {
+                lock_tail(tail).mark_written(last);
+            }
+        }
+        Err(error) => tracing::error!("log append failed: {error}"),
+    }
+    for append in appends.drain(..) {
+        (append.done)(result.as_ref().map(|_| ()).map_err(copy_error));
+    }
+}
+
 impl RocksLogStore {
-    /// Opens (creating if needed) the log store at `path`, checking its format version.
+    /// Opens (creating if needed) the log store at `path`, checking its format version,
+    /// and starts its writer thread.
     pub fn open(path: &Path, sync: SyncMode) -> io::Result<Self> {
         let mut options = Options::default();
         options.create_if_missing(true);
@@ -95,65 +302,41 @@ impl RocksLogStore {
         let db = DB::open_cf_descriptors(&options, path, families).map_err(|e| {
             io::Error::other(format!("opening the Raft log at {}: {e}", path.display()))
         })?;
-        let store = Self {
-            db: Arc::new(db),
+        let db = Arc::new(db);
+        let stats = Arc::<LogStats>::default();
+        check_format(&db, &stats, path)?;
+        let tail = Arc::<Mutex<LogTail>>::default();
+        let writer =
+            LogWriter::start(Arc::clone(&db), sync, Arc::clone(&stats), Arc::clone(&tail))?;
+        Ok(Self {
+            writer: Arc::new(writer),
+            db,
             sync,
-            stats: Arc::default(),
-        };
-        store.check_format(path)?;
-        Ok(store)
-    }
-
-    fn check_format(&self, path: &Path) -> io::Result<()> {
-        match self.get_meta::<u32>(KEY_FORMAT)? {
-            Some(LOG_FORMAT_VERSION) => Ok(()),
-            Some(found) => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "the Raft log at {} has format {found}; this build reads {LOG_FORMAT_VERSION}: run the Rota release that wrote it",
-                    path.display()
-                ),
-            )),
-            None => {
-                let empty = self
-                    .db
-                    .iterator_cf(self.cf(CF_LOGS)?, IteratorMode::Start)
-                    .next()
-                    .is_none()
-                    && self.get_meta::<RotaVote>(KEY_VOTE)?.is_none();
-                if !empty {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "the Raft log at {} has data but no format header",
-                            path.display()
-                        ),
-                    ));
-                }
-                self.put_meta(KEY_FORMAT, &LOG_FORMAT_VERSION, true)
-            }
-        }
-    }
-
-    fn cf(&self, name: &str) -> io::Result<&ColumnFamily> {
-        self.db
-            .cf_handle(name)
-            .ok_or_else(|| io::Error::other(format!("rocksdb: column family {name} is missing")))
+            stats,
+            tail,
+        })
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
-        let what = String::from_utf8_lossy(key);
-        self.db
-            .get_cf(self.cf(CF_META)?, key)
-            .map_err(rocks_error("reading metadata"))?
-            .map(|bytes| decode_value(&bytes, &what))
-            .transpose()
+        get_meta(&self.db, key)
     }
 
-    fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T, sync: bool) -> io::Result<()> {
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_META)?, key, encode_value(value)?);
-        self.write(batch, sync)
+    /// Writes one metadata value on the writer, after everything queued before it.
+    async fn put_meta<T: serde::Serialize>(
+        &self,
+        key: &'static [u8],
+        value: &T,
+        sync: bool,
+    ) -> io::Result<()> {
+        let value = encode_value(value)?;
+        let stats = Arc::clone(&self.stats);
+        self.writer
+            .run(Box::new(move |db| {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(column(db, CF_META)?, key, value);
+                write_batch(db, &stats, batch, sync)
+            }))
+            .await
     }
 
     /// Write counters, shared with whoever watches them.
@@ -161,26 +344,18 @@ impl RocksLogStore {
         Arc::clone(&self.stats)
     }
 
-    fn write(&self, batch: WriteBatch, sync: bool) -> io::Result<()> {
-        let mut options = WriteOptions::default();
-        options.set_sync(sync);
-        let started = std::time::Instant::now();
-        let result = self
-            .db
-            .write_opt(batch, &options)
-            .map_err(rocks_error("writing"));
-        if sync {
-            self.stats.record_sync(started.elapsed());
-        }
-        result
-    }
-
     fn sync_appends(&self) -> bool {
         self.sync == SyncMode::Always
     }
 
     fn last_entry_log_id(&self) -> io::Result<Option<RotaLogId>> {
-        let mut iter = self.db.iterator_cf(self.cf(CF_LOGS)?, IteratorMode::End);
+        if let Some(last) = lock_tail(&self.tail).last_log_id() {
+            return Ok(Some(last));
+        }
+        // An empty tail means nothing is waiting to be written: RocksDB has the log.
+        let mut iter = self
+            .db
+            .iterator_cf(column(&self.db, CF_LOGS)?, IteratorMode::End);
         match iter.next() {
             None => Ok(None),
             Some(item) => {
@@ -190,6 +365,82 @@ impl RocksLogStore {
             }
         }
     }
+
+    /// Entries from RocksDB within `range` and below `below` (all of them for `None`).
+    fn read_stored<RB: RangeBounds<u64>>(
+        &self,
+        range: &RB,
+        below: Option<u64>,
+    ) -> io::Result<Vec<RotaEntry>> {
+        let start = match range.start_bound() {
+            Bound::Included(&index) => index,
+            Bound::Excluded(&index) => index.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let mut entries = Vec::new();
+        if below.is_some_and(|below| start >= below) {
+            return Ok(entries);
+        }
+        let from = index_key(start);
+        let iter = self.db.iterator_cf(
+            column(&self.db, CF_LOGS)?,
+            IteratorMode::From(&from, Direction::Forward),
+        );
+        for item in iter {
+            let (key, value) = item.map_err(rocks_error("reading entries"))?;
+            let index = key_index(&key)?;
+            if !range.contains(&index) || below.is_some_and(|below| index >= below) {
+                break;
+            }
+            entries.push(decode_value(&value, "log entry")?);
+        }
+        Ok(entries)
+    }
+}
+
+fn get_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> io::Result<Option<T>> {
+    let what = String::from_utf8_lossy(key);
+    db.get_cf(column(db, CF_META)?, key)
+        .map_err(rocks_error("reading metadata"))?
+        .map(|bytes| decode_value(&bytes, &what))
+        .transpose()
+}
+
+/// Checks the layout version, writing it into a new, empty store.
+fn check_format(db: &DB, stats: &LogStats, path: &Path) -> io::Result<()> {
+    match get_meta::<u32>(db, KEY_FORMAT)? {
+        Some(LOG_FORMAT_VERSION) => Ok(()),
+        Some(found) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the Raft log at {} has format {found}; this build reads {LOG_FORMAT_VERSION}: run the Rota release that wrote it",
+                path.display()
+            ),
+        )),
+        None => {
+            let empty = db
+                .iterator_cf(column(db, CF_LOGS)?, IteratorMode::Start)
+                .next()
+                .is_none()
+                && get_meta::<RotaVote>(db, KEY_VOTE)?.is_none();
+            if !empty {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the Raft log at {} has data but no format header",
+                        path.display()
+                    ),
+                ));
+            }
+            let mut batch = WriteBatch::default();
+            batch.put_cf(
+                column(db, CF_META)?,
+                KEY_FORMAT,
+                encode_value(&LOG_FORMAT_VERSION)?,
+            );
+            write_batch(db, stats, batch, true)
+        }
+    }
 }
 
 impl<C: RotaConfig> RaftLogReader<C> for RocksLogStore {
@@ -197,24 +448,10 @@ impl<C: RotaConfig> RaftLogReader<C> for RocksLogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<RotaEntry>, io::Error> {
-        let start = match range.start_bound() {
-            Bound::Included(&index) => index,
-            Bound::Excluded(&index) => index.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let from = index_key(start);
-        let iter = self.db.iterator_cf(
-            self.cf(CF_LOGS)?,
-            IteratorMode::From(&from, Direction::Forward),
-        );
-        let mut entries = Vec::new();
-        for item in iter {
-            let (key, value) = item.map_err(rocks_error("reading entries"))?;
-            if !range.contains(&key_index(&key)?) {
-                break;
-            }
-            entries.push(decode_value(&value, "log entry")?);
-        }
+        // The tail first: an entry that leaves it meanwhile is already in RocksDB.
+        let (tail_first, from_tail) = lock_tail(&self.tail).read(&range);
+        let mut entries = self.read_stored(&range, tail_first)?;
+        entries.extend(from_tail);
         Ok(entries)
     }
 
@@ -241,12 +478,19 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
 
     async fn save_vote(&mut self, vote: &RotaVote) -> Result<(), io::Error> {
         // Synced in every mode: a forgotten vote lets a node vote twice in one term.
-        self.put_meta(KEY_VOTE, vote, true)
+        self.put_meta(KEY_VOTE, vote, true).await
     }
 
     async fn save_committed(&mut self, committed: Option<RotaLogId>) -> Result<(), io::Error> {
-        // A restart hint; a lost one only means re-applying less before catching up.
-        self.put_meta(KEY_COMMITTED, &committed, false)
+        // A restart hint; a lost one only means re-applying less before catching up, so
+        // nobody waits for it.
+        let value = encode_value(&committed)?;
+        let stats = Arc::clone(&self.stats);
+        self.writer.queue(Box::new(move |db| {
+            let mut batch = WriteBatch::default();
+            batch.put_cf(column(db, CF_META)?, KEY_COMMITTED, value);
+            write_batch(db, &stats, batch, false)
+        }))
     }
 
     async fn read_committed(&mut self) -> Result<Option<RotaLogId>, io::Error> {
@@ -258,47 +502,66 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
         I: IntoIterator<Item = RotaEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let logs = self.cf(CF_LOGS)?;
-        let mut batch = WriteBatch::default();
-        let mut count = 0;
+        let mut encoded = Vec::new();
+        let mut held = Vec::new();
         for entry in entries {
-            batch.put_cf(logs, index_key(entry.log_id.index()), encode_value(&entry)?);
-            count += 1;
+            let value = encode_value(&entry)?;
+            encoded.push((index_key(entry.log_id.index()), value));
+            held.push(entry);
         }
-        self.stats.record_append(count);
-        // One write and, under SyncMode::Always, one fsync for the whole batch: openraft
-        // hands over every entry that queued up meanwhile, which is what batches commands.
-        let result = self.write(batch, self.sync_appends());
-        let reported = result
-            .as_ref()
-            .map(|_| ())
-            .map_err(|e| io::Error::new(e.kind(), e.to_string()));
-        callback.io_completed(reported);
-        result
+        let last = held.last().map(|e| e.log_id.index());
+        lock_tail(&self.tail)
+            .push_all(held.into_iter().zip(encoded.iter().map(|(_, v)| v.len())))
+            .map_err(|hole| io::Error::new(io::ErrorKind::InvalidInput, hole))?;
+        let Some(last) = last else {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        };
+        self.writer.send(WriteOp::Append(QueuedAppend {
+            entries: encoded,
+            last,
+            done: Box::new(move |result| callback.io_completed(result)),
+        }))
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<RotaLogId>) -> Result<(), io::Error> {
-        let first_removed = last_log_id.map_or(0, |id| id.index() + 1);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(
-            self.cf(CF_LOGS)?,
-            index_key(first_removed),
-            index_key(u64::MAX),
-        );
-        batch.delete_cf(self.cf(CF_LOGS)?, index_key(u64::MAX));
-        self.write(batch, self.sync_appends())
+        let last_kept = last_log_id.map(|id| id.index());
+        lock_tail(&self.tail).truncate_after(last_kept);
+        let first_removed = last_kept.map_or(0, |index| index + 1);
+        let stats = Arc::clone(&self.stats);
+        let sync = self.sync_appends();
+        let result = self
+            .writer
+            .run(Box::new(move |db| {
+                let logs = column(db, CF_LOGS)?;
+                let mut batch = WriteBatch::default();
+                batch.delete_range_cf(logs, index_key(first_removed), index_key(u64::MAX));
+                batch.delete_cf(logs, index_key(u64::MAX));
+                write_batch(db, &stats, batch, sync)
+            }))
+            .await;
+        // Appends queued before the truncation marked entries past the cut as written.
+        lock_tail(&self.tail).truncate_after(last_kept);
+        result
     }
 
     async fn purge(&mut self, log_id: RotaLogId) -> Result<(), io::Error> {
+        lock_tail(&self.tail).purge_up_to(log_id.index());
         // The marker and the deletion share one batch, so the log never has a hole that
         // the marker does not explain.
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_META)?, KEY_LAST_PURGED, encode_value(&log_id)?);
-        batch.delete_range_cf(
-            self.cf(CF_LOGS)?,
-            index_key(0),
-            index_key(log_id.index() + 1),
-        );
-        self.write(batch, false)
+        let marker = encode_value(&log_id)?;
+        let stats = Arc::clone(&self.stats);
+        self.writer
+            .run(Box::new(move |db| {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(column(db, CF_META)?, KEY_LAST_PURGED, marker);
+                batch.delete_range_cf(
+                    column(db, CF_LOGS)?,
+                    index_key(0),
+                    index_key(log_id.index() + 1),
+                );
+                write_batch(db, &stats, batch, false)
+            }))
+            .await
     }
 }
