@@ -58,8 +58,8 @@ async fn get_cluster(State(node): State<SharedNode>) -> Json<ClusterStatusJson> 
     Json(node.cluster_status())
 }
 
-async fn get_state_hash(State(node): State<SharedNode>) -> Json<StateHashJson> {
-    Json(node.state_hash())
+async fn get_state_hash(State(node): State<SharedNode>) -> Result<Json<StateHashJson>, ApiError> {
+    Ok(Json(node.state_hash().await?))
 }
 
 async fn get_health() -> Json<ProbeJson> {

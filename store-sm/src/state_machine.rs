@@ -16,6 +16,7 @@ use std::sync::RwLockWriteGuard;
 
 use futures_util::Stream;
 use futures_util::StreamExt;
+use openraft::AsyncRuntime;
 use openraft::EntryPayload;
 use openraft::RaftSnapshotBuilder;
 use openraft::storage::EntryResponder;
@@ -192,25 +193,37 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftSnapshotBuilder<C> for TaskSnaps
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<RotaSnapshot, io::Error> {
-        let data: SnapshotData = encode_snapshot(&self.view.machine).into();
-        let stored = StoredSnapshot {
-            meta: RotaSnapshotMeta {
-                last_log_id: self.view.applied,
-                last_membership: self.view.membership.clone(),
-            },
-            data,
-        };
-        self.persistence.save(&stored)?;
-        tracing::info!(
-            last_log_id = ?stored.meta.last_log_id,
-            bytes = stored.data.len(),
-            "snapshot built"
-        );
-        Ok(RotaSnapshot {
-            meta: stored.meta,
-            snapshot: stored.data,
-        })
+        // Encoding and the fsync take seconds for millions of tasks: on a blocking thread,
+        // so that the node's async thread keeps serving and heartbeating meanwhile.
+        let view = self.view.clone();
+        let persistence = self.persistence.clone();
+        C::AsyncRuntime::spawn_blocking(move || build_and_save(&view, &persistence)).await?
     }
+}
+
+/// Encodes `view` and makes it the current snapshot.
+fn build_and_save<P: SnapshotPersistence>(
+    view: &AppliedState,
+    persistence: &P,
+) -> Result<RotaSnapshot, io::Error> {
+    let data: SnapshotData = encode_snapshot(&view.machine).into();
+    let stored = StoredSnapshot {
+        meta: RotaSnapshotMeta {
+            last_log_id: view.applied,
+            last_membership: view.membership.clone(),
+        },
+        data,
+    };
+    persistence.save(&stored)?;
+    tracing::info!(
+        last_log_id = ?stored.meta.last_log_id,
+        bytes = stored.data.len(),
+        "snapshot built"
+    );
+    Ok(RotaSnapshot {
+        meta: stored.meta,
+        snapshot: stored.data,
+    })
 }
 
 fn empty_response() -> Arc<Outcome> {
@@ -286,10 +299,16 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
             meta: meta.clone(),
             data: snapshot,
         };
-        let state = AppliedState::from_snapshot(&stored)?;
-        // Durable before the state changes: a crash right after must not find an applied
-        // state that no snapshot or log on disk can rebuild.
-        self.persistence.save(&stored)?;
+        // Decoding and the fsync off the async thread, as in `build_snapshot`.
+        let persistence = self.persistence.clone();
+        let (state, stored) = C::AsyncRuntime::spawn_blocking(move || {
+            let state = AppliedState::from_snapshot(&stored)?;
+            // Durable before the state changes: a crash right after must not find an
+            // applied state that no snapshot or log on disk can rebuild.
+            persistence.save(&stored)?;
+            Ok::<_, io::Error>((state, stored))
+        })
+        .await??;
         let mut current = self.write();
         *current = state;
         if let Some(observer) = &self.observer {

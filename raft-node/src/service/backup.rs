@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
+use openraft::AsyncRuntime;
 use openraft::async_runtime::WatchReceiver;
 use openraft::vote::RaftLeaderId;
 use rpc::admin::RestoreJson;
@@ -19,6 +20,7 @@ use store_sm::raft_types::SnapshotData;
 use super::Consistency;
 use super::ServiceError;
 use crate::node::Node;
+use crate::runtime::NodeRuntime;
 
 /// The node id in the log id of a restored snapshot. Real nodes start at 1, so no real
 /// leader ever had this id, and every election after the restore outranks it.
@@ -39,10 +41,17 @@ impl Node {
     /// acknowledged before the call.
     pub async fn backup(&self) -> Result<Backup, ServiceError> {
         let view = self.read(Consistency::Linearizable).await?;
-        let (bytes, hash) = store_sm::snapshot::encode_snapshot_with_hash(&view.state.machine);
+        let applied_index = view.state.applied.map_or(0, |id| id.index());
+        // Encoding takes seconds for millions of tasks: off the node's async thread.
+        let machine = view.state.machine.clone();
+        let (bytes, hash) = NodeRuntime::spawn_blocking(move || {
+            store_sm::snapshot::encode_snapshot_with_hash(&machine)
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("encoding the backup: {e}")))?;
         Ok(Backup {
             bytes,
-            applied_index: view.state.applied.map_or(0, |id| id.index()),
+            applied_index,
             state_hash: hash.to_string(),
         })
     }
@@ -90,14 +99,22 @@ impl Node {
         backup: SnapshotData,
     ) -> Result<RestoreJson, ServiceError> {
         self.check_restore(&members)?;
-        let bytes = backup
-            .load()
-            .map_err(|e| ServiceError::Internal(format!("reading the spooled backup: {e}")))?;
-        let (machine, state_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
-            .map_err(|e| ServiceError::Invalid(format!("the body is not a usable backup: {e}")))?;
-        // Held only to check the backup: the state machine decodes it again to install.
-        let tasks = machine.task_count() as u64;
-        drop((machine, bytes));
+        // Reading and decoding take seconds for millions of tasks: off the async thread.
+        let spooled = backup.clone();
+        let checked = NodeRuntime::spawn_blocking(move || {
+            let bytes = spooled
+                .load()
+                .map_err(|e| ServiceError::Internal(format!("reading the spooled backup: {e}")))?;
+            // Decoded only to check the backup: the state machine decodes it again.
+            let (machine, state_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
+                .map_err(|e| {
+                    ServiceError::Invalid(format!("the body is not a usable backup: {e}"))
+                })?;
+            Ok::<_, ServiceError>((machine.task_count() as u64, state_hash))
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("checking the backup: {e}")))?;
+        let (tasks, state_hash) = checked?;
         let (vote, snapshot) = restored_snapshot(members, backup)?;
         let applied_index = snapshot.meta.last_log_id.map_or(0, |id| id.index());
         self.raft

@@ -1,5 +1,6 @@
 //! What a node knows of the cluster: status, readiness and its state hash.
 
+use openraft::AsyncRuntime;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use rpc::admin::CAUGHT_UP_ENTRIES_MAX;
@@ -8,7 +9,9 @@ use rpc::admin::NodeStatusJson;
 use rpc::admin::StateHashJson;
 use store_sm::raft_types::NodeId;
 
+use super::ServiceError;
 use crate::node::Node;
+use crate::runtime::NodeRuntime;
 
 fn role_name(state: ServerState) -> &'static str {
     match state {
@@ -112,14 +115,17 @@ impl Node {
         Ok(())
     }
 
-    /// The hash of this node's applied state, to compare replicas. O(tasks): for tests and
-    /// operators, not for monitoring loops.
-    pub fn state_hash(&self) -> StateHashJson {
+    /// The hash of this node's applied state, to compare replicas. O(tasks), on a
+    /// blocking thread so that the node serves meanwhile: for tests and operators, not
+    /// for monitoring loops.
+    pub async fn state_hash(&self) -> Result<StateHashJson, ServiceError> {
         let state = self.state.snapshot();
-        StateHashJson {
+        NodeRuntime::spawn_blocking(move || StateHashJson {
             applied_index: state.applied.map(|id| id.index()),
             state_hash: state.state_hash().to_string(),
             tasks: state.machine.task_count() as u64,
-        }
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("hashing the state: {e}")))
     }
 }
