@@ -5,6 +5,10 @@
 //! `job` mode it adds a task with a fresh key, claims one, and finishes it with a small
 //! result (the job cycle); in `add` mode it only adds. Workers spread over the given URLs. The run stops after
 //! `--duration` seconds or `--max-cycles` cycles, whichever comes first.
+//!
+//! With `--batch N` (cycle and add modes), each request carries N tasks: one update adds
+//! N, one claim takes up to N (`count`), one update deletes what it took; the report
+//! then counts tasks per second as well as requests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,6 +63,11 @@ pub struct BenchConfig {
     pub max_cycles: u64,
     /// Group the tasks go to.
     pub group: String,
+    /// Tasks per request (1: the seed's one-task requests).
+    pub batch: u32,
+    /// Cycles per second for all workers together, spread evenly; `None`: as fast as
+    /// they go. A paced run measures latency at a chosen load (say half the peak).
+    pub rate: Option<f64>,
 }
 
 /// Why a run could not be made.
@@ -77,6 +86,8 @@ pub(crate) struct Samples {
     latencies_us: BTreeMap<&'static str, Vec<u64>>,
     errors: BTreeMap<&'static str, u64>,
     last_error: Option<String>,
+    /// Tasks through the last step of a cycle (deleted, finished, or added in add mode).
+    tasks_done: u64,
 }
 
 impl Samples {
@@ -132,40 +143,67 @@ async fn worker(
     // each other's live keys.
     let run = std::process::id();
     let mut sequence = 0u64;
+    // A paced worker starts its cycles `interval` apart, offset from the others'.
+    let interval = config
+        .rate
+        .map(|rate| Duration::from_secs_f64(config.workers as f64 / rate));
+    let mut next_start =
+        interval.map(|every| Instant::now() + every.mul_f64(index as f64 / config.workers as f64));
     while !stop.load(Ordering::Relaxed) {
+        if let (Some(at), Some(every)) = (next_start, interval) {
+            tokio::time::sleep_until(at.into()).await;
+            // A cycle that overran does not make the next ones bunch up.
+            next_start = Some((at + every).max(Instant::now()));
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         if cycles.fetch_add(1, Ordering::Relaxed) >= config.max_cycles {
             break;
         }
         let started = Instant::now();
-        let mut task = AddJson::in_group(config.group.clone()).with_data("bench");
-        if config.mode == BenchMode::Job {
-            sequence += 1;
-            task.key = Some(format!("bench-{run}-{index}-{sequence}"));
+        let mut add = UpdateRequestJson::by(client_id);
+        for _ in 0..config.batch {
+            let mut task = AddJson::in_group(config.group.clone()).with_data("bench");
+            if config.mode == BenchMode::Job {
+                sequence += 1;
+                task.key = Some(format!("bench-{run}-{index}-{sequence}"));
+            }
+            add = add.with_add(task);
         }
-        let add = UpdateRequestJson::by(client_id).with_add(task);
         match call(&client, add).await {
-            Ok(_) => samples.record("add", started),
+            Ok(added) => {
+                samples.record("add", started);
+                if config.mode == BenchMode::Add {
+                    samples.tasks_done += added.len() as u64;
+                    continue;
+                }
+            }
             Err(e) => {
                 samples.fail("add", e);
                 continue;
             }
         }
-        if config.mode == BenchMode::Add {
-            continue;
-        }
         let started = Instant::now();
-        let claim = ClaimRequestJson::new(client_id, config.group.clone(), 60_000);
-        let claimed = match call(&client, claim).await {
+        let mut claim = ClaimRequestJson::new(client_id, config.group.clone(), 60_000);
+        if config.batch > 1 {
+            claim = claim.with_count(config.batch);
+        }
+        let claimed: Vec<u64> = match call(&client, claim).await {
             Ok(tasks) => {
                 samples.record("claim", started);
-                tasks.first().map(|t| t.id)
+                tasks.iter().map(|t| t.id).collect()
             }
             Err(e) => {
                 samples.fail("claim", e);
-                None
+                Vec::new()
             }
         };
-        let Some(id) = claimed else { continue };
+        if claimed.is_empty() {
+            continue;
+        }
+        let done = claimed.len() as u64;
+        let id = claimed[0];
         let started = Instant::now();
         let (op, end): (_, WriteRequestJson) = match config.mode {
             BenchMode::Job => (
@@ -180,11 +218,16 @@ async fn worker(
             ),
             _ => (
                 "delete",
-                UpdateRequestJson::by(client_id).with_deletes([id]).into(),
+                UpdateRequestJson::by(client_id)
+                    .with_deletes(claimed)
+                    .into(),
             ),
         };
         match call(&client, end).await {
-            Ok(_) => samples.record(op, started),
+            Ok(_) => {
+                samples.record(op, started);
+                samples.tasks_done += done;
+            }
             Err(e) => samples.fail(op, e),
         }
     }
@@ -213,6 +256,23 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     if matches!(config.mode, BenchMode::Wake | BenchMode::Idle) {
         return Err(BenchError::Usage(
             "the wake and idle modes run in bench_wait".into(),
+        ));
+    }
+    let batch_max = rpc::worker::CLAIM_COUNT_MAX;
+    if !(1..=batch_max).contains(&config.batch) {
+        return Err(BenchError::Usage(format!("--batch: use 1 to {batch_max}")));
+    }
+    if config
+        .rate
+        .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+    {
+        return Err(BenchError::Usage(
+            "--rate: give a positive number of cycles per second".into(),
+        ));
+    }
+    if config.batch > 1 && !matches!(config.mode, BenchMode::Cycle | BenchMode::Add) {
+        return Err(BenchError::Usage(
+            "--batch applies to the cycle and add modes".into(),
         ));
     }
     let config = Arc::new(config);
@@ -253,6 +313,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
             *all.errors.entry(op).or_default() += errors;
         }
         all.last_error = samples.last_error.or(all.last_error);
+        all.tasks_done += samples.tasks_done;
     }
     timer.abort();
     let elapsed = started.elapsed().as_secs_f64();
@@ -263,10 +324,13 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     }
 
     let mut report = format!(
-        "rota bench: mode={:?} workers={} urls={} elapsed={elapsed:.2}s\n",
+        "rota bench: mode={:?} workers={} urls={} elapsed={elapsed:.2}s{}\n",
         config.mode,
         config.workers,
-        config.addrs.len()
+        config.addrs.len(),
+        config
+            .rate
+            .map_or(String::new(), |rate| format!(" rate={rate}/s"))
     );
     let done_ops = match config.mode {
         BenchMode::Cycle => "delete",
@@ -303,6 +367,14 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
         },
         completed as f64 / elapsed
     ));
+    if config.batch > 1 {
+        report.push_str(&format!(
+            "tasks: {} in {elapsed:.2}s = {:.0} per second (up to {} per request)\n",
+            all.tasks_done,
+            all.tasks_done as f64 / elapsed,
+            config.batch
+        ));
+    }
     if let Some(error) = all.last_error {
         report.push_str(&format!("last error: {error}\n"));
     }

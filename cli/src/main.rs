@@ -118,6 +118,14 @@ enum Command {
         /// Group the benchmark's tasks go to.
         #[arg(long, default_value = "rota-bench")]
         group: String,
+        /// Tasks per request in the cycle and add modes: one update adds them, one claim
+        /// takes up to as many (`count`), one update deletes them (1 to 1 000).
+        #[arg(long, default_value_t = 1)]
+        batch: u32,
+        /// Cycles per second for all workers together (paced evenly), to measure latency
+        /// at a chosen load; as fast as possible when absent.
+        #[arg(long)]
+        rate: Option<f64>,
     },
 }
 
@@ -369,6 +377,9 @@ enum JobCommand {
         /// When nothing is claimable, wait up to this many milliseconds (at most 60000).
         #[arg(long, value_name = "MS")]
         wait_ms: Option<u64>,
+        /// Claim up to this many tasks at once (1 to 1000), each its own version and fence.
+        #[arg(long)]
+        count: Option<u32>,
     },
     /// End a claim with success, recording a result.
     #[command(
@@ -533,6 +544,9 @@ enum TaskCommand {
         /// for a task instead of answering empty at once.
         #[arg(long, value_name = "MS")]
         wait_ms: Option<u64>,
+        /// Claim up to this many tasks at once (1 to 1000), each its own version and fence.
+        #[arg(long)]
+        count: Option<u32>,
     },
     /// Show tasks by id.
     #[command(after_help = "Example:\n  rota task get --url 127.0.0.1:7001 12 13")]
@@ -616,10 +630,18 @@ impl Writer {
         UpdateRequestJson::by(cli::task::client_id(self.client_id))
     }
 
-    /// A claim by this writer, waiting up to `wait_ms` for a task if given.
-    fn claim(&self, group: String, duration_ms: i64, wait_ms: Option<u64>) -> ClaimRequestJson {
+    /// A claim by this writer of up to `count` tasks (one if not given), waiting up to
+    /// `wait_ms` for a task if given.
+    fn claim(
+        &self,
+        group: String,
+        duration_ms: i64,
+        wait_ms: Option<u64>,
+        count: Option<u32>,
+    ) -> ClaimRequestJson {
         ClaimRequestJson {
             wait_ms,
+            count,
             ..ClaimRequestJson::new(cli::task::client_id(self.client_id), group, duration_ms)
         }
     }
@@ -713,8 +735,9 @@ async fn run_task(command: TaskCommand) -> Result<(), cli::CliError> {
             group,
             duration_ms,
             wait_ms,
+            count,
         } => {
-            let claim = writer.claim(group, duration_ms, wait_ms);
+            let claim = writer.claim(group, duration_ms, wait_ms, count);
             let written = writer.write(&target, claim).await?;
             print_tasks(&written, target.json)
         }
@@ -872,8 +895,9 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
             group,
             duration,
             wait_ms,
+            count,
         } => {
-            let claim = writer.claim(group, duration, wait_ms);
+            let claim = writer.claim(group, duration, wait_ms, count);
             let written = writer.write(&target, claim).await?;
             print_tasks(&written, target.json)
         }
@@ -1503,6 +1527,8 @@ fn main() -> ExitCode {
                 duration,
                 max_cycles,
                 group,
+                batch,
+                rate,
             } => {
                 let config = cli::bench::BenchConfig {
                     addrs: cli::nodes::addresses(&url)?,
@@ -1511,6 +1537,8 @@ fn main() -> ExitCode {
                     duration: Duration::from_secs(duration),
                     max_cycles,
                     group,
+                    batch,
+                    rate,
                 };
                 let report = match config.mode {
                     cli::bench::BenchMode::Wake => cli::bench_wait::wake(config).await?,

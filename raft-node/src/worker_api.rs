@@ -28,6 +28,7 @@ use rpc::worker::parse_owned;
 use serde::de::DeserializeOwned;
 use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
+use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::OnConflict;
@@ -375,15 +376,20 @@ async fn post_claim(
     }
     let wait_ms = json.wait_ms.unwrap_or(0);
     check_wait_ms(wait_ms).map_err(ApiError::bad_request)?;
+    let count = json.checked_count().map_err(ApiError::bad_request)?;
     let request_id = request_id(&incoming, json.requestid)?;
-    let claim = ClaimRequest {
-        client: json.clientid,
-        group: json.group,
-        duration_ms: json.duration,
-        depends: json.depends,
+    let claim = ClaimManyRequest {
+        claim: ClaimRequest {
+            client: json.clientid,
+            group: json.group,
+            duration_ms: json.duration,
+            depends: json.depends,
+        },
+        count,
     };
     if wait_ms == 0 {
-        return Ok(write(&node, incoming, Request::Claim(claim), request_id).await);
+        let request = claim.to_request(false);
+        return Ok(write(&node, incoming, request, request_id).await);
     }
     let wait = Duration::from_millis(wait_ms);
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());

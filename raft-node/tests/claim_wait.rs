@@ -532,3 +532,71 @@ async fn a_request_id_reused_for_another_request_is_refused_with_422_on_every_pa
 async fn answer_of(cluster: &TestCluster, via: u64, request: &UpdateRequestJson) -> String {
     post(cluster, via, "/update", request).await.1
 }
+
+#[tokio::test]
+async fn a_claim_with_a_count_takes_several_tasks_through_any_node_and_waits_for_the_first() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    for data in ["a", "b", "c", "d"] {
+        add(&cluster, leader, "batch", data).await;
+    }
+    // Through a follower, relayed; retried under its request id, it answers the same.
+    let mut request = ClaimRequestJson::new(7, "batch", 60_000).with_count(3);
+    request.requestid = Some("three".into());
+    let first = claim(&cluster, follower, &request).await.expect("claimed");
+    let datas: Vec<&str> = first.iter().map(|t| t.data.as_str()).collect();
+    assert_eq!(
+        datas,
+        ["a", "b", "c"],
+        "in the order successive claims take them"
+    );
+    assert!(first.iter().all(|t| t.ownerid == 7));
+    let ids: BTreeSet<u64> = first.iter().map(|t| t.id).collect();
+    assert_eq!(ids.len(), 3, "each its own version");
+    let again = claim(&cluster, leader, &request).await.expect("answered");
+    assert_eq!(first, again, "a retry gets the first outcome");
+
+    // Fewer than asked when fewer are left; a waiting one gets the next add.
+    let five = ClaimRequestJson::new(8, "batch", 60_000).with_count(5);
+    let rest = claim(&cluster, leader, &five).await.expect("claimed");
+    assert_eq!(rest.len(), 1);
+    let waiting = {
+        let request = ClaimRequestJson {
+            wait_ms: Some(20_000),
+            ..ClaimRequestJson::new(9, "batch", 60_000).with_count(10)
+        };
+        let cluster_api = cluster.api(follower).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let answer = client
+                .post_json(&cluster_api, "/claim", &request, Duration::from_secs(30))
+                .await
+                .expect("answered");
+            answer.json::<WriteResultJson>(&cluster_api).expect("JSON")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    add(&cluster, leader, "batch", "late").await;
+    let WriteResultJson::Tasks { tasks } = waiting.await.expect("ended") else {
+        panic!("refused");
+    };
+    assert_eq!(tasks.len(), 1);
+    assert_eq!((tasks[0].data.as_str(), tasks[0].ownerid), ("late", 9));
+
+    // A count outside 1 to 1000 is a 400 that names it.
+    for count in [0, 1_001] {
+        let refused = cluster
+            .client
+            .post_json(
+                cluster.api(leader),
+                "/claim",
+                &ClaimRequestJson::new(7, "batch", 60_000).with_count(count),
+                common::CALL_TIMEOUT,
+            )
+            .await
+            .expect("answered");
+        assert_eq!(refused.status.as_u16(), 400);
+        assert!(String::from_utf8_lossy(&refused.body).contains(&format!("count {count}")));
+    }
+}

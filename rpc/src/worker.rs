@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde::Deserializer;
 use serde::Serialize;
 use serde::de;
+pub use task_machine::constants::CLAIM_COUNT_MAX;
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 /// A task as the API shows it.
@@ -194,6 +195,12 @@ pub struct ClaimRequestJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = crate::watch::WAIT_MS_MAX))]
     pub wait_ms: Option<u64>,
+    /// Claim up to this many tasks at once (1 to 1 000; 1 when absent), each its own new
+    /// version and fence, in the order successive claims would take them; fewer when
+    /// fewer are available or their data passes 4 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = CLAIM_COUNT_MAX))]
+    pub count: Option<u32>,
 }
 
 /// A task id in a request body: a JSON integer from 0 to 2^64-1. Anything else gets a
@@ -356,6 +363,23 @@ impl ClaimRequestJson {
             group: group.into(),
             duration: duration_ms,
             ..Self::default()
+        }
+    }
+
+    /// The same claim, of up to `count` tasks.
+    pub fn with_count(mut self, count: u32) -> Self {
+        self.count = Some(count);
+        self
+    }
+
+    /// How many tasks the claim may take, checked: 1 when `count` is absent.
+    pub fn checked_count(&self) -> Result<u32, String> {
+        match self.count {
+            None => Ok(1),
+            Some(count) if (1..=CLAIM_COUNT_MAX).contains(&count) => Ok(count),
+            Some(count) => Err(format!(
+                "count {count} is not between 1 and {CLAIM_COUNT_MAX}"
+            )),
         }
     }
 }

@@ -45,12 +45,15 @@ pub enum Call {
         /// Tasks of the same group that must exist (left untouched).
         depends: Vec<u64>,
     },
-    /// Claim for this long (ms), waiting up to `wait_ms` for a task (0: answer at once).
+    /// Claim up to `count` tasks for this long (ms), waiting up to `wait_ms` for a task
+    /// (0: answer at once).
     Claim {
         /// Lease length.
         duration_ms: i64,
         /// How long a blocking claim may wait for a task.
         wait_ms: u64,
+        /// Most tasks to take (1: the seed's claim, sent without `count`).
+        count: u32,
     },
     /// Renew task `id` for this long, keeping its payload.
     Renew {
@@ -184,6 +187,8 @@ pub struct CheckReport {
     pub claims: usize,
     /// Payloads whose final state was checked.
     pub payloads: usize,
+    /// Acknowledged claims (with `count`) that took more than one task.
+    pub claims_of_several: usize,
 }
 
 /// One payload's acknowledged versions, each with the operation that wrote it.
@@ -206,6 +211,9 @@ pub fn check(history: &History, final_tasks: &[TaskJson]) -> Result<CheckReport,
         match &op.result {
             Answer::Tasks(tasks) => {
                 report.writes += 1;
+                if matches!(op.call, Call::Claim { .. }) && tasks.len() > 1 {
+                    report.claims_of_several += 1;
+                }
                 if let Call::Delete { id } | Call::Finish { id, .. } = op.call {
                     deleted_ids.insert(id);
                 }
@@ -491,6 +499,7 @@ mod tests {
                     Call::Claim {
                         duration_ms: 100,
                         wait_ms: 0,
+                        count: 1,
                     },
                     Answer::Tasks(vec![task(3, "a", 100, 2)]),
                 ),
@@ -545,6 +554,7 @@ mod tests {
                     Call::Claim {
                         duration_ms: 3000,
                         wait_ms: 0,
+                        count: 1,
                     },
                     Answer::Tasks(vec![task(2, "a", 4_000, 1)]),
                 ),
@@ -554,6 +564,7 @@ mod tests {
                     Call::Claim {
                         duration_ms: 3000,
                         wait_ms: 0,
+                        count: 1,
                     },
                     Answer::Tasks(vec![task(3, "a", 600_000, 2)]),
                 ),

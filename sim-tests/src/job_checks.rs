@@ -346,6 +346,7 @@ mod tests {
         let call = Call::Claim {
             duration_ms: JOB_LEASE_MS,
             wait_ms: 0,
+            count: 1,
         };
         let answer = Answer::Tasks(vec![job(id, data, key, worker as i64, attempt)]);
         in_jobs(op(worker, span, call, answer))

@@ -20,6 +20,7 @@ use rpc::worker::TaskJson;
 use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
 use store_sm::machine::CancelRequest;
+use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
 use store_sm::machine::FailRequest;
@@ -221,13 +222,19 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
             }),
             stamp(0),
         ),
-        Call::Claim { duration_ms, .. } => (
-            Request::Claim(ClaimRequest {
-                client,
-                group: group.to_string(),
-                duration_ms: *duration_ms,
-                depends: Vec::new(),
-            }),
+        Call::Claim {
+            duration_ms, count, ..
+        } => (
+            ClaimManyRequest {
+                claim: ClaimRequest {
+                    client,
+                    group: group.to_string(),
+                    duration_ms: *duration_ms,
+                    depends: Vec::new(),
+                },
+                count: *count,
+            }
+            .to_request(false),
             stamp(*duration_ms),
         ),
         Call::Renew {
@@ -434,6 +441,7 @@ mod tests {
             Call::Claim {
                 duration_ms: 1_000,
                 wait_ms: 0,
+                count: 1,
             },
             Answer::Tasks(vec![job_task(3, "b", 3_000, 4, 1)]),
         );
@@ -478,6 +486,7 @@ mod tests {
                 Call::Claim {
                     duration_ms: 500,
                     wait_ms: 0,
+                    count: 1,
                 },
                 Answer::Tasks(vec![task(id, "a", 1_500, worker as i64)]),
             )

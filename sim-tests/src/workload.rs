@@ -34,6 +34,16 @@ use crate::history::Op;
 use crate::history::WatchSeen;
 use crate::history::WatchStream;
 
+/// How many tasks a claim takes, from the step's choice (no draw of its own, so the
+/// random stream stays as it was): a third of claims take two or three.
+fn claim_count(choice: u32) -> u32 {
+    match choice % 6 {
+        0 => 3,
+        3 => 2,
+        _ => 1,
+    }
+}
+
 /// A claim's wait: a third of claims block, for 0.1 to 1.5 s.
 fn blocking_wait_ms(rng: &mut impl Rng) -> u64 {
     if rng.gen_bool(1.0 / 3.0) {
@@ -365,6 +375,7 @@ impl Worker {
                     let call = Call::Claim {
                         duration_ms,
                         wait_ms,
+                        count: claim_count(c),
                     };
                     self.write(group, call).await;
                 }
@@ -424,6 +435,7 @@ impl Worker {
                 c if c < 80 => Call::Claim {
                     duration_ms: JOB_LEASE_MS,
                     wait_ms: blocking_wait_ms(&mut rng),
+                    count: 1,
                 },
                 c if c < 95 => Call::Cancel { key: key() },
                 _ => Call::Pause {
@@ -490,6 +502,7 @@ impl Worker {
         let call = Call::Claim {
             duration_ms: 500,
             wait_ms: 0,
+            count: 1,
         };
         self.write(group, call).await;
         if self.owned.len() > owned_before {
@@ -512,8 +525,10 @@ impl Worker {
             Call::Claim {
                 duration_ms,
                 wait_ms,
+                count,
             } => ClaimRequestJson {
                 wait_ms: (*wait_ms > 0).then_some(*wait_ms),
+                count: (*count > 1).then_some(*count),
                 ..ClaimRequestJson::new(self.id as i64, group, *duration_ms)
             }
             .into(),

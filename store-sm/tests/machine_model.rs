@@ -70,6 +70,10 @@ fn resolve(command: &Command, model: &Model) -> Command {
             u.depends.iter_mut().for_each(|id| *id = pick(*id));
             &mut u.client
         }
+        Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
+            m.claim.depends.iter_mut().for_each(|id| *id = pick(*id));
+            &mut m.claim.client
+        }
         Request::Claim(c) | Request::WaitingClaim(c) => {
             c.depends.iter_mut().for_each(|id| *id = pick(*id));
             &mut c.client
@@ -261,18 +265,21 @@ fn request_strategy() -> impl Strategy<Value = Request> {
         prop_oneof![10 => 1i64..5_000, 1 => -10i64..=0],
         few_ids(),
         prop::bool::weighted(0.25),
+        // A claim of one task in the seed's form, or one with a count (0 is refused).
+        prop_oneof![6 => Just(None), 3 => (1u32..5).prop_map(Some), 1 => Just(Some(0))],
     )
-        .prop_map(|(client, group, duration_ms, depends, waiting)| {
+        .prop_map(|(client, group, duration_ms, depends, waiting, count)| {
             let claim = ClaimRequest {
                 client,
                 group,
                 duration_ms,
                 depends,
             };
-            if waiting {
-                Request::WaitingClaim(claim)
-            } else {
-                Request::Claim(claim)
+            match (count, waiting) {
+                (None, true) => Request::WaitingClaim(claim),
+                (None, false) => Request::Claim(claim),
+                (Some(count), true) => Request::WaitingClaimMany(ClaimManyRequest { claim, count }),
+                (Some(count), false) => Request::ClaimMany(ClaimManyRequest { claim, count }),
             }
         });
     prop_oneof![3 => update, 3 => claim, 2 => job_request_strategy()]

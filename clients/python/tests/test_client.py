@@ -192,6 +192,20 @@ def test_blocking_claim_and_waits(client: RotaClient, group: str) -> None:
     assert time.monotonic() - started < 8
 
 
+def test_claim_many_takes_up_to_count_each_with_its_own_fence(client: RotaClient, group: str) -> None:
+    added = [client.add(group, f"t{i}") for i in range(5)]
+    claimed = client.claim_many(group, 3, 60_000)
+    assert [t.data for t in claimed] == ["t0", "t1", "t2"]
+    assert len({t.id for t in claimed}) == 3 and all(t.id > added[-1].id for t in claimed)
+    for task in claimed:
+        client.delete(task)
+    rest = client.claim_many(group, 10, 60_000)
+    assert [t.data for t in rest] == ["t3", "t4"]
+    assert client.claim_many(group, 10, 60_000, wait_ms=200) == []
+    with pytest.raises(ValueError):
+        client.claim_many(group, 0)
+
+
 def test_settings_and_watch(client: RotaClient, group: str) -> None:
     defaults = client.settings(group)
     assert defaults.max_running == 0 and defaults.paused is False

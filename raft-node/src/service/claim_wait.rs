@@ -3,8 +3,8 @@
 //! proposes only when its group's queue grants it a claim (about as many grants as
 //! claimable tasks, longest waiter first), and one that loses a race waits again.
 //!
-//! Every proposal of one blocking claim is a [`Request::WaitingClaim`] under the
-//! client's request id: the machine forgets a proposal that found nothing, so the
+//! Every proposal of one blocking claim is a `Request::WaitingClaim` (for a claim
+//! with a count, a `Request::WaitingClaimMany`) under the client's request id: the machine forgets a proposal that found nothing, so the
 //! waiter may propose again under the same id, and remembers the one that got a task,
 //! so a retry of the whole request (after a timeout, through another node) gets that
 //! task and no second one. A claim that commits after its waiter's request is gone (the
@@ -15,10 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_sm::machine::ClaimRequest;
+use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
-use store_sm::machine::Request;
 use store_sm::machine::TaskMachine;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -34,13 +33,14 @@ use crate::waiting::grant_claims;
 /// `machine` remembers one; an error if the id was used for a different request.
 fn remembered_claim(
     machine: &TaskMachine,
-    claim: &ClaimRequest,
+    claim: &ClaimManyRequest,
     request_id: Option<&str>,
 ) -> Result<Option<Arc<Outcome>>, ServiceError> {
     let Some(request_id) = request_id else {
         return Ok(None);
     };
-    let remembered = machine.remembered(claim.client, request_id, &Request::Claim(claim.clone()));
+    let request = claim.to_request(false);
+    let remembered = machine.remembered(claim.claim.client, request_id, &request);
     remembered.map(Node::outcome_or_reused_id).transpose()
 }
 
@@ -62,12 +62,12 @@ fn has_task(outcome: &Outcome) -> bool {
 }
 
 impl Node {
-    /// Claims from `claim.group`, waiting up to `wait` for a task when none is
+    /// Claims from the claim's group, waiting up to `wait` for a task when none is
     /// claimable; see the module documentation. A follower answers
     /// [`ServiceError::NotLeader`], so the whole request goes to the leader.
     pub async fn claim_waiting(
         self: &Arc<Self>,
-        claim: ClaimRequest,
+        claim: ClaimManyRequest,
         request_id: Option<String>,
         wait: Duration,
     ) -> Result<Arc<Outcome>, ServiceError> {
@@ -85,11 +85,11 @@ impl Node {
             return Ok(outcome);
         }
         let deadline = Instant::now() + wait;
-        let ticket = self.claims.join(&claim.group);
+        let ticket = self.claims.join(&claim.claim.group);
         grant_claims(
             &self.claims,
             &view.state.machine.as_of(view.now),
-            &claim.group,
+            &claim.claim.group,
             view.now,
         );
         // Not kept while waiting: an old state held would pin what apply replaces.
@@ -97,7 +97,7 @@ impl Node {
         let mut look = false;
         loop {
             if look {
-                self.grant_claims_now(&claim.group);
+                self.grant_claims_now(&claim.claim.group);
             }
             look = true;
             if ticket.is_granted() {
@@ -117,7 +117,7 @@ impl Node {
                 return self.settle_claim(&claim, request_id.as_deref()).await;
             }
             let wake_at = self
-                .next_claimable_at(&claim.group)
+                .next_claimable_at(&claim.claim.group)
                 .map_or(deadline, |at| at.min(deadline));
             let stopped = self.waiters.stopped();
             tokio::pin!(stopped);
@@ -142,21 +142,21 @@ impl Node {
     /// pending, this joins it first.
     async fn propose_claim(
         self: &Arc<Self>,
-        claim: &ClaimRequest,
+        claim: &ClaimManyRequest,
         request_id: Option<&str>,
     ) -> Result<Arc<Outcome>, ServiceError> {
         let Some(request_id) = request_id else {
-            return self.write(Request::WaitingClaim(claim.clone()), None).await;
+            return self.write(claim.to_request(true), None).await;
         };
         if let Some(outcome) = self.joined_claim(claim, Some(request_id)).await? {
             return Ok(outcome);
         }
-        let key = (claim.client, request_id.to_string());
+        let key = (claim.claim.client, request_id.to_string());
         let (seen, result) = watch::channel(None);
         let (answer, answered) = tokio::sync::oneshot::channel();
         let number = self.claims_in_flight.start(key.clone(), result);
         let node = Arc::clone(self);
-        let proposal = Request::WaitingClaim(claim.clone());
+        let proposal = claim.to_request(true);
         let request_id = Some(request_id.to_string());
         tokio::spawn(async move {
             let outcome = node.write(proposal, request_id).await;
@@ -176,13 +176,16 @@ impl Node {
     /// nothing.
     async fn joined_claim(
         &self,
-        claim: &ClaimRequest,
+        claim: &ClaimManyRequest,
         request_id: Option<&str>,
     ) -> Result<Option<Arc<Outcome>>, ServiceError> {
         let Some(id) = request_id else {
             return Ok(None);
         };
-        let Some(pending) = self.claims_in_flight.get(&(claim.client, id.to_string())) else {
+        let Some(pending) = self
+            .claims_in_flight
+            .get(&(claim.claim.client, id.to_string()))
+        else {
             return Ok(None);
         };
         let outcome = finished(pending).await;
@@ -195,7 +198,7 @@ impl Node {
     /// leader is found by a linearizable read, which sees every committed entry.
     async fn settle_claim(
         self: &Arc<Self>,
-        claim: &ClaimRequest,
+        claim: &ClaimManyRequest,
         request_id: Option<&str>,
     ) -> Result<Arc<Outcome>, ServiceError> {
         if request_id.is_none() {

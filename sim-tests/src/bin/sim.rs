@@ -165,12 +165,13 @@ mod runner {
             Ok(_) if args.quiet => {}
             Ok(r) => {
                 println!(
-                    "ok   {scenario:<10} seed {seed:<6} {} nodes, {} faults, {} ops ({} writes, {} claims, {} job claims, {} job successes, {} watched), longest group {} ops, digest {}",
+                    "ok   {scenario:<10} seed {seed:<6} {} nodes, {} faults, {} ops ({} writes, {} claims ({} of several tasks), {} job claims, {} job successes, {} watched), longest group {} ops, digest {}",
                     r.nodes,
                     r.faults.len(),
                     r.ops,
                     r.check.writes,
                     r.check.claims,
+                    r.check.claims_of_several,
                     r.jobs.claims,
                     r.jobs.successes,
                     r.watched.changes,

@@ -15,6 +15,14 @@ pub const REQUEST_ID_BYTES_MAX: usize = 64;
 /// The HTTP body limit already bounds requests; this bound keeps the machine total on its own.
 pub const REQUEST_ITEMS_MAX: usize = 10_000;
 
+/// Most tasks one claim may take (`/claim` with `count`).
+pub const CLAIM_COUNT_MAX: u32 = 1_000;
+
+/// Task data one claim of several tasks answers at most, in bytes: a claim with `count`
+/// stops taking tasks once their data reaches this (it always takes at least one), so
+/// an answer stays a few MiB whatever the tasks hold.
+pub const CLAIM_DATA_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// Longest claim the machine grants, in milliseconds: a year, far beyond any real lease
 /// and far from overflowing log time. A node's configured `claim-duration-max-ms` (the
 /// edge's bound) may not exceed it, so a claim the edge accepts is never refused here.

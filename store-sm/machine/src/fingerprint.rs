@@ -24,6 +24,7 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::Cancel(cancel) => hasher.tagged(5, cancel),
         Request::Retry(retry) => hasher.tagged(6, retry),
         Request::Settings(settings) => hasher.tagged(7, settings),
+        Request::ClaimMany(many) | Request::WaitingClaimMany(many) => hasher.tagged(8, many),
     };
     // The walk cannot fail (every method below succeeds); were it to, a fingerprint
     // that matches nothing refuses the retry rather than answering it wrongly.

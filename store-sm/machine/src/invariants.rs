@@ -53,7 +53,7 @@ impl TaskMachine {
             self.log_time
         );
         self.assert_indexes_count_every_task();
-        match (effect, outcome, &command.request) {
+        match (&effect, outcome, &command.request) {
             (Effect::Unchanged, _, _) => self.assert_unchanged(before),
             (
                 Effect::Updated,
@@ -73,8 +73,30 @@ impl TaskMachine {
                 Request::Claim(_) | Request::WaitingClaim(_),
             ) => {
                 assert_eq!(written.len(), 1, "a claim wrote {} tasks", written.len());
+                assert_eq!(old.len(), 1, "a claim removed {} tasks", old.len());
                 self.assert_written(before, written);
-                self.assert_removed(before, [old]);
+                self.assert_removed(before, old.iter().copied());
+            }
+            (
+                Effect::Claimed(old),
+                Outcome::Tasks(written),
+                Request::ClaimMany(many) | Request::WaitingClaimMany(many),
+            ) => {
+                assert!(
+                    !written.is_empty() && written.len() <= many.count as usize,
+                    "a claim of up to {} tasks wrote {}",
+                    many.count,
+                    written.len()
+                );
+                assert_eq!(
+                    old.len(),
+                    written.len(),
+                    "a claim removed {} tasks but wrote {}",
+                    old.len(),
+                    written.len()
+                );
+                self.assert_written(before, written);
+                self.assert_removed(before, old.iter().copied());
             }
             (effect, outcome, _) => {
                 panic!("effect {effect:?} does not match the command or its outcome {outcome:?}")

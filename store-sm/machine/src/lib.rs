@@ -29,6 +29,8 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use imbl::OrdSet;
 
+use self::constants::CLAIM_COUNT_MAX;
+use self::constants::CLAIM_DATA_BYTES_MAX;
 use self::constants::CLAIM_DURATION_MS_MAX;
 use self::constants::REQUEST_ID_BYTES_MAX;
 use self::constants::REQUEST_ITEMS_MAX;
@@ -55,14 +57,14 @@ struct GroupJobs {
 }
 
 /// What a command did to the tasks, which the checks after apply need to know.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Effect {
     /// Nothing: refused, answered from the dedup table, or a claim that found no task.
     Unchanged,
     /// An update that wrote its adds and updates and removed what it updated and deleted.
     Updated,
-    /// A claim that removed the task with this id and wrote its new version.
-    Claimed(TaskId),
+    /// A claim that removed the tasks with these ids and wrote their new versions.
+    Claimed(Vec<TaskId>),
     /// A job command (finish, fail, cancel, retry, settings) that changed something.
     Job,
 }
@@ -175,7 +177,10 @@ impl TaskMachine {
             Request::LegacyUpdate(update) | Request::Update(update) => {
                 changed(self.apply_update(update, now), Effect::Updated)
             }
-            Request::Claim(claim) | Request::WaitingClaim(claim) => self.apply_claim(claim, now),
+            Request::Claim(claim) | Request::WaitingClaim(claim) => self.apply_claim(claim, 1, now),
+            Request::ClaimMany(many) | Request::WaitingClaimMany(many) => {
+                self.apply_claim(&many.claim, many.count, now)
+            }
             Request::Finish(finish) => changed(self.apply_finish(finish, now), Effect::Job),
             Request::Fail(fail) => changed(self.apply_fail(fail, now), Effect::Job),
             Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
@@ -184,7 +189,11 @@ impl TaskMachine {
         };
         let outcome = Arc::new(outcome);
         let found_nothing = matches!(&*outcome, Outcome::Tasks(tasks) if tasks.is_empty());
-        let forget = found_nothing && matches!(command.request, Request::WaitingClaim(_));
+        let forget = found_nothing
+            && matches!(
+                command.request,
+                Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
+            );
         if let Some(key) = key.filter(|_| !forget) {
             self.dedup
                 .insert(key, now, Arc::clone(&outcome), fingerprint);
@@ -278,7 +287,10 @@ impl TaskMachine {
         Outcome::Tasks(written)
     }
 
-    fn apply_claim(&mut self, claim: &ClaimRequest, now: LogTime) -> (Outcome, Effect) {
+    /// Claims up to `count` tasks of `claim.group`, one after the other as successive
+    /// claims would, stopping early when none is left, the group's limits hold the
+    /// next one back, or the claimed data reaches [`CLAIM_DATA_BYTES_MAX`].
+    fn apply_claim(&mut self, claim: &ClaimRequest, count: u32, now: LogTime) -> (Outcome, Effect) {
         let unchanged = |outcome| (outcome, Effect::Unchanged);
         if claim.depends.len() > REQUEST_ITEMS_MAX {
             return unchanged(Outcome::Refused(vec![Refusal::TooManyItems {
@@ -288,6 +300,9 @@ impl TaskMachine {
         let mut refusals = Vec::new();
         if claim.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
+        }
+        if count == 0 || count > CLAIM_COUNT_MAX {
+            refusals.push(Refusal::InvalidCount { count });
         }
         let available_at = match claim_end(now, claim.duration_ms) {
             Ok(available_at) => Some(available_at),
@@ -304,20 +319,31 @@ impl TaskMachine {
             return unchanged(Outcome::Refused(refusals));
         };
 
-        if self.claims_held_back(&claim.group) {
-            return unchanged(Outcome::Tasks(Vec::new()));
+        let mut claimed = Vec::new();
+        let mut removed = Vec::new();
+        let mut data_bytes = 0;
+        while claimed.len() < count as usize && data_bytes < CLAIM_DATA_BYTES_MAX {
+            if self.claims_held_back(&claim.group) {
+                break;
+            }
+            let Some(id) = self.first_available(&claim.group, now, &claim.depends) else {
+                break;
+            };
+            let Some(old) = self.remove_task(id) else {
+                debug_assert!(false, "group index names task {id} that does not exist");
+                break;
+            };
+            let job = self.claimed_job(&old, claim.client, now);
+            let task = self.insert_new(old.group, old.data, available_at, claim.client, job);
+            self.note_new_version(&task);
+            data_bytes += task.data.len();
+            claimed.push(task);
+            removed.push(id);
         }
-        let Some(id) = self.first_available(&claim.group, now, &claim.depends) else {
-            return unchanged(Outcome::Tasks(Vec::new()));
-        };
-        let Some(old) = self.remove_task(id) else {
-            debug_assert!(false, "group index names task {id} that does not exist");
-            return unchanged(Outcome::Tasks(Vec::new()));
-        };
-        let job = self.claimed_job(&old, claim.client, now);
-        let claimed = self.insert_new(old.group, old.data, available_at, claim.client, job);
-        self.note_new_version(&claimed);
-        (Outcome::Tasks(vec![claimed]), Effect::Claimed(id))
+        if claimed.is_empty() {
+            return unchanged(Outcome::Tasks(claimed));
+        }
+        (Outcome::Tasks(claimed), Effect::Claimed(removed))
     }
 
     /// The first claimable task of `group` at `now` (highest priority, then oldest) that

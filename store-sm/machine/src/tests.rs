@@ -499,3 +499,113 @@ fn paging_a_group_by_cursor_visits_every_task_once_in_listing_order() {
         "a cursor past the end"
     );
 }
+
+fn claim_many_cmd(stamp_ms: Millis, client: ClientId, group: &str, count: u32) -> Command {
+    Command {
+        stamp: at(stamp_ms),
+        request_id: None,
+        request: Request::ClaimMany(ClaimManyRequest {
+            claim: ClaimRequest {
+                client,
+                group: group.into(),
+                duration_ms: 1_000,
+                depends: vec![],
+            },
+            count,
+        }),
+    }
+}
+
+#[test]
+fn a_claim_with_count_takes_what_successive_claims_would() {
+    let mut batch = TaskMachine::new();
+    let mut single = TaskMachine::new();
+    let added = adds(&mut batch, 1, "g", 5);
+    adds(&mut single, 1, "g", 5);
+
+    let outcome = batch.apply(&claim_many_cmd(T0 + 10, 9, "g", 3));
+    let claimed = tasks_of(&outcome);
+    let one_by_one: Vec<Task> = (0..3)
+        .map(|_| tasks_of(&single.apply(&claim_cmd(T0 + 10, 9, "g", 1_000)))[0].clone())
+        .collect();
+    assert_eq!(
+        claimed,
+        one_by_one.as_slice(),
+        "the same tasks, ids and leases"
+    );
+    let sources: Vec<&str> = claimed.iter().map(|t| &*t.data).collect();
+    assert_eq!(sources, ["d0", "d1", "d2"], "oldest first");
+    assert!(claimed.iter().all(|t| t.owner == 9 && t.id > added[4].id));
+    assert_eq!(state_hash_of(&batch), state_hash_of(&single));
+
+    let rest = batch.apply(&claim_many_cmd(T0 + 10, 9, "g", 10));
+    assert_eq!(tasks_of(&rest).len(), 2, "fewer when fewer are available");
+    let none = batch.apply(&claim_many_cmd(T0 + 10, 9, "g", 10));
+    assert!(tasks_of(&none).is_empty(), "none left");
+}
+
+/// Every task's id, owner and available time, in id order.
+fn state_hash_of(machine: &TaskMachine) -> Vec<(TaskId, ClientId, Millis)> {
+    machine
+        .iter_tasks()
+        .map(|t| (t.id, t.owner, t.available_at.as_millis()))
+        .collect()
+}
+
+#[test]
+fn a_claim_count_out_of_bounds_is_refused_and_changes_nothing() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 2);
+    let before = state_hash_of(&machine);
+    for count in [0, constants::CLAIM_COUNT_MAX + 1] {
+        let outcome = machine.apply(&claim_many_cmd(T0 + 10, 9, "g", count));
+        assert_eq!(
+            refusals_of(&outcome),
+            vec![format!(
+                "claim: count {count} is not between 1 and {}",
+                constants::CLAIM_COUNT_MAX
+            )]
+        );
+    }
+    assert_eq!(state_hash_of(&machine), before);
+}
+
+#[test]
+fn a_claim_with_count_stops_at_its_data_limit() {
+    let mut machine = TaskMachine::new();
+    let big = "x".repeat(constants::CLAIM_DATA_BYTES_MAX / 2 + 1);
+    let update = UpdateRequest {
+        client: 1,
+        adds: (0..4).map(|_| add("g", &big, None)).collect(),
+        ..Default::default()
+    };
+    tasks_of(&machine.apply(&update_cmd(T0, update)));
+    let outcome = machine.apply(&claim_many_cmd(T0 + 10, 9, "g", 4));
+    assert_eq!(tasks_of(&outcome).len(), 2, "the second reaches the limit");
+}
+
+#[test]
+fn a_retried_claim_with_count_gets_its_first_tasks_and_a_waiting_one_may_find_nothing_first() {
+    let mut machine = TaskMachine::new();
+    let mut waiting = claim_many_cmd(T0 + 10, 9, "g", 2);
+    waiting.request = match waiting.request {
+        Request::ClaimMany(many) => Request::WaitingClaimMany(many),
+        other => other,
+    };
+    waiting.request_id = Some("w".into());
+    assert!(tasks_of(&machine.apply(&waiting)).is_empty());
+    adds(&mut machine, 1, "g", 3);
+    let first = machine.apply(&waiting);
+    assert_eq!(
+        tasks_of(&first).len(),
+        2,
+        "proposed again under the same id"
+    );
+    let again = machine.apply(&waiting);
+    assert_eq!(
+        first, again,
+        "a retry gets the first outcome and claims nothing more"
+    );
+    let left = machine.apply(&claim_many_cmd(T0 + 10, 9, "g", 5));
+    assert_eq!(tasks_of(&left).len(), 1);
+}

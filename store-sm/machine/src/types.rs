@@ -123,6 +123,28 @@ pub struct ClaimRequest {
     pub depends: Vec<TaskId>,
 }
 
+/// A claim of up to `count` tasks in one command (`/claim` with `count`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimManyRequest {
+    /// What each task is claimed under.
+    pub claim: ClaimRequest,
+    /// Most tasks to claim, from 1 to [`CLAIM_COUNT_MAX`](crate::constants::CLAIM_COUNT_MAX).
+    pub count: u32,
+}
+
+impl ClaimManyRequest {
+    /// The request that makes this claim: the seed's one-task forms for a count of 1 (the
+    /// very entry a build without counts logs), a claim of many otherwise.
+    pub fn to_request(&self, waiting: bool) -> Request {
+        match (self.count, waiting) {
+            (1, false) => Request::Claim(self.claim.clone()),
+            (1, true) => Request::WaitingClaim(self.claim.clone()),
+            (_, false) => Request::ClaimMany(self.clone()),
+            (_, true) => Request::WaitingClaimMany(self.clone()),
+        }
+    }
+}
+
 /// What a command asks the machine to do.
 ///
 /// The variants' order is their encoding in the Raft log: new ones go at the end, so
@@ -150,6 +172,12 @@ pub enum Request {
     /// its request id, so that the waiter may propose it again under the same id until
     /// it gets a task, which is then remembered as usual (a retry gets that task).
     WaitingClaim(ClaimRequest),
+    /// Claim up to `count` tasks of a group at once: each as a claim would, in the
+    /// order successive claims would take them.
+    ClaimMany(ClaimManyRequest),
+    /// A blocking claim of up to `count` tasks, as [`Request::WaitingClaim`] is to
+    /// [`Request::Claim`].
+    WaitingClaimMany(ClaimManyRequest),
 }
 
 impl Request {
@@ -159,6 +187,7 @@ impl Request {
             Request::LegacyUpdate(update) => update.client,
             Request::Update(update) => update.client,
             Request::Claim(claim) | Request::WaitingClaim(claim) => claim.client,
+            Request::ClaimMany(many) | Request::WaitingClaimMany(many) => many.claim.client,
             Request::Finish(finish) => finish.client,
             Request::Fail(fail) => fail.client,
             Request::Cancel(cancel) => cancel.client,
@@ -198,6 +227,16 @@ impl fmt::Display for Command {
             Request::WaitingClaim(c) => {
                 write!(f, "waiting claim(client={} group={:?})", c.client, c.group)?
             }
+            Request::ClaimMany(m) => write!(
+                f,
+                "claim(client={} group={:?} count={})",
+                m.claim.client, m.claim.group, m.count
+            )?,
+            Request::WaitingClaimMany(m) => write!(
+                f,
+                "waiting claim(client={} group={:?} count={})",
+                m.claim.client, m.claim.group, m.count
+            )?,
             Request::Finish(r) => write!(f, "finish(client={} id={})", r.client, r.id)?,
             Request::Fail(r) => write!(f, "fail(client={} id={})", r.client, r.id)?,
             Request::Cancel(r) => write!(
@@ -416,6 +455,11 @@ pub enum Refusal {
         /// The id.
         request_id: String,
     },
+    /// A claim's count outside 1 to [`CLAIM_COUNT_MAX`](crate::constants::CLAIM_COUNT_MAX).
+    InvalidCount {
+        /// What was asked.
+        count: u32,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -516,6 +560,11 @@ impl fmt::Display for Refusal {
             Refusal::RequestIdReused { request_id } => write!(
                 f,
                 "requestid {request_id:?} was used for a different request of this client; a retry must send the same request, a new request needs a fresh requestid"
+            ),
+            Refusal::InvalidCount { count } => write!(
+                f,
+                "claim: count {count} is not between 1 and {}",
+                crate::constants::CLAIM_COUNT_MAX
             ),
         }
     }

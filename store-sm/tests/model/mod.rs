@@ -85,7 +85,10 @@ impl Model {
         }
         let outcome = match &command.request {
             Request::LegacyUpdate(u) | Request::Update(u) => self.update(u, now),
-            Request::Claim(c) | Request::WaitingClaim(c) => self.claim(c, now),
+            Request::Claim(c) | Request::WaitingClaim(c) => self.claim(c, 1, now),
+            Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
+                self.claim(&m.claim, m.count, now)
+            }
             Request::Finish(f) => self.finish(f, now),
             Request::Fail(f) => self.fail(f, now),
             Request::Cancel(c) => self.cancel(c, now),
@@ -93,8 +96,10 @@ impl Model {
             Request::Settings(s) => self.change_settings(s),
         };
         // A waiting claim that found nothing may be proposed again under its id.
-        let retry_allowed = matches!(command.request, Request::WaitingClaim(_))
-            && matches!(&outcome, Outcome::Tasks(tasks) if tasks.is_empty());
+        let retry_allowed = matches!(
+            command.request,
+            Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
+        ) && matches!(&outcome, Outcome::Tasks(tasks) if tasks.is_empty());
         if let Some(key) = key.filter(|_| !retry_allowed) {
             self.seen
                 .insert(key, (command.request.clone(), outcome.clone()));
@@ -471,10 +476,15 @@ impl Model {
         Outcome::Tasks(out)
     }
 
-    fn claim(&mut self, c: &ClaimRequest, now: i64) -> Outcome {
+    /// Up to `count` claims in a row, after one check of the request; stops at the
+    /// first that finds nothing or once the claimed data reaches the limit.
+    fn claim(&mut self, c: &ClaimRequest, count: u32, now: i64) -> Outcome {
         let mut refusals = vec![];
         if c.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
+        }
+        if count == 0 || count > CLAIM_COUNT_MAX {
+            refusals.push(Refusal::InvalidCount { count });
         }
         if c.duration_ms <= 0 {
             refusals.push(Refusal::InvalidDuration {
@@ -488,6 +498,20 @@ impl Model {
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
         }
+        let mut claimed: Vec<Task> = vec![];
+        while claimed.len() < count as usize
+            && claimed.iter().map(|t| t.data.len()).sum::<usize>() < CLAIM_DATA_BYTES_MAX
+        {
+            match self.claim_one(c, now) {
+                Some(task) => claimed.push(task),
+                None => break,
+            }
+        }
+        Outcome::Tasks(claimed)
+    }
+
+    /// One claim of a checked request: the task it takes, if any.
+    fn claim_one(&mut self, c: &ClaimRequest, now: i64) -> Option<Task> {
         let settings = self.settings_of(&c.group);
         let running = self
             .tasks
@@ -496,7 +520,7 @@ impl Model {
             .count();
         if settings.paused || (settings.max_running > 0 && running >= settings.max_running as usize)
         {
-            return Outcome::Tasks(vec![]);
+            return None;
         }
         let pick = self
             .tasks
@@ -509,9 +533,7 @@ impl Model {
             })
             .min_by_key(|t| (-(t.job.priority as i128), t.available_at, t.id))
             .cloned();
-        let Some(old) = pick else {
-            return Outcome::Tasks(vec![]);
-        };
+        let old = pick?;
         self.tasks.remove(&old.id);
         let mut job = old.job.clone();
         job.leased = true;
@@ -532,8 +554,7 @@ impl Model {
             }
             job.attempt = record.attempts;
         }
-        let task = self.new_task(&old.group, &old.data, now + c.duration_ms, c.client, job);
-        Outcome::Tasks(vec![task])
+        Some(self.new_task(&old.group, &old.data, now + c.duration_ms, c.client, job))
     }
 
     fn blocked(&self, task: &Task) -> bool {
@@ -945,6 +966,7 @@ fn same_request(a: &Request, b: &Request) -> bool {
     let plain = |request: &Request| match request {
         Request::LegacyUpdate(update) => Request::Update(update.clone()),
         Request::WaitingClaim(claim) => Request::Claim(claim.clone()),
+        Request::WaitingClaimMany(many) => Request::ClaimMany(many.clone()),
         other => other.clone(),
     };
     plain(a) == plain(b)
