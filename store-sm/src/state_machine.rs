@@ -206,6 +206,7 @@ fn build_and_save<P: SnapshotPersistence>(
     view: &AppliedState,
     persistence: &P,
 ) -> Result<RotaSnapshot, io::Error> {
+    let started = std::time::Instant::now();
     let data: SnapshotData = encode_snapshot(&view.machine).into();
     let stored = StoredSnapshot {
         meta: RotaSnapshotMeta {
@@ -218,6 +219,8 @@ fn build_and_save<P: SnapshotPersistence>(
     tracing::info!(
         last_log_id = ?stored.meta.last_log_id,
         bytes = stored.data.len(),
+        tasks = view.machine.task_count(),
+        ms = started.elapsed().as_millis() as u64,
         "snapshot built"
     );
     Ok(RotaSnapshot {
