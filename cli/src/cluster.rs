@@ -100,29 +100,82 @@ pub struct BackupReport {
     pub file_sha256: String,
 }
 
+/// Largest backup `backup` downloads: what a restore accepts by default.
+pub const BACKUP_BYTES_MAX: u64 = rpc::admin::RESTORE_BYTES_MAX as u64;
+
 /// Downloads a consistent snapshot (it holds every write acknowledged before the call)
-/// to `out`, atomically, with a `sha256sum` file beside it.
+/// to `out`, atomically, with a `sha256sum` file beside it. The body goes to disk as it
+/// arrives (a backup of millions of tasks is hundreds of MiB); each node of `urls` is
+/// tried in turn until one answers.
 pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupReport, CliError> {
+    use std::io::Write;
+
     use sha2::Digest;
-    let (addr, response) = Nodes::new(urls)?
-        .get("/admin/backup", BACKUP_TIMEOUT)
-        .await?;
-    let response = response
-        .success(&addr)
-        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let nodes = Nodes::new(urls)?;
+    let io =
+        |what: &str, e: std::io::Error| CliError::Failed(format!("{what} {}: {e}", out.display()));
+    let temp = out.with_extension("partial");
+    let mut failures = Vec::new();
+    let mut downloaded = None;
+    for addr in nodes.addrs() {
+        let file = std::fs::File::create(&temp).map_err(|e| io("creating", e))?;
+        let mut writer = std::io::BufWriter::with_capacity(1 << 20, file);
+        let mut hasher = sha2::Sha256::new();
+        let mut sink = |bytes: &[u8]| {
+            hasher.update(bytes);
+            writer.write_all(bytes)
+        };
+        let answer = nodes
+            .client()
+            .download(
+                addr,
+                "/admin/backup",
+                BACKUP_TIMEOUT,
+                BACKUP_BYTES_MAX,
+                &mut sink,
+            )
+            .await;
+        match answer {
+            Ok(download) if download.status.is_success() => {
+                let file = writer
+                    .into_inner()
+                    .map_err(|e| io("writing", e.into_error()))?;
+                file.sync_all().map_err(|e| io("syncing", e))?;
+                downloaded = Some((download, hex(&hasher.finalize())));
+                break;
+            }
+            Ok(download) if !download.status.is_server_error() => {
+                let _ = std::fs::remove_file(&temp);
+                let refused = rpc::client::HttpResponse {
+                    status: download.status,
+                    headers: download.headers,
+                    body: download.error_body,
+                }
+                .success(addr);
+                return Err(CliError::Failed(match refused {
+                    Err(e) => e.to_string(),
+                    Ok(_) => format!("{addr} answered {}", download.status),
+                }));
+            }
+            Ok(download) => failures.push(format!("{addr}: {}", download.status)),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    let Some((download, file_sha256)) = downloaded else {
+        let _ = std::fs::remove_file(&temp);
+        return Err(CliError::Unreachable(format!(
+            "no node gave a backup: {}",
+            failures.join("; ")
+        )));
+    };
     let header = |name: &str| {
-        response
+        download
             .headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("unknown")
             .to_string()
     };
-    let file_sha256 = hex(&sha2::Sha256::digest(&response.body));
-    let io =
-        |what: &str, e: std::io::Error| CliError::Failed(format!("{what} {}: {e}", out.display()));
-    let temp = out.with_extension("partial");
-    std::fs::write(&temp, &response.body).map_err(|e| io("writing", e))?;
     std::fs::rename(&temp, out).map_err(|e| io("renaming into", e))?;
     let name = out
         .file_name()
@@ -132,7 +185,7 @@ pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupRepo
         .map_err(|e| io("writing the checksum of", e))?;
     Ok(BackupReport {
         file: out.display().to_string(),
-        bytes: response.body.len() as u64,
+        bytes: download.bytes,
         applied_index: header(rpc::admin::BACKUP_INDEX_HEADER),
         state_hash: header(rpc::admin::BACKUP_HASH_HEADER),
         file_sha256,

@@ -110,6 +110,43 @@ async fn three_nodes_form_and_serve_through_every_node() {
         store_sm::snapshot::state_hash(&machine).to_string()
     );
 
+    // Downloaded piece by piece into a sink (as `rota cluster backup` writes a file),
+    // the same bytes; over the caller's limit, an error, not a truncated backup.
+    let mut streamed = Vec::new();
+    let download = cluster
+        .client
+        .download(
+            cluster.api(follower),
+            "/admin/backup",
+            common::CALL_TIMEOUT,
+            backup.body.len() as u64,
+            &mut |bytes: &[u8]| {
+                streamed.extend_from_slice(bytes);
+                Ok(())
+            },
+        )
+        .await
+        .expect("downloaded");
+    assert!(download.status.is_success());
+    assert_eq!(download.bytes, backup.body.len() as u64);
+    assert_eq!(streamed, backup.body);
+    let too_small = cluster
+        .client
+        .download(
+            cluster.api(follower),
+            "/admin/backup",
+            common::CALL_TIMEOUT,
+            backup.body.len() as u64 - 1,
+            &mut |_: &[u8]| Ok(()),
+        )
+        .await;
+    assert!(
+        too_small
+            .expect_err("over the limit")
+            .to_string()
+            .contains("larger than"),
+    );
+
     // Prometheus metrics name the role, count the log's appends and the requests served.
     let metrics = cluster
         .client

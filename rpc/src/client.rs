@@ -100,6 +100,36 @@ pub struct HttpResponse {
     pub body: Bytes,
 }
 
+/// The outcome of [`HttpClient::download`].
+#[derive(Debug)]
+pub struct Download {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Bytes handed to the sink.
+    pub bytes: u64,
+    /// The body of a non-success answer (an error message); empty otherwise.
+    pub error_body: Bytes,
+}
+
+/// `attempt`'s outcome, or a timeout of `addr` after `timeout`.
+async fn within<T>(
+    addr: &str,
+    timeout: Duration,
+    attempt: impl Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| ClientError::Timeout {
+            addr: addr.to_string(),
+            after: timeout,
+        })?
+}
+
+/// Largest error message [`HttpClient::download`] reads.
+const ERROR_BODY_BYTES_MAX: usize = 64 * 1024;
+
 impl HttpResponse {
     /// The body as JSON of type `T`.
     pub fn json<T: DeserializeOwned>(&self, addr: &str) -> Result<T, ClientError> {
@@ -266,6 +296,77 @@ impl HttpClient {
             .await
     }
 
+    /// `GET path_and_query` from `addr` on a fresh connection, handing the body to `sink`
+    /// piece by piece as it arrives, so a download of any size (a backup) never sits
+    /// whole in memory; more than `body_max` bytes is an error. A non-success answer is
+    /// an error message: it comes back whole in [`Download::error_body`] and `sink` sees
+    /// nothing. `timeout` bounds the whole download.
+    pub async fn download(
+        &self,
+        addr: &str,
+        path_and_query: &str,
+        timeout: Duration,
+        body_max: u64,
+        sink: &mut (dyn FnMut(&[u8]) -> std::io::Result<()> + Send),
+    ) -> Result<Download, ClientError> {
+        let http_error = |e: &dyn std::fmt::Display| ClientError::Http {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        };
+        let attempt = async {
+            let mut sender = Self::connect(addr).await?;
+            let request = Request::builder()
+                .method(Method::GET)
+                .uri(path_and_query)
+                .header(hyper::header::HOST, addr)
+                .body(request_body(&[Bytes::new()]))
+                .map_err(|e| http_error(&e))?;
+            sender.ready().await.map_err(|e| http_error(&e))?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| http_error(&e))?;
+            let (parts, mut body) = response.into_parts();
+            if !parts.status.is_success() {
+                let error_body = Limited::new(body, ERROR_BODY_BYTES_MAX)
+                    .collect()
+                    .await
+                    .map_err(|e| http_error(&e))?
+                    .to_bytes();
+                return Ok(Download {
+                    status: parts.status,
+                    headers: parts.headers,
+                    bytes: 0,
+                    error_body,
+                });
+            }
+            let mut bytes = 0u64;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| http_error(&e))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                bytes += data.len() as u64;
+                if bytes > body_max {
+                    return Err(http_error(&format!(
+                        "the answer is larger than {body_max} bytes"
+                    )));
+                }
+                sink(&data).map_err(|e| ClientError::Body {
+                    addr: addr.to_string(),
+                    message: format!("storing the answer: {e}"),
+                })?;
+            }
+            Ok(Download {
+                status: parts.status,
+                headers: parts.headers,
+                bytes,
+                error_body: Bytes::new(),
+            })
+        };
+        within(addr, timeout, attempt).await
+    }
+
     /// Like [`Self::send_chunks`], with each chunk made only when the body reaches it
     /// (read from a file, say), so not even the chunks are all in memory at once.
     /// `source` is called again if a pooled connection fails before the request is sent.
@@ -324,12 +425,7 @@ impl HttpClient {
             self.exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
                 .await
         };
-        tokio::time::timeout(timeout, attempt)
-            .await
-            .map_err(|_| ClientError::Timeout {
-                addr: addr.to_string(),
-                after: timeout,
-            })?
+        within(addr, timeout, attempt).await
     }
 
     /// `GET path` within `timeout`.
