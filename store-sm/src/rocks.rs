@@ -23,6 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::MutexGuard;
+use std::sync::PoisonError;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -199,10 +200,11 @@ impl Drop for LogWriter {
     fn drop(&mut self) {
         // Closing the queue ends the thread once it has written what was queued; joining
         // it releases the database before a reopen of the same directory.
-        if let Ok(mut queue) = self.queue.lock() {
-            queue.take();
-        }
-        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        queue.take();
+        drop(queue);
+        let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(thread) = thread.take() {
             let _ = thread.join();
         }
     }
@@ -221,6 +223,13 @@ fn write_loop(
     tail: &Mutex<LogTail>,
     ops: &mpsc::Receiver<WriteOp>,
 ) {
+    let mut writer = Writer {
+        db,
+        sync,
+        stats,
+        tail,
+        failed: None,
+    };
     let mut appends = Vec::new();
     while let Ok(first) = ops.recv() {
         let mut taken = vec![first];
@@ -234,55 +243,83 @@ fn write_loop(
             match op {
                 WriteOp::Append(append) => appends.push(append),
                 WriteOp::Other { work, done } => {
-                    write_appends(db, sync, stats, tail, &mut appends);
-                    let result = work(db);
-                    if let Err(error) = &result {
-                        tracing::error!("log write failed: {error}");
-                    }
+                    writer.write_appends(&mut appends);
+                    let result = writer.run(work);
                     if let Some(done) = done {
                         let _ = done.send(result);
                     }
                 }
             }
         }
-        write_appends(db, sync, stats, tail, &mut appends);
+        writer.write_appends(&mut appends);
     }
 }
 
-/// Writes the queued appends in one batch, then reports to each of them.
-fn write_appends(
-    db: &DB,
+/// The writer thread's state: after one failed write it writes nothing more, so that a
+/// write that fails and a later one that succeeds cannot leave a hole in the log; every
+/// later operation gets the first error, and openraft stops the node.
+struct Writer<'a> {
+    db: &'a DB,
     sync: SyncMode,
-    stats: &LogStats,
-    tail: &Mutex<LogTail>,
-    appends: &mut Vec<QueuedAppend>,
-) {
-    if appends.is_empty() {
-        return;
-    }
-    let result = column(db, CF_LOGS).and_then(|logs| {
-        let mut batch = WriteBatch::default();
-        let mut count = 0;
-        for append in appends.iter() {
-            for (key, value) in &append.entries {
-                batch.put_cf(logs, key, value);
-                count += 1;
-            }
+    stats: &'a LogStats,
+    tail: &'a Mutex<LogTail>,
+    failed: Option<io::Error>,
+}
+
+impl Writer<'_> {
+    /// The first failure, if a write failed before.
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(first) => Err(io::Error::new(
+                first.kind(),
+                format!("the log store stopped writing after an earlier failure: {first}"),
+            )),
         }
-        stats.record_append(count);
-        write_batch(db, stats, batch, sync == SyncMode::Always)
-    });
-    match &result {
-        Ok(()) => {
-            let last = appends.iter().map(|append| append.last).max();
-            if let Some(last) = last {
-                lock_tail(tail).mark_written(last);
-            }
-        }
-        Err(error) => tracing::error!("log append failed: {error}"),
     }
-    for append in appends.drain(..) {
-        (append.done)(result.as_ref().map(|_| ()).map_err(copy_error));
+
+    fn note(&mut self, result: &io::Result<()>) {
+        if let (Err(error), None) = (result, &self.failed) {
+            tracing::error!("log write failed; the log store writes nothing more: {error}");
+            self.failed = Some(copy_error(error));
+        }
+    }
+
+    /// Runs one write that is not an append.
+    fn run(&mut self, work: Work) -> io::Result<()> {
+        self.check()?;
+        let result = work(self.db);
+        self.note(&result);
+        result
+    }
+
+    /// Writes the queued appends in one batch, then reports to each of them.
+    fn write_appends(&mut self, appends: &mut Vec<QueuedAppend>) {
+        if appends.is_empty() {
+            return;
+        }
+        let result = self.check().and_then(|()| {
+            let logs = column(self.db, CF_LOGS)?;
+            let mut batch = WriteBatch::default();
+            let mut count = 0;
+            for append in appends.iter() {
+                for (key, value) in &append.entries {
+                    batch.put_cf(logs, key, value);
+                    count += 1;
+                }
+            }
+            self.stats.record_append(count);
+            write_batch(self.db, self.stats, batch, self.sync == SyncMode::Always)
+        });
+        self.note(&result);
+        if result.is_ok()
+            && let Some(last) = appends.iter().map(|append| append.last).max()
+        {
+            lock_tail(self.tail).mark_written(last);
+        }
+        for append in appends.drain(..) {
+            (append.done)(result.as_ref().map(|_| ()).map_err(copy_error));
+        }
     }
 }
 
@@ -563,5 +600,52 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
                 write_batch(db, &stats, batch, false)
             }))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_failed_write_the_writer_writes_nothing_more() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = RocksLogStore::open(dir.path(), SyncMode::Always).expect("opens");
+        let stats = LogStats::default();
+        let tail = Mutex::default();
+        let mut writer = Writer {
+            db: &store.db,
+            sync: SyncMode::Always,
+            stats: &stats,
+            tail: &tail,
+            failed: None,
+        };
+        let failed = writer.run(Box::new(|_| Err(io::Error::other("disk on fire"))));
+        assert!(failed.is_err());
+
+        // An append after it is refused and stores nothing: no hole behind the failure.
+        let (report, reported) = mpsc::channel();
+        let mut appends = vec![QueuedAppend {
+            entries: vec![(index_key(1), b"entry".to_vec())],
+            last: 1,
+            done: Box::new(move |result| {
+                let _ = report.send(result.map_err(|e| e.to_string()));
+            }),
+        }];
+        writer.write_appends(&mut appends);
+        let answer = reported.recv().expect("the append is answered");
+        assert!(answer.expect_err("refused").contains("disk on fire"));
+        let logs = column(&store.db, CF_LOGS).expect("logs");
+        assert!(
+            store
+                .db
+                .get_cf(logs, index_key(1))
+                .expect("reads")
+                .is_none()
+        );
+        assert!(
+            writer.run(Box::new(|_| Ok(()))).is_err(),
+            "and so is any other write"
+        );
     }
 }
