@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde::Deserializer;
 use serde::Serialize;
 use serde::de;
+use task_machine::check_claim_count;
 pub use task_machine::constants::CLAIM_COUNT_MAX;
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
@@ -374,13 +375,10 @@ impl ClaimRequestJson {
 
     /// How many tasks the claim may take, checked: 1 when `count` is absent.
     pub fn checked_count(&self) -> Result<u32, String> {
-        match self.count {
-            None => Ok(1),
-            Some(count) if (1..=CLAIM_COUNT_MAX).contains(&count) => Ok(count),
-            Some(count) => Err(format!(
-                "count {count} is not between 1 and {CLAIM_COUNT_MAX}"
-            )),
-        }
+        let count = self.count.unwrap_or(1);
+        check_claim_count(count)
+            .map(|()| count)
+            .map_err(|refusal| refusal.to_string())
     }
 }
 

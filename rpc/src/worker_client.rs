@@ -459,12 +459,18 @@ impl WorkerClient {
         lease: Duration,
         wait: Duration,
     ) -> Result<Option<TaskJson>, WorkerError> {
+        let claim = self.claim_request(group, lease, wait);
+        Ok(self.write(claim).await?.into_iter().next())
+    }
+
+    /// A claim by this client of `group`'s next task for `lease`, waiting up to `wait`
+    /// (at most a minute) when none is available.
+    fn claim_request(&self, group: &str, lease: Duration, wait: Duration) -> ClaimRequestJson {
         let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
-        let claim = ClaimRequestJson {
+        ClaimRequestJson {
             wait_ms: (wait_ms > 0).then_some(wait_ms),
             ..ClaimRequestJson::new(self.client_id, group, lease.as_millis() as i64)
-        };
-        Ok(self.write(claim).await?.into_iter().next())
+        }
     }
 
     /// Claims up to `count` (1 to 1 000) of `group`'s available tasks for `lease` in one
@@ -477,12 +483,7 @@ impl WorkerClient {
         count: u32,
         wait: Duration,
     ) -> Result<Vec<TaskJson>, WorkerError> {
-        let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
-        let claim = ClaimRequestJson {
-            wait_ms: (wait_ms > 0).then_some(wait_ms),
-            ..ClaimRequestJson::new(self.client_id, group, lease.as_millis() as i64)
-                .with_count(count)
-        };
+        let claim = self.claim_request(group, lease, wait).with_count(count);
         self.write(claim).await
     }
 

@@ -121,7 +121,8 @@ fn write_batch(db: &DB, stats: &LogStats, batch: WriteBatch, sync: bool) -> io::
 }
 
 type AppendDone = Box<dyn FnOnce(io::Result<()>) + Send>;
-type Work = Box<dyn FnOnce(&DB) -> io::Result<()> + Send>;
+/// Makes the batch of a write that is not an append (it names column families of `db`).
+type Work = Box<dyn FnOnce(&DB) -> io::Result<WriteBatch> + Send>;
 
 /// Encoded entries (key, value) to store; `last` is the highest index among them.
 struct QueuedAppend {
@@ -134,9 +135,10 @@ struct QueuedAppend {
 enum WriteOp {
     /// Entries to store, then report durable.
     Append(QueuedAppend),
-    /// Any other write, answered once done.
+    /// Any other write, synced or not, answered once done.
     Other {
         work: Work,
+        sync: bool,
         done: Option<futures_channel::oneshot::Sender<io::Result<()>>>,
     },
 }
@@ -147,8 +149,8 @@ const GROUP_OPS_MAX: usize = 1024;
 /// The writer thread and the queue to it; the thread ends (after the queue) when the
 /// last store handle is dropped.
 struct LogWriter {
-    queue: Mutex<Option<mpsc::Sender<WriteOp>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    queue: Option<mpsc::Sender<WriteOp>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl LogWriter {
@@ -163,26 +165,24 @@ impl LogWriter {
             .name("rota-log-writer".into())
             .spawn(move || write_loop(&db, sync, &stats, &tail, &ops))?;
         Ok(Self {
-            queue: Mutex::new(Some(queue)),
-            thread: Mutex::new(Some(thread)),
+            queue: Some(queue),
+            thread: Some(thread),
         })
     }
 
     fn send(&self, op: WriteOp) -> io::Result<()> {
         let stopped = || io::Error::other("the log writer has stopped");
-        let queue = self.queue.lock().map_err(|_| stopped())?;
-        queue
-            .as_ref()
-            .ok_or_else(stopped)?
-            .send(op)
-            .map_err(|_| stopped())
+        let queue = self.queue.as_ref().ok_or_else(stopped)?;
+        queue.send(op).map_err(|_| stopped())
     }
 
-    /// Runs `work` on the writer after everything queued before it, and waits for it.
-    async fn run(&self, work: Work) -> io::Result<()> {
+    /// Writes the batch `work` makes on the writer, after everything queued before it,
+    /// and waits for it.
+    async fn run(&self, work: Work, sync: bool) -> io::Result<()> {
         let (done, answer) = futures_channel::oneshot::channel();
         self.send(WriteOp::Other {
             work,
+            sync,
             done: Some(done),
         })?;
         answer
@@ -190,9 +190,13 @@ impl LogWriter {
             .map_err(|_| io::Error::other("the log writer stopped before the write"))?
     }
 
-    /// Queues `work` without waiting for it.
+    /// Queues an unsynced write without waiting for it.
     fn queue(&self, work: Work) -> io::Result<()> {
-        self.send(WriteOp::Other { work, done: None })
+        self.send(WriteOp::Other {
+            work,
+            sync: false,
+            done: None,
+        })
     }
 }
 
@@ -200,11 +204,8 @@ impl Drop for LogWriter {
     fn drop(&mut self) {
         // Closing the queue ends the thread once it has written what was queued; joining
         // it releases the database before a reopen of the same directory.
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        queue.take();
-        drop(queue);
-        let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(thread) = thread.take() {
+        self.queue.take();
+        if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
@@ -212,8 +213,7 @@ impl Drop for LogWriter {
 
 fn lock_tail(tail: &Mutex<LogTail>) -> MutexGuard<'_, LogTail> {
     // The tail is consistent after every method; a panic elsewhere does not spoil it.
-    tail.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    tail.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn write_loop(
@@ -242,9 +242,9 @@ fn write_loop(
         for op in taken {
             match op {
                 WriteOp::Append(append) => appends.push(append),
-                WriteOp::Other { work, done } => {
+                WriteOp::Other { work, sync, done } => {
                     writer.write_appends(&mut appends);
-                    let result = writer.run(work);
+                    let result = writer.run(work, sync);
                     if let Some(done) = done {
                         let _ = done.send(result);
                     }
@@ -286,9 +286,9 @@ impl Writer<'_> {
     }
 
     /// Runs one write that is not an append.
-    fn run(&mut self, work: Work) -> io::Result<()> {
+    fn run(&mut self, work: Work, sync: bool) -> io::Result<()> {
         self.check()?;
-        let result = work(self.db);
+        let result = work(self.db).and_then(|batch| write_batch(self.db, self.stats, batch, sync));
         self.note(&result);
         result
     }
@@ -366,13 +366,8 @@ impl RocksLogStore {
         sync: bool,
     ) -> io::Result<()> {
         let value = encode_value(value)?;
-        let stats = Arc::clone(&self.stats);
         self.writer
-            .run(Box::new(move |db| {
-                let mut batch = WriteBatch::default();
-                batch.put_cf(column(db, CF_META)?, key, value);
-                write_batch(db, &stats, batch, sync)
-            }))
+            .run(Box::new(move |db| meta_batch(db, key, value)), sync)
             .await
     }
 
@@ -435,6 +430,13 @@ impl RocksLogStore {
     }
 }
 
+/// A batch that sets the metadata value `key` to `value` (encoded).
+fn meta_batch(db: &DB, key: &[u8], value: Vec<u8>) -> io::Result<WriteBatch> {
+    let mut batch = WriteBatch::default();
+    batch.put_cf(column(db, CF_META)?, key, value);
+    Ok(batch)
+}
+
 fn get_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> io::Result<Option<T>> {
     let what = String::from_utf8_lossy(key);
     db.get_cf(column(db, CF_META)?, key)
@@ -469,12 +471,7 @@ fn check_format(db: &DB, stats: &LogStats, path: &Path) -> io::Result<()> {
                     ),
                 ));
             }
-            let mut batch = WriteBatch::default();
-            batch.put_cf(
-                column(db, CF_META)?,
-                KEY_FORMAT,
-                encode_value(&LOG_FORMAT_VERSION)?,
-            );
+            let batch = meta_batch(db, KEY_FORMAT, encode_value(&LOG_FORMAT_VERSION)?)?;
             write_batch(db, stats, batch, true)
         }
     }
@@ -522,12 +519,8 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
         // A restart hint; a lost one only means re-applying less before catching up, so
         // nobody waits for it.
         let value = encode_value(&committed)?;
-        let stats = Arc::clone(&self.stats);
-        self.writer.queue(Box::new(move |db| {
-            let mut batch = WriteBatch::default();
-            batch.put_cf(column(db, CF_META)?, KEY_COMMITTED, value);
-            write_batch(db, &stats, batch, false)
-        }))
+        self.writer
+            .queue(Box::new(move |db| meta_batch(db, KEY_COMMITTED, value)))
     }
 
     async fn read_committed(&mut self) -> Result<Option<RotaLogId>, io::Error> {
@@ -565,18 +558,14 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
         let last_kept = last_log_id.map(|id| id.index());
         lock_tail(&self.tail).truncate_after(last_kept);
         let first_removed = last_kept.map_or(0, |index| index + 1);
-        let stats = Arc::clone(&self.stats);
-        let sync = self.sync_appends();
-        let result = self
-            .writer
-            .run(Box::new(move |db| {
-                let logs = column(db, CF_LOGS)?;
-                let mut batch = WriteBatch::default();
-                batch.delete_range_cf(logs, index_key(first_removed), index_key(u64::MAX));
-                batch.delete_cf(logs, index_key(u64::MAX));
-                write_batch(db, &stats, batch, sync)
-            }))
-            .await;
+        let work: Work = Box::new(move |db| {
+            let logs = column(db, CF_LOGS)?;
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(logs, index_key(first_removed), index_key(u64::MAX));
+            batch.delete_cf(logs, index_key(u64::MAX));
+            Ok(batch)
+        });
+        let result = self.writer.run(work, self.sync_appends()).await;
         // Appends queued before the truncation marked entries past the cut as written.
         lock_tail(&self.tail).truncate_after(last_kept);
         result
@@ -587,19 +576,16 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
         // The marker and the deletion share one batch, so the log never has a hole that
         // the marker does not explain.
         let marker = encode_value(&log_id)?;
-        let stats = Arc::clone(&self.stats);
-        self.writer
-            .run(Box::new(move |db| {
-                let mut batch = WriteBatch::default();
-                batch.put_cf(column(db, CF_META)?, KEY_LAST_PURGED, marker);
-                batch.delete_range_cf(
-                    column(db, CF_LOGS)?,
-                    index_key(0),
-                    index_key(log_id.index() + 1),
-                );
-                write_batch(db, &stats, batch, false)
-            }))
-            .await
+        let work: Work = Box::new(move |db| {
+            let mut batch = meta_batch(db, KEY_LAST_PURGED, marker)?;
+            batch.delete_range_cf(
+                column(db, CF_LOGS)?,
+                index_key(0),
+                index_key(log_id.index() + 1),
+            );
+            Ok(batch)
+        });
+        self.writer.run(work, false).await
     }
 }
 
@@ -620,7 +606,7 @@ mod tests {
             tail: &tail,
             failed: None,
         };
-        let failed = writer.run(Box::new(|_| Err(io::Error::other("disk on fire"))));
+        let failed = writer.run(Box::new(|_| Err(io::Error::other("disk on fire"))), true);
         assert!(failed.is_err());
 
         // An append after it is refused and stores nothing: no hole behind the failure.
@@ -644,7 +630,9 @@ mod tests {
                 .is_none()
         );
         assert!(
-            writer.run(Box::new(|_| Ok(()))).is_err(),
+            writer
+                .run(Box::new(|_| Ok(WriteBatch::default())), true)
+                .is_err(),
             "and so is any other write"
         );
     }

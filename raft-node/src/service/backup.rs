@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
-use openraft::AsyncRuntime;
 use openraft::async_runtime::WatchReceiver;
 use openraft::vote::RaftLeaderId;
 use rpc::admin::RestoreJson;
@@ -19,8 +18,8 @@ use store_sm::raft_types::SnapshotData;
 
 use super::Consistency;
 use super::ServiceError;
+use super::off_thread;
 use crate::node::Node;
-use crate::runtime::NodeRuntime;
 
 /// The node id in the log id of a restored snapshot. Real nodes start at 1, so no real
 /// leader ever had this id, and every election after the restore outranks it.
@@ -42,13 +41,11 @@ impl Node {
     pub async fn backup(&self) -> Result<Backup, ServiceError> {
         let view = self.read(Consistency::Linearizable).await?;
         let applied_index = view.state.applied.map_or(0, |id| id.index());
-        // Encoding takes seconds for millions of tasks: off the node's async thread.
         let machine = view.state.machine.clone();
-        let (bytes, hash) = NodeRuntime::spawn_blocking(move || {
+        let (bytes, hash) = off_thread("encoding the backup", move || {
             store_sm::snapshot::encode_snapshot_with_hash(&machine)
         })
-        .await
-        .map_err(|e| ServiceError::Internal(format!("encoding the backup: {e}")))?;
+        .await?;
         Ok(Backup {
             bytes,
             applied_index,
@@ -99,9 +96,8 @@ impl Node {
         backup: SnapshotData,
     ) -> Result<RestoreJson, ServiceError> {
         self.check_restore(&members)?;
-        // Reading and decoding take seconds for millions of tasks: off the async thread.
         let spooled = backup.clone();
-        let checked = NodeRuntime::spawn_blocking(move || {
+        let checked = off_thread("checking the backup", move || {
             let bytes = spooled
                 .load()
                 .map_err(|e| ServiceError::Internal(format!("reading the spooled backup: {e}")))?;
@@ -112,8 +108,7 @@ impl Node {
                 })?;
             Ok::<_, ServiceError>((machine.task_count() as u64, state_hash))
         })
-        .await
-        .map_err(|e| ServiceError::Internal(format!("checking the backup: {e}")))?;
+        .await?;
         let (tasks, state_hash) = checked?;
         let (vote, snapshot) = restored_snapshot(members, backup)?;
         let applied_index = snapshot.meta.last_log_id.map_or(0, |id| id.index());

@@ -3,14 +3,15 @@
 //! proposes only when its group's queue grants it a claim (about as many grants as
 //! claimable tasks, longest waiter first), and one that loses a race waits again.
 //!
-//! Every proposal of one blocking claim is a `Request::WaitingClaim` (for a claim
-//! with a count, a `Request::WaitingClaimMany`) under the client's request id: the machine forgets a proposal that found nothing, so the
-//! waiter may propose again under the same id, and remembers the one that got a task,
-//! so a retry of the whole request (after a timeout, through another node) gets that
-//! task and no second one. A claim that commits after its waiter's request is gone (the
-//! client left, the node lost leadership mid-proposal) is not handed to anybody else:
-//! the task stays the client's until its lease lapses, as when a worker dies after
-//! claiming, and a retry with the same request id gets it.
+//! Every proposal of one blocking claim is a `Request::WaitingClaim` (for a claim with
+//! a count, a `Request::WaitingClaimMany`) under the client's request id: the machine
+//! forgets a proposal that found nothing, so the waiter may propose again under the
+//! same id, and remembers the one that got a task, so a retry of the whole request
+//! (after a timeout, through another node) gets that task and no second one. A claim
+//! that commits after its waiter's request is gone (the client left, the node lost
+//! leadership mid-proposal) is not handed to anybody else: the task stays the client's
+//! until its lease lapses, as when a worker dies after claiming, and a retry with the
+//! same request id gets it.
 
 use std::sync::Arc;
 use std::time::Duration;

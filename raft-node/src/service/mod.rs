@@ -21,10 +21,12 @@ pub use self::read::Consistency;
 pub use self::read::ReadView;
 pub use self::watch::WatchRequest;
 
+use openraft::AsyncRuntime;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::ForwardToLeader;
 
 use crate::node::Node;
+use crate::runtime::NodeRuntime;
 use crate::types::NodeTypes;
 use crate::waiting::WaitRefused;
 
@@ -73,6 +75,18 @@ impl From<WaitRefused> for ServiceError {
     fn from(refused: WaitRefused) -> Self {
         ServiceError::Unavailable(refused.to_string())
     }
+}
+
+/// Runs `work` on the runtime's blocking pool (inline in the simulation), so that work
+/// of seconds (encoding or decoding millions of tasks) does not hold the node's one
+/// async thread; `doing` names it in the error if the pool fails.
+async fn off_thread<T: Send + 'static>(
+    doing: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServiceError> {
+    NodeRuntime::spawn_blocking(work)
+        .await
+        .map_err(|e| ServiceError::Internal(format!("{doing}: {e}")))
 }
 
 impl Node {

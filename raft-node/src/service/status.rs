@@ -1,6 +1,5 @@
 //! What a node knows of the cluster: status, readiness and its state hash.
 
-use openraft::AsyncRuntime;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use rpc::admin::CAUGHT_UP_ENTRIES_MAX;
@@ -10,8 +9,8 @@ use rpc::admin::StateHashJson;
 use store_sm::raft_types::NodeId;
 
 use super::ServiceError;
+use super::off_thread;
 use crate::node::Node;
-use crate::runtime::NodeRuntime;
 
 fn role_name(state: ServerState) -> &'static str {
     match state {
@@ -120,12 +119,11 @@ impl Node {
     /// for monitoring loops.
     pub async fn state_hash(&self) -> Result<StateHashJson, ServiceError> {
         let state = self.state.snapshot();
-        NodeRuntime::spawn_blocking(move || StateHashJson {
+        off_thread("hashing the state", move || StateHashJson {
             applied_index: state.applied.map(|id| id.index()),
             state_hash: state.state_hash().to_string(),
             tasks: state.machine.task_count() as u64,
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("hashing the state: {e}")))
     }
 }

@@ -29,7 +29,6 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use imbl::OrdSet;
 
-use self::constants::CLAIM_COUNT_MAX;
 use self::constants::CLAIM_DATA_BYTES_MAX;
 use self::constants::CLAIM_DURATION_MS_MAX;
 use self::constants::REQUEST_ID_BYTES_MAX;
@@ -301,8 +300,8 @@ impl TaskMachine {
         if claim.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
         }
-        if count == 0 || count > CLAIM_COUNT_MAX {
-            refusals.push(Refusal::InvalidCount { count });
+        if let Err(refusal) = check_claim_count(count) {
+            refusals.push(refusal);
         }
         let available_at = match claim_end(now, claim.duration_ms) {
             Ok(available_at) => Some(available_at),

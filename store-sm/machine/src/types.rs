@@ -132,6 +132,17 @@ pub struct ClaimManyRequest {
     pub count: u32,
 }
 
+/// Why `count` is no claim count the machine grants (1 to
+/// [`CLAIM_COUNT_MAX`](crate::constants::CLAIM_COUNT_MAX)), or `Ok`: the one statement
+/// of the rule, for the machine and the HTTP edge alike.
+pub fn check_claim_count(count: u32) -> Result<(), Refusal> {
+    if (1..=crate::constants::CLAIM_COUNT_MAX).contains(&count) {
+        Ok(())
+    } else {
+        Err(Refusal::InvalidCount { count })
+    }
+}
+
 impl ClaimManyRequest {
     /// The request that makes this claim: the seed's one-task forms for a count of 1 (the
     /// very entry a build without counts logs), a claim of many otherwise.

@@ -478,14 +478,21 @@ class RotaClient:
         none. With ``wait_ms`` (at most 60 000) the claim waits on the leader for a task
         when none is available; waiting writes nothing to the log. The claimed version's
         id is the fence: pass it downstream."""
+        body = self._claim_body(group, duration_ms, wait_ms, depends)
+        tasks = self.write("/claim", body, request_id, cancel=cancel)
+        return tasks[0] if tasks else None
+
+    def _claim_body(
+        self, group: str, duration_ms: int, wait_ms: int, depends: Sequence[TaskRef]
+    ) -> Dict[str, Any]:
+        """The body of a claim by this client (``/claim``), without a count."""
         body: Dict[str, Any] = {"clientid": self._client_id, "group": group, "duration": int(duration_ms)}
         wait = _wait_ms(wait_ms)
         if wait:
             body["wait_ms"] = wait
         if depends:
             body["depends"] = [_task_id(d) for d in depends]
-        tasks = self.write("/claim", body, request_id, cancel=cancel)
-        return tasks[0] if tasks else None
+        return body
 
     def claim_many(
         self,
@@ -504,17 +511,8 @@ class RotaClient:
         Each claimed task is its own version, with its own fence."""
         if not 1 <= int(count) <= CLAIM_COUNT_MAX:
             raise ValueError(f"count {count} is not between 1 and {CLAIM_COUNT_MAX}")
-        body: Dict[str, Any] = {
-            "clientid": self._client_id,
-            "group": group,
-            "duration": int(duration_ms),
-            "count": int(count),
-        }
-        wait = _wait_ms(wait_ms)
-        if wait:
-            body["wait_ms"] = wait
-        if depends:
-            body["depends"] = [_task_id(d) for d in depends]
+        body = self._claim_body(group, duration_ms, wait_ms, depends)
+        body["count"] = int(count)
         return self.write("/claim", body, request_id, cancel=cancel)
 
     def claim_lease(
