@@ -392,8 +392,9 @@ async fn put_settings(
                 let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
                 ApiError::bad_request(reasons.join("; ")).into_response()
             }
-            Outcome::Tasks(_) => {
-                ApiError::internal("a settings change answered tasks; report this").into_response()
+            Outcome::Tasks(_) | Outcome::Token(_) => {
+                ApiError::internal("a settings change answered something else; report this")
+                    .into_response()
             }
         })
         .await,

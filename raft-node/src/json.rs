@@ -37,10 +37,10 @@ pub fn outcome_json(outcome: &Outcome) -> WriteResultJson {
         Outcome::Refused(refusals) => WriteResultJson::Errors {
             errors: refusals.iter().map(ToString::to_string).collect(),
         },
-        // Only a settings change answers settings, and no task endpoint sends one.
-        Outcome::Settings(_) => WriteResultJson::Errors {
+        // Only a settings or token change answers these, and no task endpoint sends one.
+        Outcome::Settings(_) | Outcome::Token(_) => WriteResultJson::Errors {
             errors: vec![
-                "internal error: a task write answered group settings; report this".into(),
+                "internal error: a task write answered settings or a token; report this".into(),
             ],
         },
     }

@@ -5,9 +5,11 @@
 //! body = head, then per group (name, count, tasks in claim order), then dedup entries
 //!        oldest first, then the ids of every node that was ever a member, ascending,
 //!        then per group with job records (name, count, records in key order), then
-//!        the groups whose settings differ from the defaults (name, settings)
+//!        the groups whose settings differ from the defaults (name, settings), then
+//!        whether the first admin token was made and the access tokens in id order
 //! ```
 //!
+//! Version 5 added access tokens (older formats decode with none, never bootstrapped).
 //! Version 4 added each dedup entry's request fingerprint (entries of older formats
 //! decode without one, and answer any request under their id as before).
 //! Version 3 added the job layer: job fields on every task, job records and settings.
@@ -29,6 +31,7 @@ use serde::Serialize;
 use sha2::Digest;
 use sha2::Sha256;
 
+use crate::machine::AuthParts;
 use crate::machine::ClientId;
 use crate::machine::GroupName;
 use crate::machine::GroupSettings;
@@ -42,13 +45,14 @@ use crate::machine::Task;
 use crate::machine::TaskId;
 use crate::machine::TaskJob;
 use crate::machine::TaskMachine;
+use crate::machine::TokenRecord;
 use crate::planted;
 
 /// First bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
 /// The format this build writes. Older formats get upgrade code beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
 
 /// The oldest format this build still reads.
 pub const SNAPSHOT_FORMAT_OLDEST: u32 = 1;
@@ -203,6 +207,13 @@ impl From<LegacyOutcome> for Outcome {
     }
 }
 
+/// The access control section (format 5 on).
+#[derive(Serialize, Deserialize)]
+struct AuthHead {
+    bootstrapped: bool,
+    token_count: u64,
+}
+
 #[derive(Serialize, Deserialize)]
 struct JobGroupHead<S> {
     name: S,
@@ -352,6 +363,19 @@ fn write_body_as<W: Write>(
     }
     for (group, settings) in settings {
         put(&(&**group, settings), &mut out)?;
+    }
+    if format >= 5 {
+        let tokens: Vec<&TokenRecord> = machine.tokens().collect();
+        put(
+            &AuthHead {
+                bootstrapped: machine.auth_bootstrapped(),
+                token_count: tokens.len() as u64,
+            },
+            &mut out,
+        )?;
+        for token in tokens {
+            put(token, &mut out)?;
+        }
     }
     let writer = out.into_inner().map_err(|e| e.into_error())?;
     let digest = StateHash(writer.hasher.finalize().into());
@@ -546,6 +570,14 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
         let (name, settings): (String, GroupSettings) = take(&mut input)?;
         jobs.settings.push((Arc::from(name), settings));
     }
+    let mut auth = AuthParts::default();
+    if version >= 5 {
+        let auth_head: AuthHead = take(&mut input)?;
+        auth.bootstrapped = auth_head.bootstrapped;
+        for _ in 0..auth_head.token_count {
+            auth.tokens.push(take(&mut input)?);
+        }
+    }
     if !input.is_empty() {
         return Err(SnapshotError::Invalid(format!(
             "{} bytes left over after the last entry",
@@ -557,8 +589,9 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     } else {
         head.next_id
     };
-    let machine = TaskMachine::from_parts(next_id, head.log_time, tasks, dedup, members, jobs)
-        .map_err(|invalid| SnapshotError::Invalid(invalid.to_string()))?;
+    let machine =
+        TaskMachine::from_parts(next_id, head.log_time, tasks, dedup, members, jobs, auth)
+            .map_err(|invalid| SnapshotError::Invalid(invalid.to_string()))?;
     Ok((machine, StateHash(hash)))
 }
 
@@ -569,6 +602,8 @@ mod tests {
     use crate::machine::ClaimRequest;
     use crate::machine::Command;
     use crate::machine::Request;
+    use crate::machine::Role;
+    use crate::machine::TokenAddRequest;
     use crate::machine::UpdateRequest;
 
     /// Twenty seed tasks in three groups, added with request id r1.
@@ -646,8 +681,39 @@ mod tests {
         machine
     }
 
-    /// Format 4's body, pinned: a change of any encoded type shows here before it
-    /// reaches a disk or a replica with another build.
+    /// The job sample with two access tokens, one limited to groups.
+    fn auth_sample() -> TaskMachine {
+        let mut machine = job_sample();
+        let token = |id: &str, role, groups: &[&str]| TokenAddRequest {
+            client: 1,
+            id: id.into(),
+            name: format!("{id} token"),
+            role,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            secret_hash: "3c".repeat(32),
+        };
+        for request in [
+            Request::AuthBootstrap(token("00000000000000a1", Role::Admin, &[])),
+            Request::TokenAdd(token("00000000000000b2", Role::Worker, &["jobs-", "map"])),
+        ] {
+            let outcome = machine.apply(&Command {
+                stamp: machine.log_time(),
+                request_id: None,
+                request,
+            });
+            assert!(matches!(&*outcome, Outcome::Token(_)), "{outcome:?}");
+        }
+        machine
+    }
+
+    /// The body in format `format` and its hash, as a whole snapshot.
+    fn snapshot_as(machine: &TaskMachine, format: u32) -> Vec<u8> {
+        let (body, hash) = write_body_as(machine, Vec::new(), format).expect("vec");
+        [&SNAPSHOT_MAGIC[..], &format.to_le_bytes(), &body, &hash.0].concat()
+    }
+
+    /// Format 4's and 5's bodies, pinned: a change of any encoded type shows here before
+    /// it reaches a disk or a replica with another build.
     #[test]
     fn the_body_encoding_is_pinned() {
         let machine = job_sample();
@@ -656,10 +722,33 @@ mod tests {
                 crate::machine::Outcome::Refused(refusals) if refusals.len() == 2),
             "the sample remembers a refusal naming an owned and a missing task"
         );
+        let (_, format_4) = write_body_as(&machine, Vec::new(), 4).expect("vec");
         assert_eq!(
-            state_hash(&machine).to_string(),
+            format_4.to_string(),
             "a910240b0b2b2f9adb345c89e6efd87106a88977a014eba47015bcd0857de3d0"
         );
+        assert_eq!(
+            state_hash(&auth_sample()).to_string(),
+            "6136dda3164181392bb3a33102c2e1234f71b68629a04d1e9cd9fd549d190991"
+        );
+    }
+
+    #[test]
+    fn tokens_survive_a_round_trip_and_format_four_decodes_without_any() {
+        let machine = auth_sample();
+        let restored = decode_snapshot(&encode_snapshot(&machine)).expect("round trip");
+        assert_eq!(state_hash(&restored), state_hash(&machine));
+        assert_eq!(
+            restored.tokens().collect::<Vec<_>>(),
+            machine.tokens().collect::<Vec<_>>()
+        );
+        assert!(restored.auth_bootstrapped());
+        assert_ne!(state_hash(&machine), state_hash(&job_sample()));
+
+        let old = decode_snapshot(&snapshot_as(&machine, 4)).expect("format 4 decodes");
+        assert_eq!(old.tokens().count(), 0);
+        assert!(!old.auth_bootstrapped());
+        assert_eq!(state_hash(&old), state_hash(&job_sample()));
     }
 
     #[test]
@@ -695,7 +784,9 @@ mod tests {
                     })
                     .collect(),
             ),
-            Outcome::Settings(_) => panic!("formats 1 and 2 had no settings"),
+            Outcome::Settings(_) | Outcome::Token(_) => {
+                panic!("formats 1 and 2 had no settings or tokens")
+            }
         }
     }
 

@@ -63,7 +63,11 @@ fn resolve(command: &Command, model: &Model) -> Command {
         }
     };
     let mut request = command.request.clone();
-    let client = match &mut request {
+    let inner = match &mut request {
+        Request::Scoped(scoped) => &mut *scoped.request,
+        other => other,
+    };
+    let client = match inner {
         Request::Update(u) => {
             u.updates.iter_mut().for_each(|c| c.id = pick(c.id));
             u.deletes.iter_mut().for_each(|id| *id = pick(*id));
@@ -90,6 +94,9 @@ fn resolve(command: &Command, model: &Model) -> Command {
         Request::Retry(r) => &mut r.client,
         Request::Settings(s) => &mut s.client,
         Request::LegacyUpdate(u) => &mut u.client,
+        Request::TokenAdd(a) | Request::AuthBootstrap(a) => &mut a.client,
+        Request::TokenRevoke(r) => &mut r.client,
+        Request::Scoped(s) => unreachable!("the generator nests no scope: {s:?}"),
     };
     if *client == OWNER {
         *client = owner.unwrap_or(1);
@@ -282,7 +289,56 @@ fn request_strategy() -> impl Strategy<Value = Request> {
                 (Some(count), false) => Request::ClaimMany(ClaimManyRequest { claim, count }),
             }
         });
-    prop_oneof![3 => update, 3 => claim, 2 => job_request_strategy()]
+    let plain = prop_oneof![3 => update, 3 => claim, 2 => job_request_strategy()];
+    // A quarter of the requests come from worker tokens limited to some groups.
+    let prefixes = prop::collection::vec(prop::sample::select(&PREFIXES[..]), 1..3);
+    let scope = prop_oneof![3 => Just(None), 1 => prefixes.prop_map(Some)];
+    let scoped = (plain, scope).prop_map(|(request, scope)| match scope {
+        None => request,
+        Some(groups) => Request::Scoped(ScopedRequest {
+            groups: groups.into_iter().map(String::from).collect(),
+            request: Box::new(request),
+        }),
+    });
+    prop_oneof![20 => scoped, 1 => token_request_strategy()]
+}
+
+/// Prefixes of worker tokens: whole group names, parts of them and none of them.
+const PREFIXES: [&str; 5] = ["map", "ma", "re", "z", "q"];
+
+/// Token ids: valid ones (often the same, so that adds collide and revokes find one)
+/// and an invalid one.
+const TOKEN_IDS: [&str; 3] = ["00000000000000a1", "00000000000000b2", "not-hex"];
+
+fn token_request_strategy() -> impl Strategy<Value = Request> {
+    let add = (
+        prop::sample::select(&TOKEN_IDS[..]),
+        prop_oneof![Just(Role::Worker), Just(Role::Reader), Just(Role::Admin)],
+        prop_oneof![2 => Just(vec![]), 1 => Just(vec!["map".to_string()])],
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(id, role, groups, bootstrap)| {
+            let add = TokenAddRequest {
+                client: 9,
+                id: id.into(),
+                name: "ci".into(),
+                role,
+                groups,
+                secret_hash: "ab".repeat(32),
+            };
+            if bootstrap {
+                Request::AuthBootstrap(add)
+            } else {
+                Request::TokenAdd(add)
+            }
+        });
+    let revoke = prop::sample::select(&TOKEN_IDS[..]).prop_map(|id| {
+        Request::TokenRevoke(TokenRevokeRequest {
+            client: 9,
+            id: id.into(),
+        })
+    });
+    prop_oneof![2 => add, 1 => revoke]
 }
 
 fn commands_strategy() -> impl Strategy<Value = Vec<Command>> {
@@ -407,7 +463,7 @@ proptest! {
                         tasks.iter().partition(|task| task.id < next_id_before);
                     for task in kept {
                         prop_assert!(
-                            matches!(&command.request, Request::Update(u)
+                            matches!(command.request.unscoped(), Request::Update(u)
                                 if u.adds.iter().any(|a| a.job.on_conflict != OnConflict::Refuse)),
                             "id {} reused", task.id
                         );
@@ -417,6 +473,16 @@ proptest! {
                     }
                     let ids: Vec<u64> = new.iter().map(|t| t.id).collect();
                     prop_assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in order: {:?}", ids);
+                    // A worker token's request writes only in its groups.
+                    if let Request::Scoped(scoped) = &command.request {
+                        for task in tasks {
+                            prop_assert!(
+                                scoped.groups.iter().any(|p| task.group.starts_with(p.as_str())),
+                                "a request limited to {:?} wrote task {} of group {:?}",
+                                scoped.groups, task.id, task.group
+                            );
+                        }
+                    }
                 }
                 Outcome::Refused(_) => {
                     // All or nothing: a refusal writes no task and uses no id. (Time still
@@ -431,10 +497,13 @@ proptest! {
                         );
                     }
                 }
-                Outcome::Settings(_) => {
+                Outcome::Settings(_) | Outcome::Token(_) => {
                     prop_assert_eq!(machine.next_id(), before.next_id());
                 }
             }
+            let tokens: Vec<&TokenRecord> = machine.tokens().collect();
+            prop_assert_eq!(tokens, model.tokens.values().collect::<Vec<_>>());
+            prop_assert_eq!(machine.auth_bootstrapped(), model.bootstrapped);
             check_state(&machine, &model)?;
 
             if step % 16 == 0 {

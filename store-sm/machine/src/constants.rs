@@ -80,3 +80,15 @@ pub const JOB_RETENTION_MS_DEFAULT: Millis = 7 * 24 * 60 * 60 * 1000;
 
 /// Longest retention of finished job records, and longest back-off delay: a year.
 pub const JOB_RETENTION_MS_MAX: Millis = CLAIM_DURATION_MS_MAX;
+
+/// Most access tokens a cluster holds; adding one more is refused.
+pub const TOKENS_MAX: usize = 10_000;
+
+/// A token id's length in hex digits (8 random bytes).
+pub const TOKEN_ID_BYTES: usize = 16;
+
+/// Longest token name.
+pub const TOKEN_NAME_BYTES_MAX: usize = 256;
+
+/// Most group prefixes one worker token may be limited to.
+pub const TOKEN_GROUPS_MAX: usize = 64;

@@ -138,6 +138,9 @@ fn approximate_bytes(key: &DedupKey, outcome: &Outcome) -> usize {
             .sum::<usize>(),
         Outcome::Refused(refusals) => refusals.len() * std::mem::size_of::<Refusal>(),
         Outcome::Settings(_) => PER_ITEM,
+        Outcome::Token(token) => {
+            PER_ITEM + token.name.len() + token.groups.iter().map(String::len).sum::<usize>()
+        }
     };
     ENTRY_OVERHEAD + key.1.len() + items
 }

@@ -25,6 +25,11 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::Retry(retry) => hasher.tagged(6, retry),
         Request::Settings(settings) => hasher.tagged(7, settings),
         Request::ClaimMany(many) | Request::WaitingClaimMany(many) => hasher.tagged(8, many),
+        Request::TokenAdd(add) => hasher.tagged(9, add),
+        Request::TokenRevoke(revoke) => hasher.tagged(10, revoke),
+        Request::AuthBootstrap(add) => hasher.tagged(11, add),
+        // The scope is who asked, not what: a retry through the same door matches.
+        Request::Scoped(scoped) => return fingerprint(&scoped.request),
     };
     // The walk cannot fail (every method below succeeds); were it to, a fingerprint
     // that matches nothing refuses the retry rather than answering it wrongly.

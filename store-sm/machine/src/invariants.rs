@@ -53,7 +53,7 @@ impl TaskMachine {
             self.log_time
         );
         self.assert_indexes_count_every_task();
-        match (&effect, outcome, &command.request) {
+        match (&effect, outcome, command.request.unscoped()) {
             (Effect::Unchanged, _, _) => self.assert_unchanged(before),
             (
                 Effect::Updated,
@@ -67,6 +67,11 @@ impl TaskMachine {
             }
             (Effect::Job, Outcome::Tasks(written), _) => self.assert_written(before, written),
             (Effect::Job, Outcome::Settings(_), Request::Settings(_)) => {}
+            (
+                Effect::Auth,
+                Outcome::Token(_),
+                Request::TokenAdd(_) | Request::TokenRevoke(_) | Request::AuthBootstrap(_),
+            ) => self.assert_unchanged(before),
             (
                 Effect::Claimed(old),
                 Outcome::Tasks(written),

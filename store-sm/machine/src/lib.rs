@@ -8,6 +8,7 @@
 //! snapshot can be encoded from a clone while apply goes on. The machine knows nothing
 //! of planted bugs: the simulation injects them around it (`store_sm::planted`).
 
+pub mod auth;
 mod changes;
 pub mod constants;
 mod dedup;
@@ -34,6 +35,11 @@ use self::constants::CLAIM_DURATION_MS_MAX;
 use self::constants::REQUEST_ID_BYTES_MAX;
 use self::constants::REQUEST_ITEMS_MAX;
 
+pub use self::auth::Role;
+pub use self::auth::ScopedRequest;
+pub use self::auth::TokenAddRequest;
+pub use self::auth::TokenRecord;
+pub use self::auth::TokenRevokeRequest;
 pub use self::changes::Change;
 
 pub use self::dedup::DedupEntry;
@@ -44,6 +50,7 @@ use self::group_index::GroupIndex;
 pub use self::jobs::*;
 pub use self::legacy::fits_seed_encoding;
 pub use self::log_time::LogTime;
+pub use self::restore::AuthParts;
 pub use self::restore::InvalidParts;
 pub use self::restore::JobParts;
 pub use self::types::*;
@@ -66,6 +73,8 @@ enum Effect {
     Claimed(Vec<TaskId>),
     /// A job command (finish, fail, cancel, retry, settings) that changed something.
     Job,
+    /// A token was added or revoked; no task changed.
+    Auth,
 }
 
 /// The replicated task store's state. See the module documentation.
@@ -90,6 +99,10 @@ pub struct TaskMachine {
     expiries: OrdSet<(LogTime, GroupName, JobKey)>,
     /// Task versions a cancel removed, so their owner's next write is told why.
     cancelled: OrdMap<TaskId, (GroupName, JobKey)>,
+    /// Access tokens by id.
+    tokens: OrdMap<String, TokenRecord>,
+    /// Whether the first admin token was ever made (it can be made once).
+    auth_bootstrapped: bool,
     /// What the last command changed (see [`Change`]); not state.
     changes: Vec<Change>,
 }
@@ -115,6 +128,8 @@ impl TaskMachine {
             leases: OrdSet::new(),
             expiries: OrdSet::new(),
             cancelled: OrdMap::new(),
+            tokens: OrdMap::new(),
+            auth_bootstrapped: false,
             changes: Vec::new(),
         }
     }
@@ -160,6 +175,13 @@ impl TaskMachine {
             Some(id) => Some((command.request.client(), Arc::<str>::from(id.as_str()))),
             None => None,
         };
+        // Before the dedup table: a request id does not let a token read the first
+        // answer of a request it could not make.
+        if let Request::Scoped(scoped) = &command.request
+            && let Some(refusal) = self.scope_refusal(&scoped.groups, &scoped.request)
+        {
+            return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
+        }
         let fingerprint = key.as_ref().map(|_| fingerprint(&command.request));
         if let Some(first) = key
             .as_ref()
@@ -168,11 +190,32 @@ impl TaskMachine {
             return (first, Effect::Unchanged);
         }
 
+        let (outcome, effect) = self.apply_request(&command.request, now);
+        let outcome = Arc::new(outcome);
+        let found_nothing = matches!(&*outcome, Outcome::Tasks(tasks) if tasks.is_empty());
+        let forget = found_nothing
+            && matches!(
+                command.request.unscoped(),
+                Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
+            );
+        if let Some(key) = key.filter(|_| !forget) {
+            self.dedup
+                .insert(key, now, Arc::clone(&outcome), fingerprint);
+        }
+        (outcome, effect)
+    }
+
+    /// Applies one request at `now`: its outcome and what it did to the tasks.
+    fn apply_request(&mut self, request: &Request, now: LogTime) -> (Outcome, Effect) {
         let changed = |outcome: Outcome, effect| match outcome {
             Outcome::Refused(_) => (outcome, Effect::Unchanged),
             _ => (outcome, effect),
         };
-        let (outcome, effect) = match &command.request {
+        let token = |result: Result<TokenRecord, Vec<Refusal>>| match result {
+            Ok(record) => (Outcome::Token(record), Effect::Auth),
+            Err(refusals) => (Outcome::Refused(refusals), Effect::Unchanged),
+        };
+        match request {
             Request::LegacyUpdate(update) | Request::Update(update) => {
                 changed(self.apply_update(update, now), Effect::Updated)
             }
@@ -185,19 +228,14 @@ impl TaskMachine {
             Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
             Request::Retry(retry) => changed(self.apply_retry(retry, now), Effect::Job),
             Request::Settings(settings) => changed(self.apply_settings(settings, now), Effect::Job),
-        };
-        let outcome = Arc::new(outcome);
-        let found_nothing = matches!(&*outcome, Outcome::Tasks(tasks) if tasks.is_empty());
-        let forget = found_nothing
-            && matches!(
-                command.request,
-                Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
-            );
-        if let Some(key) = key.filter(|_| !forget) {
-            self.dedup
-                .insert(key, now, Arc::clone(&outcome), fingerprint);
+            Request::TokenAdd(add) => token(self.apply_token_add(add, false, now)),
+            Request::AuthBootstrap(add) => token(self.apply_token_add(add, true, now)),
+            Request::TokenRevoke(revoke) => token(self.apply_token_revoke(revoke)),
+            Request::Scoped(scoped) => match self.scope_refusal(&scoped.groups, &scoped.request) {
+                Some(refusal) => (Outcome::Refused(vec![refusal]), Effect::Unchanged),
+                None => self.apply_request(&scoped.request, now),
+            },
         }
-        (outcome, effect)
     }
 
     /// Moves log time to `max(stamp, previous time)`, so time never goes back even when

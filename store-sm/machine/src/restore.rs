@@ -13,6 +13,7 @@ use super::Outcome;
 use super::Task;
 use super::TaskId;
 use super::TaskMachine;
+use super::TokenRecord;
 
 /// Why a snapshot's parts describe a state no machine could have reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +40,20 @@ pub enum InvalidParts {
         /// What is wrong.
         what: String,
     },
+    /// A token record that breaks the token rules, or one id twice.
+    BadToken {
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// The access control parts of a snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct AuthParts {
+    /// Whether the first admin token was ever made.
+    pub bootstrapped: bool,
+    /// Every current token.
+    pub tokens: Vec<TokenRecord>,
 }
 
 /// The job layer's parts of a snapshot: records and group settings.
@@ -58,7 +73,7 @@ impl fmt::Display for InvalidParts {
             }
             InvalidParts::EmptyGroup { id } => write!(f, "task {id} has an empty group"),
             InvalidParts::DuplicateTask { id } => write!(f, "task {id} appears twice"),
-            InvalidParts::BadJob { what } => f.write_str(what),
+            InvalidParts::BadJob { what } | InvalidParts::BadToken { what } => f.write_str(what),
         }
     }
 }
@@ -74,14 +89,41 @@ impl TaskMachine {
         dedup: impl IntoIterator<Item = (DedupKey, LogTime, Arc<Outcome>, Option<u64>)>,
         members_ever: impl IntoIterator<Item = MemberId>,
         jobs: JobParts,
+        auth: AuthParts,
     ) -> Result<Self, InvalidParts> {
         let mut machine = Self {
             next_id,
             log_time,
             members_ever: members_ever.into_iter().collect(),
             settings: jobs.settings.into_iter().collect(),
+            auth_bootstrapped: auth.bootstrapped,
             ..Self::new()
         };
+        for token in auth.tokens {
+            let as_added = crate::TokenAddRequest {
+                client: 0,
+                id: token.id.clone(),
+                name: token.name.clone(),
+                role: token.role,
+                groups: token.groups.clone(),
+                secret_hash: token.secret_hash.clone(),
+            };
+            if let Some(refusal) = crate::auth::check_token_fields(&as_added).first() {
+                return Err(InvalidParts::BadToken {
+                    what: format!("token {:?}: {refusal}", token.id),
+                });
+            }
+            if !machine.auth_bootstrapped {
+                return Err(InvalidParts::BadToken {
+                    what: format!("token {:?} exists but no token was ever made", token.id),
+                });
+            }
+            if machine.tokens.insert(token.id.clone(), token).is_some() {
+                return Err(InvalidParts::BadToken {
+                    what: format!("token {:?} appears twice", as_added.id),
+                });
+            }
+        }
         // Records first: where a task is indexed depends on its job's prerequisites.
         for record in jobs.records {
             if record.group.is_empty() || record.key.is_empty() {

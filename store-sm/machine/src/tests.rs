@@ -39,15 +39,14 @@ fn tasks_of(outcome: &Outcome) -> &[Task] {
     match outcome {
         Outcome::Tasks(tasks) => tasks,
         Outcome::Refused(refusals) => panic!("refused: {refusals:?}"),
-        Outcome::Settings(settings) => panic!("settings, not tasks: {settings:?}"),
+        other => panic!("expected tasks, got {other:?}"),
     }
 }
 
 fn refusals_of(outcome: &Outcome) -> Vec<String> {
     match outcome {
         Outcome::Refused(refusals) => refusals.iter().map(ToString::to_string).collect(),
-        Outcome::Tasks(tasks) => panic!("expected a refusal, got {tasks:?}"),
-        Outcome::Settings(settings) => panic!("expected a refusal, got {settings:?}"),
+        other => panic!("expected a refusal, got {other:?}"),
     }
 }
 

@@ -9,6 +9,10 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use crate::LogTime;
+use crate::auth::ScopedRequest;
+use crate::auth::TokenAddRequest;
+use crate::auth::TokenRecord;
+use crate::auth::TokenRevokeRequest;
 use crate::constants::CLAIM_DURATION_MS_MAX;
 use crate::constants::REQUEST_ID_BYTES_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
@@ -189,6 +193,15 @@ pub enum Request {
     /// A blocking claim of up to `count` tasks, as [`Request::WaitingClaim`] is to
     /// [`Request::Claim`].
     WaitingClaimMany(ClaimManyRequest),
+    /// Add an access token (an admin's request).
+    TokenAdd(TokenAddRequest),
+    /// Revoke an access token (an admin's request).
+    TokenRevoke(TokenRevokeRequest),
+    /// The cluster's first admin token: refused once any token was ever made.
+    AuthBootstrap(TokenAddRequest),
+    /// A worker token's request, refused if it names or touches a group outside the
+    /// token's prefixes.
+    Scoped(ScopedRequest),
 }
 
 impl Request {
@@ -204,6 +217,17 @@ impl Request {
             Request::Cancel(cancel) => cancel.client,
             Request::Retry(retry) => retry.client,
             Request::Settings(settings) => settings.client,
+            Request::TokenAdd(add) | Request::AuthBootstrap(add) => add.client,
+            Request::TokenRevoke(revoke) => revoke.client,
+            Request::Scoped(scoped) => scoped.request.client(),
+        }
+    }
+
+    /// The request without its scope.
+    pub fn unscoped(&self) -> &Request {
+        match self {
+            Request::Scoped(scoped) => scoped.request.unscoped(),
+            other => other,
         }
     }
 }
@@ -224,7 +248,10 @@ pub struct Command {
 /// A one-line summary for logs (openraft prints every entry it appends).
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.request {
+        if let Request::Scoped(scoped) = &self.request {
+            write!(f, "scoped(groups={:?}) ", scoped.groups)?;
+        }
+        match self.request.unscoped() {
             Request::LegacyUpdate(u) | Request::Update(u) => {
                 let lists = [
                     u.adds.len(),
@@ -265,6 +292,10 @@ impl fmt::Display for Command {
                 r.keys.len()
             )?,
             Request::Settings(r) => write!(f, "settings(client={} group={:?})", r.client, r.group)?,
+            Request::TokenAdd(r) => write!(f, "token add(id={} role={})", r.id, r.role)?,
+            Request::AuthBootstrap(r) => write!(f, "auth bootstrap(id={})", r.id)?,
+            Request::TokenRevoke(r) => write!(f, "token revoke(id={})", r.id)?,
+            Request::Scoped(_) => f.write_str("scoped")?,
         }
         write!(f, "@{}", self.stamp)
     }
@@ -471,6 +502,26 @@ pub enum Refusal {
         /// What was asked.
         count: u32,
     },
+    /// A worker token's request names or touches a group outside its prefixes (an
+    /// empty group: a request no worker token may make).
+    OutOfScope {
+        /// The group.
+        group: String,
+    },
+    /// A token with this id exists already.
+    TokenExists {
+        /// The id.
+        id: String,
+    },
+    /// No current token has this id.
+    UnknownToken {
+        /// The id.
+        id: String,
+    },
+    /// The cluster holds [`TOKENS_MAX`](crate::constants::TOKENS_MAX) tokens.
+    TooManyTokens,
+    /// The first admin token was made already.
+    AlreadyBootstrapped,
 }
 
 impl fmt::Display for Refusal {
@@ -577,6 +628,25 @@ impl fmt::Display for Refusal {
                 "claim: count {count} is not between 1 and {}",
                 crate::constants::CLAIM_COUNT_MAX
             ),
+            Refusal::OutOfScope { group } if group.is_empty() => {
+                f.write_str("a worker token cannot make this request; use an admin token")
+            }
+            Refusal::OutOfScope { group } => write!(
+                f,
+                "group {group:?} is outside this token's groups; use a token that covers it"
+            ),
+            Refusal::TokenExists { id } => write!(f, "a token with id {id} exists already"),
+            Refusal::UnknownToken { id } => {
+                write!(f, "no token has id {id}; `rota auth token list` shows them")
+            }
+            Refusal::TooManyTokens => write!(
+                f,
+                "the cluster holds {} tokens, its limit; revoke unused ones first",
+                crate::constants::TOKENS_MAX
+            ),
+            Refusal::AlreadyBootstrapped => f.write_str(
+                "this cluster made its first admin token already; make more with `rota auth token add` and an admin token",
+            ),
         }
     }
 }
@@ -590,6 +660,8 @@ pub enum Outcome {
     Refused(Vec<Refusal>),
     /// A group's settings after a change.
     Settings(GroupSettings),
+    /// The token a token request added or revoked.
+    Token(TokenRecord),
 }
 
 impl Outcome {

@@ -17,6 +17,8 @@ pub struct Model {
     pub seen: BTreeMap<(i64, String), (Request, Outcome)>,
     pub records: BTreeMap<(String, String), JobRecord>,
     pub settings: BTreeMap<String, GroupSettings>,
+    pub tokens: BTreeMap<String, TokenRecord>,
+    pub bootstrapped: bool,
 }
 
 fn at(ms: i64) -> LogTime {
@@ -70,6 +72,13 @@ impl Model {
         {
             return Outcome::Refused(vec![Refusal::RequestIdTooLong { bytes: id.len() }]);
         }
+        // The scope is checked first: a request id never lets a worker token read the
+        // answer of a request it could not make.
+        if let Request::Scoped(scoped) = &command.request
+            && let Some(group) = self.first_outside(&scoped.groups, &scoped.request)
+        {
+            return Outcome::Refused(vec![Refusal::OutOfScope { group }]);
+        }
         let key = command
             .request_id
             .clone()
@@ -83,7 +92,21 @@ impl Model {
             let request_id = command.request_id.clone().unwrap_or_default();
             return Outcome::Refused(vec![Refusal::RequestIdReused { request_id }]);
         }
-        let outcome = match &command.request {
+        let outcome = self.dispatch(&command.request, now);
+        // A waiting claim that found nothing may be proposed again under its id.
+        let retry_allowed = matches!(
+            command.request.unscoped(),
+            Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
+        ) && matches!(&outcome, Outcome::Tasks(tasks) if tasks.is_empty());
+        if let Some(key) = key.filter(|_| !retry_allowed) {
+            self.seen
+                .insert(key, (command.request.clone(), outcome.clone()));
+        }
+        outcome
+    }
+
+    fn dispatch(&mut self, request: &Request, now: i64) -> Outcome {
+        match request {
             Request::LegacyUpdate(u) | Request::Update(u) => self.update(u, now),
             Request::Claim(c) | Request::WaitingClaim(c) => self.claim(c, 1, now),
             Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
@@ -94,17 +117,91 @@ impl Model {
             Request::Cancel(c) => self.cancel(c, now),
             Request::Retry(r) => self.retry(r, now),
             Request::Settings(s) => self.change_settings(s),
-        };
-        // A waiting claim that found nothing may be proposed again under its id.
-        let retry_allowed = matches!(
-            command.request,
-            Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
-        ) && matches!(&outcome, Outcome::Tasks(tasks) if tasks.is_empty());
-        if let Some(key) = key.filter(|_| !retry_allowed) {
-            self.seen
-                .insert(key, (command.request.clone(), outcome.clone()));
+            Request::TokenAdd(a) => self.token_add(a, false, now),
+            Request::AuthBootstrap(a) => self.token_add(a, true, now),
+            Request::TokenRevoke(r) => match self.tokens.remove(&r.id) {
+                Some(record) => Outcome::Token(record),
+                None => Outcome::Refused(vec![Refusal::UnknownToken { id: r.id.clone() }]),
+            },
+            Request::Scoped(scoped) => match self.first_outside(&scoped.groups, &scoped.request) {
+                Some(group) => Outcome::Refused(vec![Refusal::OutOfScope { group }]),
+                None => self.dispatch(&scoped.request, now),
+            },
         }
-        outcome
+    }
+
+    /// Every group a request names or touches, in the order the machine reports them:
+    /// adds, updates, deletes, depends; `None` for a request no worker may make.
+    fn groups_touched(&self, request: &Request) -> Option<Vec<String>> {
+        let of = |ids: &[u64]| -> Vec<String> {
+            ids.iter()
+                .filter_map(|id| self.tasks.get(id).map(|t| t.group.to_string()))
+                .collect()
+        };
+        Some(match request {
+            Request::LegacyUpdate(u) | Request::Update(u) => {
+                let mut groups: Vec<String> = u.adds.iter().map(|a| a.group.clone()).collect();
+                let changed: Vec<u64> = u.updates.iter().map(|c| c.id).collect();
+                groups.extend(of(&changed));
+                groups.extend(of(&u.deletes));
+                groups.extend(of(&u.depends));
+                groups
+            }
+            Request::Claim(c) | Request::WaitingClaim(c) => {
+                [vec![c.group.clone()], of(&c.depends)].concat()
+            }
+            Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
+                [vec![m.claim.group.clone()], of(&m.claim.depends)].concat()
+            }
+            Request::Finish(f) => of(&[f.id]),
+            Request::Fail(f) => of(&[f.id]),
+            Request::Cancel(c) => vec![c.group.clone()],
+            Request::Retry(r) => vec![r.group.clone()],
+            Request::Settings(s) => vec![s.group.clone()],
+            Request::Scoped(scoped) => return self.groups_touched(&scoped.request),
+            Request::TokenAdd(_) | Request::TokenRevoke(_) | Request::AuthBootstrap(_) => {
+                return None;
+            }
+        })
+    }
+
+    fn first_outside(&self, prefixes: &[String], request: &Request) -> Option<String> {
+        let Some(groups) = self.groups_touched(request) else {
+            return Some(String::new());
+        };
+        groups
+            .into_iter()
+            .find(|g| !prefixes.is_empty() && !prefixes.iter().any(|p| g.starts_with(p.as_str())))
+    }
+
+    fn token_add(&mut self, add: &TokenAddRequest, bootstrap: bool, now: i64) -> Outcome {
+        let mut refusals = store_sm::machine::auth::check_token_fields(add);
+        if bootstrap && self.bootstrapped {
+            refusals.push(Refusal::AlreadyBootstrapped);
+        }
+        if bootstrap && add.role != Role::Admin {
+            refusals.push(invalid("role", "the first token is an admin token"));
+        }
+        if self.tokens.contains_key(&add.id) {
+            refusals.push(Refusal::TokenExists { id: add.id.clone() });
+        }
+        if self.tokens.len() >= TOKENS_MAX {
+            refusals.push(Refusal::TooManyTokens);
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let record = TokenRecord {
+            id: add.id.clone(),
+            name: add.name.clone(),
+            role: add.role,
+            groups: add.groups.clone(),
+            secret_hash: add.secret_hash.clone(),
+            created_at: at(now),
+        };
+        self.tokens.insert(add.id.clone(), record.clone());
+        self.bootstrapped = true;
+        Outcome::Token(record)
     }
 
     fn record_mut(&mut self, group: &str, key: &str) -> &mut JobRecord {
@@ -963,7 +1060,7 @@ pub fn duplicate_refusals(named: impl Iterator<Item = (ListName, u64)>) -> Vec<R
 /// Whether two requests ask the same: a waiting claim is a claim, the seed's update is
 /// an update.
 fn same_request(a: &Request, b: &Request) -> bool {
-    let plain = |request: &Request| match request {
+    let plain = |request: &Request| match request.unscoped() {
         Request::LegacyUpdate(update) => Request::Update(update.clone()),
         Request::WaitingClaim(claim) => Request::Claim(claim.clone()),
         Request::WaitingClaimMany(many) => Request::ClaimMany(many.clone()),
