@@ -114,6 +114,7 @@ pub(crate) fn bench_client(
     spread_from: Option<usize>,
 ) -> Result<WorkerClient, BenchError> {
     let client = WorkerClient::new(addrs, client_id)
+        .and_then(|c| c.with_token(crate::token()))
         .map_err(|e| BenchError::Usage(e.to_string()))?
         .with_timeouts(REQUEST_TIMEOUT, REQUEST_TIMEOUT);
     Ok(match spread_from {

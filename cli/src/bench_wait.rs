@@ -168,7 +168,7 @@ async fn waiting_claims(client: &HttpClient, addrs: &[String]) -> u64 {
 
 /// The idle cost bench. See the module documentation.
 pub async fn idle(config: BenchConfig) -> Result<String, BenchError> {
-    let client = HttpClient::new();
+    let client = crate::http_client();
     let until = Instant::now() + PARK_TIME + config.duration;
     let waiters = spawn_waiters(&config, None, until)?;
     tokio::time::sleep(PARK_TIME).await;

@@ -273,7 +273,7 @@ pub async fn restore(
         ));
     };
     let (bytes, backup_hash) = read_backup(file)?;
-    let client = HttpClient::new();
+    let client = crate::http_client();
     crate::membership::check_empty_members(&client, &members).await?;
     let restored = install_backup(&client, &first, &members, bytes).await?;
     if restored.state_hash != backup_hash {

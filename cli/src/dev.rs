@@ -17,7 +17,6 @@ use std::process::Command;
 use std::process::Stdio;
 use std::time::Duration;
 
-use rpc::client::HttpClient;
 use serde::Deserialize;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -92,9 +91,16 @@ impl DevNode {
 pub struct DevCluster {
     /// The nodes, by id.
     pub nodes: Vec<DevNode>,
+    /// Made with `--secure`: its nodes check tokens, and its first admin token is in
+    /// [`ADMIN_TOKEN_FILE`]. Clusters made before this field read as not secure.
+    #[serde(default)]
+    pub secure: bool,
 }
 
-fn load_or_create(dir: &Path, nodes: u64) -> Result<DevCluster, DevError> {
+/// The file in a secure cluster's directory that holds its first admin token.
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+fn load_or_create(dir: &Path, nodes: u64, secure: bool) -> Result<DevCluster, DevError> {
     let path = dir.join("cluster.json");
     if path.exists() {
         let text = fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))?;
@@ -112,11 +118,20 @@ fn load_or_create(dir: &Path, nodes: u64) -> Result<DevCluster, DevError> {
                 cluster.nodes.len()
             )));
         }
+        if secure && !cluster.secure {
+            return Err(DevError::Usage(format!(
+                "the cluster in {} was made without --secure; use another --dir for a secure one",
+                dir.display()
+            )));
+        }
         return Ok(cluster);
     }
     // Hold every listener until all ports are chosen so no two nodes get the same one.
     let mut held = Vec::new();
-    let mut cluster = DevCluster { nodes: Vec::new() };
+    let mut cluster = DevCluster {
+        nodes: Vec::new(),
+        secure,
+    };
     for id in 1..=nodes {
         let api = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
         let raft = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
@@ -266,6 +281,7 @@ fn spawn(
         .arg(initial_cluster)
         .arg("--sync")
         .arg(sync)
+        .args(auth_args(cluster, node_args))
         .args(node_args)
         .stdin(Stdio::null())
         .stdout(log)
@@ -277,6 +293,17 @@ fn spawn(
     fs::write(pid_path(dir, node.id), child.id().to_string())
         .map_err(io("writing the pid file"))?;
     Ok(())
+}
+
+/// The node flags that make a dev cluster plain or secure, unless `node_args` choose.
+fn auth_args(cluster: &DevCluster, node_args: &[String]) -> Vec<&'static str> {
+    let chosen = node_args.iter().any(|a| a.starts_with("--auth"));
+    match (chosen, cluster.secure) {
+        (true, _) => vec![],
+        (false, true) => vec!["--auth=tokens"],
+        // A laptop's cluster: no tokens, as the README's one command promises.
+        (false, false) => vec!["--auth=off"],
+    }
 }
 
 /// Polls in a row a node must look gone before `up` gives up on it, so one odd read of
@@ -292,7 +319,7 @@ const EXIT_POLL: Duration = Duration::from_millis(50);
 /// Waits until every node answers `/ready`; fails early, with the end of its log, when a
 /// node has exited.
 async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
-    let client = HttpClient::new();
+    let client = crate::http_client();
     let mut gone_polls: Vec<u32> = vec![0; cluster.nodes.len()];
     let look = async || {
         let mut waiting = Vec::new();
@@ -353,6 +380,7 @@ pub async fn up(
     nodes: u64,
     sync: &str,
     node_args: &[String],
+    secure: bool,
 ) -> Result<Vec<String>, DevError> {
     if !(1..=NODES_MAX).contains(&nodes) {
         return Err(DevError::Usage(format!(
@@ -365,7 +393,7 @@ pub async fn up(
         )));
     }
     fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    let cluster = load_or_create(dir, nodes)?;
+    let cluster = load_or_create(dir, nodes, secure)?;
     let binary = node_binary()?;
     let mut started = 0;
     for node in &cluster.nodes {
@@ -378,7 +406,49 @@ pub async fn up(
         eprintln!("rota: the cluster in {} is already running", dir.display());
     }
     wait_ready(dir, &cluster).await?;
+    if cluster.secure {
+        let path = dir.join(ADMIN_TOKEN_FILE);
+        if !path.exists() {
+            let token = bootstrap(&cluster).await?;
+            write_private(&path, &format!("{token}\n"))?;
+            eprintln!(
+                "rota: admin token (shown once; also in {}):",
+                path.display()
+            );
+            eprintln!("{token}");
+        } else {
+            eprintln!(
+                "rota: the admin token is in {}; export ROTA_TOKEN=$(cat {})",
+                path.display(),
+                path.display()
+            );
+        }
+    }
     Ok(cluster.nodes.iter().map(DevNode::url).collect())
+}
+
+/// Makes the cluster's first admin token through its first node.
+async fn bootstrap(cluster: &DevCluster) -> Result<String, DevError> {
+    let addrs: Vec<String> = cluster.nodes.iter().map(DevNode::api_addr).collect();
+    let nodes = crate::nodes::Nodes::from_addrs(addrs);
+    let made = crate::auth::bootstrap(&nodes)
+        .await
+        .map_err(|e| DevError::NotReady(format!("making the first admin token: {e}")))?;
+    Ok(made.bearer)
+}
+
+/// Writes `text` to a new file only its owner can read.
+fn write_private(path: &Path, text: &str) -> Result<(), DevError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(format!("creating {}", path.display())))?;
+    file.write_all(text.as_bytes())
+        .map_err(io(format!("writing {}", path.display())))
 }
 
 fn signal(pid: u32, signal: &str) -> Result<(), DevError> {

@@ -2,6 +2,7 @@
 //! administration (`rota cluster`), task and job commands and `rota bench`. It talks to nodes
 //! over HTTP only and never links RocksDB.
 
+pub mod auth;
 pub mod bench;
 pub mod bench_wait;
 pub mod cluster;
@@ -13,6 +14,32 @@ pub mod task;
 pub mod wait;
 pub mod worker;
 pub mod worker_metrics;
+
+static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Sets the bearer token every request of this process sends (`--token`, `ROTA_TOKEN`);
+/// refused if it cannot be a header value. Only the first call counts.
+pub fn set_token(token: Option<String>) -> Result<(), CliError> {
+    let token = token.filter(|t| !t.trim().is_empty());
+    rpc::client::HttpClient::new()
+        .with_token(token.as_deref())
+        .map_err(|e| CliError::Usage(format!("--token: {e}")))?;
+    let _ = TOKEN.set(token);
+    Ok(())
+}
+
+/// The bearer token set by [`set_token`], if any.
+pub fn token() -> Option<&'static str> {
+    TOKEN.get().and_then(|t| t.as_deref())
+}
+
+/// An HTTP client that sends this process's token.
+pub fn http_client() -> rpc::client::HttpClient {
+    // The token was checked by `set_token`.
+    rpc::client::HttpClient::new()
+        .with_token(token())
+        .unwrap_or_default()
+}
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,
 /// 3 unreachable.

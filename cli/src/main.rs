@@ -25,6 +25,10 @@ const EXIT_REFUSED: u8 = 1;
     after_help = "Every command that talks to a cluster takes --url HOST:PORT[,HOST:PORT...] (or ROTA_URL),\ntrying each node in turn.\n\nExit codes: 0 done; 1 refused by the cluster or failed; 2 usage error; 3 no node answered\n(or a wait timed out)."
 )]
 struct Cli {
+    /// Bearer token sent with every request (a node with --auth=tokens needs one; `rota
+    /// cluster init` prints the first admin token).
+    #[arg(long, global = true, env = "ROTA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -46,6 +50,9 @@ enum Command {
     /// A group's job settings: show or change them, pause, resume.
     #[command(subcommand)]
     Group(GroupCommand),
+    /// Access tokens: add, list, revoke (an admin token's work).
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  rota completions bash > /etc/bash_completion.d/rota\n  rota completions zsh > \"${fpath[1]}/_rota\"\n  rota completions fish > ~/.config/fish/completions/rota.fish"
@@ -1145,10 +1152,55 @@ impl Wait {
 }
 
 #[derive(Subcommand)]
-enum ClusterCommand {
-    /// Form a cluster from nodes started without --initial-cluster.
+enum AuthCommand {
+    /// Bearer tokens: add, list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Make a token and print it once; returns when every member accepts it.
     #[command(
-        after_help = "Example:\n  rota cluster init --url 10.0.0.1:7001 \\\n    --initial-cluster 1=10.0.0.1:7001/10.0.0.1:8001,2=10.0.0.2:7001/10.0.0.2:8001,3=10.0.0.3:7001/10.0.0.3:8001\n\nEvery member must run and belong to no cluster. Nodes started with --initial-cluster\nform their cluster by themselves; this command is for those started without it."
+        after_help = "Examples:\n  rota auth token add --url 10.0.0.1:7001 --name thumbs-workers --role worker --groups thumbs-,resize-\n  rota auth token add --url 10.0.0.1:7001 --name grafana --role reader\n  rota auth token add --url 10.0.0.1:7001 --name ops --role admin\n\nRoles: worker (the task and job API, limited to --groups prefixes if given), reader\n(reads, /watch, /metrics, the dashboard), admin (everything). The cluster keeps only the\ntoken's hash: store the printed token now."
+    )]
+    Add {
+        #[command(flatten)]
+        target: Target,
+        /// A name for people.
+        #[arg(long)]
+        name: String,
+        /// worker, reader or admin.
+        #[arg(long)]
+        role: String,
+        /// Group name prefixes a worker token is limited to, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+    },
+    /// List the cluster's tokens (never their secrets).
+    #[command(after_help = "Example:\n  rota auth token list --url 10.0.0.1:7001")]
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Revoke a token by id; returns when no member accepts it any more.
+    #[command(
+        after_help = "Example:\n  rota auth token revoke --url 10.0.0.1:7001 3f9c0a1b2c3d4e5f"
+    )]
+    Revoke {
+        #[command(flatten)]
+        target: Target,
+        /// The token's id (the 16 hex digits after `rota_`).
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Form a cluster from nodes started without --initial-cluster, and make its first
+    /// admin token.
+    #[command(
+        after_help = "Examples:\n  rota cluster init --url 10.0.0.1:7001 \\\n    --initial-cluster 1=10.0.0.1:7001/10.0.0.1:8001,2=10.0.0.2:7001/10.0.0.2:8001,3=10.0.0.3:7001/10.0.0.3:8001\n  rota cluster init --url 10.0.0.1:7001    # a cluster its nodes formed from --initial-cluster\n\nWith --initial-cluster, every member must run and belong to no cluster. Without it, the\ncluster exists already (its nodes formed it by themselves) and only the token is made.\nThe first admin token is printed once: the cluster keeps only its hash. It can be made\nonce in a cluster's life, by anyone who reaches a node, so run this as soon as the\ncluster is up; make further tokens with `rota auth token add`."
     )]
     Init {
         #[command(flatten)]
@@ -1157,7 +1209,7 @@ enum ClusterCommand {
         wait: Wait,
         /// The voters: ID=API_HOST:PORT/RAFT_HOST:PORT, comma-separated.
         #[arg(long)]
-        initial_cluster: String,
+        initial_cluster: Option<String>,
     },
     /// Add a node as a learner (it replicates without voting) and wait until it catches up.
     #[command(
@@ -1282,6 +1334,41 @@ fn emit_change(json: bool, report: &cli::membership::ChangeReport) -> Result<(),
     emit(json, report, |r| format!("{}\n", r.summary))
 }
 
+async fn run_token(command: TokenCommand) -> Result<(), cli::CliError> {
+    match command {
+        TokenCommand::Add {
+            target,
+            name,
+            role,
+            groups,
+        } => {
+            let add = rpc::auth::TokenAddJson { name, role, groups };
+            let made = cli::auth::add(&cli::nodes::Nodes::new(&target.url)?, add).await?;
+            emit(target.json, &made, |made| {
+                format!(
+                    "{}\n(id {}; shown once: the cluster keeps only its hash)\n",
+                    made.bearer, made.token.id
+                )
+            })
+        }
+        TokenCommand::List { target } => {
+            let tokens = cli::auth::list(&cli::nodes::Nodes::new(&target.url)?).await?;
+            emit(target.json, &tokens, |tokens| {
+                let header = format!("{:<16}  {:<6}  {:<24}  NAME\n", "ID", "ROLE", "GROUPS");
+                tokens
+                    .iter()
+                    .fold(header, |out, t| out + &cli::auth::token_line(t) + "\n")
+            })
+        }
+        TokenCommand::Revoke { target, id } => {
+            let revoked = cli::auth::revoke(&cli::nodes::Nodes::new(&target.url)?, &id).await?;
+            emit(target.json, &revoked, |t| {
+                format!("revoked token {} ({}, {})\n", t.id, t.role, t.name)
+            })
+        }
+    }
+}
+
 async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
     use cli::membership::Admin;
     match command {
@@ -1290,9 +1377,18 @@ async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
             wait,
             initial_cluster,
         } => {
-            let admin = Admin::new(&target.url, wait.duration())?;
-            let report = admin.init(parse_members(&initial_cluster)?).await?;
-            emit_change(target.json, &report)
+            if let Some(initial_cluster) = initial_cluster {
+                let admin = Admin::new(&target.url, wait.duration())?;
+                let report = admin.init(parse_members(&initial_cluster)?).await?;
+                emit_change(target.json, &report)?;
+            }
+            let made = cli::auth::bootstrap(&cli::nodes::Nodes::new(&target.url)?).await?;
+            emit(target.json, &made, |made| {
+                format!(
+                    "first admin token (shown once; the cluster keeps only its hash):\n{}\n",
+                    made.bearer
+                )
+            })
         }
         ClusterCommand::AddLearner {
             target,
@@ -1404,6 +1500,10 @@ enum DevCommand {
         /// (repeat for several; nodes already running keep theirs).
         #[arg(long = "node-arg", allow_hyphen_values = true)]
         node_args: Vec<String>,
+        /// Nodes that require tokens: the first admin token is printed on stderr and
+        /// kept in DIR/admin.token. Without it the nodes run with --auth=off.
+        #[arg(long)]
+        secure: bool,
     },
     /// Stop the local cluster in DIR.
     #[command(after_help = "Example:\n  rota dev down --dir /tmp/rota-dev")]
@@ -1427,14 +1527,16 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
+        cli::set_token(cli.token)?;
         match cli.command {
             Command::Dev(DevCommand::Up {
                 nodes,
                 dir,
                 sync,
                 node_args,
+                secure,
             }) => {
-                let urls = cli::dev::up(&dir, nodes, &sync, &node_args).await?;
+                let urls = cli::dev::up(&dir, nodes, &sync, &node_args, secure).await?;
                 // `urls=$(rota dev up ... | head -1)` closes the pipe after one line: the
                 // nodes run either way, so a closed stdout is not an error.
                 let mut stdout = std::io::stdout().lock();
@@ -1452,6 +1554,7 @@ fn main() -> ExitCode {
             Command::Job(command) => run_job(command).await,
             Command::Group(command) => run_group(command).await,
             Command::Cluster(command) => run_cluster(command).await,
+            Command::Auth(AuthCommand::Token(command)) => run_token(command).await,
             Command::Completions { shell } => {
                 let mut command = <Cli as clap::CommandFactory>::command();
                 clap_complete::generate(shell, &mut command, "rota", &mut std::io::stdout());

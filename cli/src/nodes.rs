@@ -65,9 +65,17 @@ impl Nodes {
     /// A client for the nodes in `urls`.
     pub fn new(urls: &[String]) -> Result<Self, CliError> {
         Ok(Self {
-            client: HttpClient::new(),
+            client: crate::http_client(),
             addrs: addresses(urls)?,
         })
+    }
+
+    /// A client for nodes at these `host:port` addresses.
+    pub fn from_addrs(addrs: Vec<String>) -> Self {
+        Self {
+            client: crate::http_client(),
+            addrs,
+        }
     }
 
     /// The addresses of `--url`, in the order given.
@@ -170,6 +178,7 @@ impl Nodes {
     /// written tasks, or a refusal (exit 1), or no node answered (exit 3).
     pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
         let client = WorkerClient::new(&self.addrs, 0)
+            .and_then(|c| c.with_token(crate::token()))
             .map_err(|e| CliError::Usage(e.to_string()))?
             .with_timeouts(CALL_TIMEOUT, WRITE_GIVE_UP);
         let request_id = request
@@ -183,6 +192,28 @@ impl Nodes {
             ))),
             Err(e) => Err(CliError::Failed(e.to_string())),
         }
+    }
+
+    /// `POST path` with `body` as JSON, the answer parsed as JSON; a 4xx is a refusal
+    /// (exit 1) with the node's message. Not retried on another node once one answered.
+    pub async fn post_for<T: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<R, CliError> {
+        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT).await?;
+        answer(&addr, response)
+    }
+
+    /// `DELETE path`, the answer parsed as JSON; a 4xx is a refusal (exit 1).
+    pub async fn delete_for<R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<R, CliError> {
+        let (addr, response) = self
+            .send(HttpMethod::DELETE, path, &[], Vec::new(), CALL_TIMEOUT)
+            .await?;
+        answer(&addr, response)
     }
 
     /// `PUT path` with `body` (one of rpc's types) as JSON, the answer parsed as JSON; a

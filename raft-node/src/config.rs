@@ -13,6 +13,8 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::SyncMode;
 
+use crate::service::auth::AuthMode;
+
 /// Default longest claim: one day.
 pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
 const _: () = assert!(CLAIM_DURATION_MAX_MS_DEFAULT <= CLAIM_DURATION_MS_MAX);
@@ -157,6 +159,24 @@ pub struct Flags {
     /// otherwise, until the API has authentication).
     #[arg(long, env = "ROTA_UI_ACTIONS", num_args = 0..=1, default_missing_value = "true")]
     pub ui_actions: Option<bool>,
+    /// `tokens` (the default): every request but probes needs a bearer token (make the
+    /// first with `rota cluster init`); `off`: anyone who reaches the port may do
+    /// anything, for a trusted network or a laptop only.
+    #[arg(long, env = "ROTA_AUTH", value_enum)]
+    pub auth: Option<AuthFlag>,
+    /// Serve /metrics without a token (for a scraper on a trusted network).
+    #[arg(long, env = "ROTA_METRICS_OPEN", num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_open: Option<bool>,
+}
+
+/// Whether requests need tokens, as a flag value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthFlag {
+    /// Bearer tokens with roles (default).
+    Tokens,
+    /// No authentication.
+    Off,
 }
 
 impl Flags {
@@ -186,6 +206,8 @@ impl Flags {
             max_waiters: self.max_waiters.or(other.max_waiters),
             snapshot_max_bytes: self.snapshot_max_bytes.or(other.snapshot_max_bytes),
             ui_actions: self.ui_actions.or(other.ui_actions),
+            auth: self.auth.or(other.auth),
+            metrics_open: self.metrics_open.or(other.metrics_open),
         }
     }
 }
@@ -264,6 +286,10 @@ pub struct NodeConfig {
     pub snapshot_max_bytes: u64,
     /// Whether the dashboard offers actions (retry, cancel, pause, resume).
     pub ui_actions: bool,
+    /// Whether requests need bearer tokens.
+    pub auth: AuthMode,
+    /// Whether /metrics is served without a token.
+    pub metrics_open: bool,
     /// Raft timing.
     pub timing: RaftTiming,
 }
@@ -326,6 +352,11 @@ impl NodeConfig {
             max_waiters: max_waiters(flags.max_waiters)?,
             snapshot_max_bytes: snapshot_max_bytes(flags.snapshot_max_bytes)?,
             ui_actions: flags.ui_actions.unwrap_or(false),
+            auth: match flags.auth {
+                Some(AuthFlag::Off) => AuthMode::Off,
+                Some(AuthFlag::Tokens) | None => AuthMode::Tokens,
+            },
+            metrics_open: flags.metrics_open.unwrap_or(false),
             timing: RaftTiming::default(),
         })
     }

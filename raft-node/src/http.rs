@@ -247,6 +247,8 @@ impl From<ServiceError> for ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
             }
             ServiceError::NotFound(_) => Self::not_found(message),
+            ServiceError::Unauthorized(_) => Self::new(StatusCode::UNAUTHORIZED, message),
+            ServiceError::Forbidden(_) => Self::new(StatusCode::FORBIDDEN, message),
             ServiceError::Internal(_) => Self::internal(message),
             // Not Retry-After: retrying here never helps; the message names the members.
             ServiceError::Removed { .. } => Self::new(StatusCode::SERVICE_UNAVAILABLE, message),
@@ -267,6 +269,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"rota\""),
+            );
         }
         response
     }

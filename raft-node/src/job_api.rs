@@ -158,6 +158,7 @@ fn required<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a s
 async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<Response, ApiError> {
     let params = query_params(Some(incoming.query()))?;
     let group = required(&params, "group")?.to_string();
+    incoming.caller.check_group(&group)?;
     let key = required(&params, "key")?.to_string();
     check_key("key", &key).map_err(ApiError::bad_request)?;
     let wait = wait_param(&params)?;
@@ -203,6 +204,7 @@ async fn get_jobs_wait(
     let group = group
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("query parameter group is required (once)"))?;
+    incoming.caller.check_group(&group)?;
     if keys.is_empty() || keys.len() > WAIT_KEYS_MAX {
         return Err(ApiError::bad_request(format!(
             "name 1 to {WAIT_KEYS_MAX} jobs, each as key=K; {} given",
@@ -277,6 +279,7 @@ async fn page(
     state: Option<JobState>,
 ) -> Result<Response, ApiError> {
     let group = required(&params, "group")?.to_string();
+    incoming.caller.check_group(&group)?;
     let after = params.get("after").filter(|a| !a.is_empty()).cloned();
     let limit = limit_param(&params)?.unwrap_or(JOBS_PAGE_DEFAULT);
     if limit > JOBS_PAGE_MAX {
@@ -307,6 +310,7 @@ async fn get_settings(
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let group = path_segment(group)?;
+    incoming.caller.check_group(&group)?;
     let params = query_params(Some(incoming.query()))?;
     Ok(read(&node, incoming, consistency(&params)?, |view| {
         let machine = &view.state.machine.as_of(view.now);
@@ -325,6 +329,7 @@ async fn get_stats(
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let group = path_segment(group)?;
+    incoming.caller.check_group(&group)?;
     let params = query_params(Some(incoming.query()))?;
     Ok(read(&node, incoming, consistency(&params)?, |view| {
         let machine = &view.state.machine;

@@ -7,6 +7,7 @@
 //! one log append, which the RocksDB store writes and syncs once.
 
 pub mod admin_api;
+pub mod auth_api;
 pub mod clock;
 pub mod config;
 pub mod http;
@@ -129,11 +130,16 @@ pub fn api_router(node: SharedNode) -> Router {
         .merge(job_api::routes())
         .merge(watch_api::routes())
         .merge(admin_api::routes())
+        .merge(auth_api::routes())
         .merge(ui::routes())
         .route("/metrics", axum::routing::get(metrics::get_metrics))
         .route("/openapi.json", axum::routing::get(openapi::get_openapi))
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            auth_api::check_token,
+        ))
         .layer(axum::middleware::from_fn(http::require_host))
         .layer(axum::middleware::from_fn_with_state(
             node.http_metrics.clone(),
@@ -298,8 +304,14 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         api = %node.config.advertise.api_addr,
         raft = %node.config.advertise.raft_addr,
         sync = ?node.config.sync,
+        auth = ?node.config.auth,
         "node started"
     );
+    if node.config.auth == service::auth::AuthMode::Off {
+        tracing::warn!(
+            "authentication is off (--auth=off): anyone who reaches this node's API port can read, change or delete every task and change the cluster; use it on a trusted network only"
+        );
+    }
     Ok(RunningNode {
         node,
         shutdown,

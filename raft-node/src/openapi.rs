@@ -304,12 +304,45 @@ pub fn document_for(limits: &Limits) -> Value {
         },
         "components": {"schemas": schemas(limits)}
     });
-    for more in [job_paths(limits), watch_paths()] {
+    document["components"]["securitySchemes"] = json!({
+        "bearer": {"type": "http", "scheme": "bearer", "description": "A Rota token, rota_<id>_<secret>. A node with --auth=tokens (the default) refuses a request without one (401) or whose role does not allow it (403): worker (task and job API, optionally limited to group prefixes), reader (reads, /watch, /metrics), admin (everything). /health, /ready, /openapi.json, /ui and the one-time bootstrap are open; /cluster, /admin/init and /admin/restore are open on a node that belongs to no cluster yet."}
+    });
+    document["security"] = json!([{"bearer": []}]);
+    for more in [job_paths(limits), watch_paths(), auth_paths()] {
         if let (Some(paths), Value::Object(more)) = (document["paths"].as_object_mut(), more) {
             paths.extend(more);
         }
     }
     document
+}
+
+/// The token API's operations (issue 16).
+fn auth_paths() -> Value {
+    let refused = json!({
+        "401": error("no token, or an unknown or revoked one"),
+        "403": error("the token is not an admin token"),
+        "503": error("no leader known; retry")
+    });
+    json!({
+        "/admin/tokens": {
+            "get": {"tags": ["auth"], "summary": "Every token (never its secret)",
+                "parameters": [consistency()],
+                "responses": merge(json!({"200": ok("tokens by id", ref_schema("TokenList"))}), refused.clone())},
+            "post": {"tags": ["auth"], "summary": "Make a token; its bearer form is in the answer only",
+                "requestBody": json_body(ref_schema("TokenAdd")),
+                "responses": merge(json!({"200": ok("the token and its bearer form", ref_schema("NewToken")),
+                    "400": error("unknown role, an empty prefix, or prefixes on a token that is not a worker's"),
+                    "409": error("the cluster holds its limit of tokens")}), refused.clone())}},
+        "/admin/tokens/{id}": {"delete": {"tags": ["auth"], "summary": "Revoke a token",
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}, idempotency_key()],
+            "responses": merge(json!({"200": ok("the revoked token", ref_schema("Token")), "404": error("no token has this id")}), refused)}},
+        rpc::auth::BOOTSTRAP_PATH: {"post": {"tags": ["auth"], "summary": "The cluster's first admin token: open, and answered once in the cluster's life (Consul's ACL bootstrap)",
+            "security": [],
+            "requestBody": {"required": false, "content": {"application/json": {"schema": ref_schema("Bootstrap")}}},
+            "responses": {"200": ok("the first admin token and its bearer form", ref_schema("NewToken")),
+                "409": error("the first admin token was made already"),
+                "503": error("no leader known; retry")}}}
+    })
 }
 
 /// The `/openapi.json` handler: the document with this node's limits.

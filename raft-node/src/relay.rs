@@ -28,6 +28,7 @@ use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 use crate::node::SharedNode;
 use crate::service::ServiceError;
+use crate::service::auth::Caller;
 
 /// Header a node adds when it relays a request, so the receiver never relays it again.
 pub const FORWARDED_HEADER: &str = "x-rota-forwarded-by";
@@ -67,6 +68,8 @@ pub struct Incoming {
     needs_request_id: bool,
     /// How long a relay of this request may take (longer for one that waits).
     relay_timeout: Duration,
+    /// Who sent it, as the token check found.
+    pub caller: Caller,
 }
 
 impl FromRequest<SharedNode> for Incoming {
@@ -74,6 +77,11 @@ impl FromRequest<SharedNode> for Incoming {
 
     async fn from_request(request: Request, node: &SharedNode) -> Result<Self, ApiError> {
         let (parts, body) = request.into_parts();
+        // Fail closed: a route without the token check answers nothing.
+        let caller =
+            parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+                ApiError::internal("this route skipped the token check; report this")
+            })?;
         let limit = node.config.body_bytes_max;
         let body = read_body(&parts.headers, body, limit, BODY_READ_TIMEOUT).await?;
         Ok(Self {
@@ -83,6 +91,7 @@ impl FromRequest<SharedNode> for Incoming {
             body,
             needs_request_id: false,
             relay_timeout: FORWARD_TIMEOUT,
+            caller,
         })
     }
 }

@@ -107,6 +107,9 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
+    if let Err(refused) = incoming.caller.check_group(&request.group) {
+        return ApiError::from(refused).into_response();
+    }
     if wants_event_stream(&incoming.headers) {
         if request.after.is_none() {
             request.after = incoming

@@ -126,12 +126,14 @@ async fn get_groups(
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let params = query_params(Some(incoming.query()))?;
+    let caller = incoming.caller.clone();
     Ok(read(&node, incoming, consistency(&params)?, |view| {
         let groups: Vec<String> = view
             .state
             .machine
             .groups()
             .iter()
+            .filter(|g| caller.covers(g))
             .map(|g| g.to_string())
             .collect();
         Ok(Json(groups).into_response())
@@ -150,8 +152,15 @@ async fn get_task(
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&path_segment(id)?)?;
     let params = query_params(Some(incoming.query()))?;
+    let caller = incoming.caller.clone();
     Ok(read(&node, incoming, consistency(&params)?, |view| {
-        match view.state.machine.task(id) {
+        // A task of a group outside the token's groups is not there for its bearer.
+        match view
+            .state
+            .machine
+            .task(id)
+            .filter(|t| caller.covers(&t.group))
+        {
             Some(task) => Ok(Json(task_json(task)).into_response()),
             None => Err(ApiError::not_found(format!(
                 "task {id} does not exist (it may have been updated, claimed or deleted)"
@@ -174,10 +183,14 @@ async fn get_tasks(
         )));
     }
     let params = query_params(Some(incoming.query()))?;
+    let caller = incoming.caller.clone();
     Ok(read(&node, incoming, consistency(&params)?, |view| {
         let tasks: Vec<Option<TaskJson>> = ids
             .iter()
-            .map(|id| view.state.machine.task(*id).map(task_json))
+            .map(|id| {
+                let task = view.state.machine.task(*id);
+                task.filter(|t| caller.covers(&t.group)).map(task_json)
+            })
             .collect();
         Ok(Json(tasks).into_response())
     })
@@ -190,6 +203,7 @@ async fn get_group(
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let name = path_segment(name)?;
+    incoming.caller.check_group(&name)?;
     let params = query_params(Some(incoming.query()))?;
     let limit = limit_param(&params)?;
     let owned = params
@@ -344,6 +358,7 @@ pub(crate) async fn write(
     request: Request,
     request_id: Option<String>,
 ) -> Response {
+    let request = incoming.caller.limit(request);
     let incoming = incoming.write_with(request_id.as_deref());
     let outcome = node.write(request, request_id).await;
     respond(node, incoming, outcome, |outcome| {
@@ -377,6 +392,7 @@ async fn post_claim(
     let wait_ms = json.wait_ms.unwrap_or(0);
     check_wait_ms(wait_ms).map_err(ApiError::bad_request)?;
     let count = json.checked_count().map_err(ApiError::bad_request)?;
+    incoming.caller.check_group(&json.group)?;
     let request_id = request_id(&incoming, json.requestid)?;
     let claim = ClaimManyRequest {
         claim: ClaimRequest {
@@ -392,8 +408,9 @@ async fn post_claim(
         return Ok(write(&node, incoming, request, request_id).await);
     }
     let wait = Duration::from_millis(wait_ms);
+    let caller = incoming.caller.clone();
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
-    let outcome = node.claim_waiting(claim, request_id, wait).await;
+    let outcome = node.claim_waiting(claim, request_id, wait, &caller).await;
     Ok(respond(&node, incoming, outcome, |outcome| {
         Json(outcome_json(&outcome)).into_response()
     })

@@ -142,6 +142,8 @@ fn parser(schema: &str) -> Option<Parser> {
         "SettingsChange" => parses::<rpc::job::SettingsChangeJson>,
         "Backoff" => parses::<rpc::job::BackoffJson>,
         "OnConflict" => parses::<rpc::job::OnConflictJson>,
+        "TokenAdd" => parses::<rpc::auth::TokenAddJson>,
+        "Bootstrap" => parses::<rpc::auth::BootstrapJson>,
         _ => return None,
     })
 }

@@ -24,6 +24,49 @@ export function requestId() {
   return "ui-" + Array.from(randomU32s(4), (x) => x.toString(16).padStart(8, "0")).join("");
 }
 
+// A node with --auth=tokens answers 401 without a bearer token: the page asks for one
+// once and keeps it for this browser session only (sessionStorage, never a cookie, so
+// no other site can make the browser send it).
+const TOKEN_KEY = "rota.token";
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+let asking = null;
+
+/** Asks for a token after a 401 (one prompt for all requests that met it); whether one was given. */
+function askForToken(why) {
+  if (!asking) {
+    asking = new Promise((resolve) => {
+      const token = window.prompt(
+        `${why || "This node requires a token."}\n\nPaste a Rota token: a reader token for a read-only view, an admin token for actions.`,
+      );
+      const given = (token || "").trim();
+      if (given) sessionStorage.setItem(TOKEN_KEY, given);
+      resolve(Boolean(given));
+      setTimeout(() => (asking = null), 0);
+    });
+  }
+  return asking;
+}
+
+/** fetch() with this session's token, asking for one once if the node wants it. */
+async function authorizedFetch(url, init = {}) {
+  for (let attempt = 0; ; attempt++) {
+    const response = await fetch(url, { ...init, headers: { ...(init.headers || {}), ...authHeaders() } });
+    if (response.status !== 401 || attempt > 0) return response;
+    let why = null;
+    try {
+      why = (await response.clone().json()).error;
+    } catch {
+      // Not JSON: the generic question will do.
+    }
+    if (!(await askForToken(why))) return response;
+  }
+}
+
 export class ApiError extends Error {
   constructor(status, message, body) {
     super(message);
@@ -75,7 +118,7 @@ export async function getRaw(url, { signal, timeoutMs = 15000 } = {}) {
   let response;
   const deadline = AbortSignal.timeout(timeoutMs);
   try {
-    response = await fetch(url, {
+    response = await authorizedFetch(url, {
       headers: { Accept: "application/json" },
       cache: "no-store",
       signal: signal ? AbortSignal.any([signal, deadline]) : deadline,
@@ -92,7 +135,7 @@ export async function getRaw(url, { signal, timeoutMs = 15000 } = {}) {
 }
 
 export async function getText(url) {
-  const response = await fetch(url, { cache: "no-store", signal: AbortSignal.timeout(15000) });
+  const response = await authorizedFetch(url, { cache: "no-store", signal: AbortSignal.timeout(15000) });
   if (!response.ok) throw new ApiError(response.status, `${response.status} ${response.statusText}`, null);
   return response.text();
 }
@@ -111,7 +154,7 @@ export async function write(method, path, body) {
     if (attempt) await sleep(300 * attempt);
     let response;
     try {
-      response = await fetch(path, {
+      response = await authorizedFetch(path, {
         signal: AbortSignal.timeout(30000),
         method,
         headers: { "Content-Type": "application/json", Accept: "application/json" },

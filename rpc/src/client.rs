@@ -184,12 +184,47 @@ pub type ChunkSource<'a> =
 #[derive(Clone, Debug, Default)]
 pub struct HttpClient {
     idle: Arc<Mutex<HashMap<String, Vec<Sender>>>>,
+    /// `Authorization` sent with every request that does not set its own.
+    authorization: Option<HeaderValue>,
 }
 
 impl HttpClient {
     /// A client with an empty pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This client, sending `token` as a bearer token with every request (`None`: no
+    /// token); refused if the token cannot be a header value.
+    pub fn with_token(mut self, token: Option<&str>) -> Result<Self, String> {
+        self.authorization = match token.map(str::trim).filter(|t| !t.is_empty()) {
+            None => None,
+            Some(token) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                    .map_err(|_| "the token has characters a header cannot carry".to_string())?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(self)
+    }
+
+    /// Adds this client's `Authorization` to `builder` unless `headers` set one.
+    fn authorize(
+        &self,
+        builder: hyper::http::request::Builder,
+        headers: &[(HeaderName, HeaderValue)],
+    ) -> hyper::http::request::Builder {
+        match &self.authorization {
+            Some(value)
+                if !headers
+                    .iter()
+                    .any(|(name, _)| name == hyper::header::AUTHORIZATION) =>
+            {
+                builder.header(hyper::header::AUTHORIZATION, value.clone())
+            }
+            _ => builder,
+        }
     }
 
     fn take_idle(&self, addr: &str) -> Option<Sender> {
@@ -315,10 +350,12 @@ impl HttpClient {
         };
         let attempt = async {
             let mut sender = Self::connect(addr).await?;
-            let request = Request::builder()
+            let builder = Request::builder()
                 .method(Method::GET)
                 .uri(path_and_query)
-                .header(hyper::header::HOST, addr)
+                .header(hyper::header::HOST, addr);
+            let request = self
+                .authorize(builder, &[])
                 .body(request_body(&[Bytes::new()]))
                 .map_err(|e| http_error(&e))?;
             sender.ready().await.map_err(|e| http_error(&e))?;
@@ -405,10 +442,12 @@ impl HttpClient {
             for (name, value) in headers {
                 builder = builder.header(name, value);
             }
-            builder.body(body()).map_err(|e| ClientError::Body {
-                addr: addr.to_string(),
-                message: e.to_string(),
-            })
+            self.authorize(builder, headers)
+                .body(body())
+                .map_err(|e| ClientError::Body {
+                    addr: addr.to_string(),
+                    message: e.to_string(),
+                })
         };
         let attempt = async {
             if let Some(sender) = self.take_idle(addr) {

@@ -6,6 +6,7 @@
 //! openraft.
 
 pub mod admin;
+pub mod auth;
 pub mod client;
 pub mod job;
 pub mod lease;

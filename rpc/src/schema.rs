@@ -26,6 +26,7 @@ use task_machine::constants::DEDUP_WINDOW_MS;
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 use crate::admin;
+use crate::auth;
 use crate::job;
 use crate::watch;
 use crate::worker;
@@ -78,6 +79,8 @@ pub fn request_schemas() -> Map<String, Value> {
     add::<admin::InitRequestJson>(&mut generator);
     add::<admin::AddLearnerJson>(&mut generator);
     add::<admin::NodeIdJson>(&mut generator);
+    add::<auth::TokenAddJson>(&mut generator);
+    add::<auth::BootstrapJson>(&mut generator);
     generator.take_definitions(true)
 }
 
@@ -98,6 +101,9 @@ pub fn answer_schemas() -> Map<String, Value> {
     add::<admin::ProbeJson>(&mut generator);
     add::<admin::StateHashJson>(&mut generator);
     add::<admin::RestoreJson>(&mut generator);
+    add::<auth::TokenJson>(&mut generator);
+    add::<auth::NewTokenJson>(&mut generator);
+    add::<auth::TokenListJson>(&mut generator);
     generator.take_definitions(true)
 }
 

@@ -165,6 +165,18 @@ impl WorkerClient {
         })
     }
 
+    /// The same client, sending `token` as a bearer token with every request (`None`:
+    /// none).
+    pub fn with_token(mut self, token: Option<&str>) -> Result<Self, WorkerError> {
+        self.http = self.http.with_token(token).map_err(|message| {
+            WorkerError::Rejected(ClientError::Body {
+                addr: String::new(),
+                message,
+            })
+        })?;
+        Ok(self)
+    }
+
     /// The same client, but one that never asks who leads: it starts at node `first`
     /// (modulo their number) and moves on to the next node after a failure. Test
     /// workloads use it to send through every node, relays included, as clients that

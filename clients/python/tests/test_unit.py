@@ -143,3 +143,45 @@ def test_a_worker_polls_a_node_that_cannot_wait_with_a_growing_pause() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_token_is_sent_as_a_bearer_with_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    import http.server
+
+    seen = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            answer = b"[]"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"127.0.0.1:{server.server_address[1]}"
+        monkeypatch.delenv("ROTA_TOKEN", raising=False)
+        for client, expected in [
+            (RotaClient([url], token="rota_abc_def"), "Bearer rota_abc_def"),
+            (RotaClient([url]), None),
+        ]:
+            client._discover_needed = False
+            client.groups(consistency="stale")
+            assert seen[-1] == expected
+        monkeypatch.setenv("ROTA_TOKEN", "rota_from_env")
+        client = RotaClient([url])
+        client._discover_needed = False
+        client.groups(consistency="stale")
+        assert seen[-1] == "Bearer rota_from_env"
+        with pytest.raises(ValueError):
+            RotaClient([url], token="two\nlines")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -57,14 +57,7 @@ impl Node {
     fn is_empty(&self) -> bool {
         let watch = self.raft.metrics();
         let metrics = watch.borrow_watched();
-        metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .next()
-            .is_none()
-            && metrics.last_log_index.is_none()
-            && metrics.last_applied.is_none()
+        self.is_blank() && metrics.last_log_index.is_none() && metrics.last_applied.is_none()
     }
 
     /// Refuses a restore of a cluster of `members` here unless this node is one of them

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use super::Consistency;
 use super::ServiceError;
+use super::auth::Caller;
 use crate::node::Node;
 use crate::waiting::WaitKind;
 use crate::waiting::claims::ProposalResult;
@@ -71,6 +72,7 @@ impl Node {
         claim: ClaimManyRequest,
         request_id: Option<String>,
         wait: Duration,
+        caller: &Caller,
     ) -> Result<Arc<Outcome>, ServiceError> {
         // A linearizable look first: it confirms this node leads (a follower answers
         // NotLeader and the whole request goes to the leader) and that what it sees
@@ -103,7 +105,9 @@ impl Node {
             look = true;
             if ticket.is_granted() {
                 // On an error the ticket drops with its grant, which passes it on.
-                let outcome = self.propose_claim(&claim, request_id.as_deref()).await?;
+                let outcome = self
+                    .propose_claim(&claim, request_id.as_deref(), caller)
+                    .await?;
                 let claimed = has_task(&outcome) || outcome.is_refused();
                 slot.woken(!claimed);
                 if claimed {
@@ -145,9 +149,11 @@ impl Node {
         self: &Arc<Self>,
         claim: &ClaimManyRequest,
         request_id: Option<&str>,
+        caller: &Caller,
     ) -> Result<Arc<Outcome>, ServiceError> {
+        let proposal = caller.limit(claim.to_request(true));
         let Some(request_id) = request_id else {
-            return self.write(claim.to_request(true), None).await;
+            return self.write(proposal, None).await;
         };
         if let Some(outcome) = self.joined_claim(claim, Some(request_id)).await? {
             return Ok(outcome);
@@ -157,7 +163,6 @@ impl Node {
         let (answer, answered) = tokio::sync::oneshot::channel();
         let number = self.claims_in_flight.start(key.clone(), result);
         let node = Arc::clone(self);
-        let proposal = claim.to_request(true);
         let request_id = Some(request_id.to_string());
         tokio::spawn(async move {
             let outcome = node.write(proposal, request_id).await;

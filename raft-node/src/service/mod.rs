@@ -7,6 +7,7 @@
 //! answer; when the answer is [`ServiceError::NotLeader`], they relay the request to the
 //! leader once (`relay`).
 
+pub mod auth;
 mod backup;
 mod claim_wait;
 mod job_wait;
@@ -55,6 +56,12 @@ pub enum ServiceError {
     /// What the request names does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// The request carries no valid token.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The token is valid but its role or groups do not allow the request.
+    #[error("{0}")]
+    Forbidden(String),
     /// A fault of this node.
     #[error("{0}")]
     Internal(String),
@@ -128,6 +135,19 @@ impl Node {
             });
         }
         Ok(())
+    }
+
+    /// Whether this node belongs to no cluster yet: never given a membership, it holds
+    /// no state (and no token) at all.
+    pub fn is_blank(&self) -> bool {
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_none()
     }
 
     /// The error for a Raft instance that has stopped for good.

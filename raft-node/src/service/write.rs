@@ -16,21 +16,32 @@ use crate::node::Node;
 impl Node {
     /// `outcome`, unless it refuses a request id reused for another request: that is
     /// not an outcome of the request but a client's bug, answered apart (422) so that a
-    /// retry loop stops instead of reading it as the first outcome.
+    /// retry loop stops instead of reading it as the first outcome; or a request outside
+    /// the token's groups (403).
     pub(crate) fn outcome_or_reused_id(
         outcome: Arc<Outcome>,
     ) -> Result<Arc<Outcome>, ServiceError> {
-        match &*outcome {
-            Outcome::Refused(refusals)
-                if refusals
-                    .iter()
-                    .any(|r| matches!(r, Refusal::RequestIdReused { .. })) =>
-            {
-                let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
-                Err(ServiceError::ReusedRequestId(reasons.join("; ")))
-            }
-            _ => Ok(outcome),
+        let Outcome::Refused(refusals) = &*outcome else {
+            return Ok(outcome);
+        };
+        let reasons = || {
+            let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+            reasons.join("; ")
+        };
+        if refusals
+            .iter()
+            .any(|r| matches!(r, Refusal::RequestIdReused { .. }))
+        {
+            return Err(ServiceError::ReusedRequestId(reasons()));
         }
+        // Not an outcome of the request either: the token may not make it (403).
+        if refusals
+            .iter()
+            .any(|r| matches!(r, Refusal::OutOfScope { .. }))
+        {
+            return Err(ServiceError::Forbidden(reasons()));
+        }
+        Ok(outcome)
     }
 
     /// Proposes `request` through Raft, stamped with this node's log clock, and returns

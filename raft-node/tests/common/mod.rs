@@ -128,6 +128,15 @@ impl TestCluster {
         self.dir.path().join(format!("node-{id}.log"))
     }
 
+    /// `--auth=off` unless the test chose an `--auth` of its own.
+    fn auth_args(&self) -> Vec<&'static str> {
+        if self.extra_args.iter().any(|a| a.starts_with("--auth")) {
+            vec![]
+        } else {
+            vec!["--auth=off"]
+        }
+    }
+
     /// Starts (or restarts) node `id` with its original command line.
     pub fn start_node(&self, id: u64) {
         let initial = self.initial_cluster();
@@ -149,6 +158,7 @@ impl TestCluster {
                 &node.raft_addr,
             ])
             .args(["--sync", self.sync])
+            .args(self.auth_args())
             .args(
                 if self
                     .joiners

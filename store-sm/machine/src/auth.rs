@@ -429,7 +429,11 @@ mod tests {
                 .token("0000000000000001")
                 .is_some_and(|t| t.covers("jobs-a"))
         );
-        assert!(machine.token("0000000000000001").is_some_and(|t| !t.covers("other")));
+        assert!(
+            machine
+                .token("0000000000000001")
+                .is_some_and(|t| !t.covers("other"))
+        );
     }
 
     #[test]

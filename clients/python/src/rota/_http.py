@@ -147,10 +147,11 @@ class _HTTPConnection(http.client.HTTPConnection):
 class Pool:
     """Keep-alive connections per node, shared by every thread."""
 
-    def __init__(self, idle_per_node: int = IDLE_PER_NODE_MAX) -> None:
+    def __init__(self, idle_per_node: int = IDLE_PER_NODE_MAX, token: Optional[str] = None) -> None:
         self._lock = threading.Lock()
         self._idle: Dict[str, List[Connection]] = {}
         self._idle_max = idle_per_node
+        self._authorization = f"Bearer {token}" if token else None
 
     def _take(self, node: Node) -> Optional[Connection]:
         with self._lock:
@@ -205,6 +206,8 @@ class Pool:
         all_headers: Dict[str, str] = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if body is not None:
             all_headers["Content-Type"] = "application/json"
+        if self._authorization is not None:
+            all_headers["Authorization"] = self._authorization
         if headers:
             all_headers.update(headers)
         conn = self._take(node)

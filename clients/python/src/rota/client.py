@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import secrets
 import threading
 import time
@@ -162,6 +163,8 @@ class RotaClient:
     comma-separated string; give every node of the cluster, so that the client can go
     on when some are down. ``client_id``: the owner of every task this client writes
     (a signed 64-bit integer); ``None`` picks a random one, unique in practice.
+    ``token``: the bearer token sent with every request (a node with ``--auth=tokens``
+    needs one); ``None`` reads ``ROTA_TOKEN`` from the environment, if set.
 
     One client may be shared by any number of threads: connections are pooled per node
     and kept alive.
@@ -175,7 +178,12 @@ class RotaClient:
         call_timeout: float = CALL_TIMEOUT,
         give_up_after: float = GIVE_UP_AFTER,
         retry_pause: float = RETRY_PAUSE,
+        token: Optional[str] = None,
     ) -> None:
+        if token is None:
+            token = os.environ.get("ROTA_TOKEN") or None
+        if token is not None and (not token.strip() or any(c in token for c in "\r\n")):
+            raise ValueError("token must be a non-empty single line")
         if isinstance(urls, str):
             urls = urls.split(",")
         nodes: List[Node] = []
@@ -197,7 +205,7 @@ class RotaClient:
         self.call_timeout = float(call_timeout)
         self.give_up_after = float(give_up_after)
         self.retry_pause = float(retry_pause)
-        self._pool = Pool()
+        self._pool = Pool(token=token.strip() if token else None)
         # Unique across processes and restarts, so that no two clients' request ids meet.
         self._id_prefix = f"c{client_id}-{secrets.token_hex(8)}"
         self._sent = itertools.count()

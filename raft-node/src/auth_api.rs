@@ -1,0 +1,216 @@
+//! The token check in front of every API route, and the token endpoints
+//! (`/admin/tokens`, `/admin/auth/bootstrap`): thin adapters over `service::auth`.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::http::Method;
+use axum::http::header::AUTHORIZATION;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::delete;
+use axum::routing::get;
+use axum::routing::post;
+use rpc::auth::BootstrapJson;
+use rpc::auth::NewTokenJson;
+use rpc::auth::TokenAddJson;
+use rpc::auth::TokenJson;
+use rpc::auth::TokenListJson;
+use rpc::auth::check_token_add;
+use store_sm::machine::Role;
+use store_sm::machine::TokenRecord;
+
+use crate::http::ApiError;
+use crate::node::SharedNode;
+use crate::relay::Incoming;
+use crate::relay::respond;
+use crate::service::Consistency;
+use crate::service::auth::Access;
+use crate::service::auth::Caller;
+use crate::service::auth::new_token;
+use crate::worker_api::path_segment;
+use crate::worker_api::query_params;
+
+use rpc::auth::BOOTSTRAP_PATH;
+
+/// The token routes.
+pub fn routes() -> Router<SharedNode> {
+    Router::new()
+        .route("/admin/tokens", get(get_tokens).post(post_token))
+        .route("/admin/tokens/{id}", delete(delete_token))
+        .route(BOOTSTRAP_PATH, post(post_bootstrap))
+}
+
+/// What a request to `path` needs of its caller. A node that belongs to no cluster yet
+/// holds nothing to protect and no token to check, so it answers its status and takes
+/// the admin steps that give it a cluster (init, restore) from anyone.
+fn access_needed(method: &Method, path: &str, metrics_open: bool, blank: bool) -> Access {
+    match path {
+        "/health" | "/ready" | "/openapi.json" | BOOTSTRAP_PATH => Access::Open,
+        "/cluster" | "/admin/init" | "/admin/restore" if blank => Access::Open,
+        "/metrics" if metrics_open => Access::Open,
+        "/metrics" | "/admin/state-hash" => Access::Observe,
+        "/ui" => Access::Open,
+        _ if path.starts_with("/ui/") => Access::Open,
+        _ if path.starts_with("/admin/") => Access::Admin,
+        _ if path.starts_with("/groups/") && *method == Method::PUT => Access::Admin,
+        _ if *method == Method::GET || *method == Method::HEAD => Access::Read,
+        _ => Access::Write,
+    }
+}
+
+/// Finds the caller of every request, refuses it (401, 403) unless its role allows
+/// the route, and hands it to the handler (`Incoming::caller`).
+pub async fn check_token(
+    State(node): State<SharedNode>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let access = access_needed(
+        request.method(),
+        request.uri().path(),
+        node.config.metrics_open,
+        node.is_blank(),
+    );
+    let header = request
+        .headers()
+        .get(AUTHORIZATION)
+        .map(|value| value.to_str().unwrap_or("(not text)"));
+    let caller = match (access, node.authenticate(header)) {
+        (Access::Open, result) => result.unwrap_or(Caller::Anyone),
+        (_, Ok(caller)) => caller,
+        (_, Err(refused)) => return ApiError::from(refused).into_response(),
+    };
+    if let Err(refused) = caller.may(access) {
+        return ApiError::from(refused).into_response();
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+fn token_json(record: &TokenRecord) -> TokenJson {
+    TokenJson {
+        id: record.id.clone(),
+        name: record.name.clone(),
+        role: record.role.to_string(),
+        groups: record.groups.clone(),
+        created_at_ms: record.created_at.as_millis(),
+    }
+}
+
+fn new_token_json(record: &TokenRecord, bearer: String) -> NewTokenJson {
+    NewTokenJson {
+        token: token_json(record),
+        bearer,
+    }
+}
+
+async fn get_tokens(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let params = query_params(Some(incoming.query()))?;
+    let consistency = Consistency::parse(params.get("consistency").map(String::as_str))?;
+    Ok(
+        crate::worker_api::read(&node, incoming, consistency, |view| {
+            let tokens = view.state.machine.tokens().map(token_json).collect();
+            Ok(Json(TokenListJson { tokens }).into_response())
+        })
+        .await,
+    )
+}
+
+async fn post_token(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: TokenAddJson = serde_json::from_slice(&incoming.body)
+        .map_err(|e| ApiError::bad_request(format!("bad /admin/tokens body: {e}")))?;
+    check_token_add(&json).map_err(ApiError::bad_request)?;
+    let role = Role::parse(&json.role)
+        .ok_or_else(|| ApiError::bad_request(format!("unknown role {:?}", json.role)))?;
+    let made = node
+        .add_token(new_token(0, json.name, role, json.groups))
+        .await;
+    Ok(respond(&node, incoming, made, |(record, bearer)| {
+        Json(new_token_json(&record, bearer)).into_response()
+    })
+    .await)
+}
+
+async fn delete_token(
+    State(node): State<SharedNode>,
+    id: Result<Path<String>, PathRejection>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let id = path_segment(id)?;
+    let request_id = crate::worker_api::request_id(&incoming, None)?;
+    let incoming = incoming.write_with(request_id.as_deref());
+    let revoked = node.revoke_token(0, id, request_id).await;
+    Ok(respond(&node, incoming, revoked, |record| {
+        Json(token_json(&record)).into_response()
+    })
+    .await)
+}
+
+async fn post_bootstrap(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: BootstrapJson = if incoming.body.is_empty() {
+        BootstrapJson::default()
+    } else {
+        serde_json::from_slice(&incoming.body)
+            .map_err(|e| ApiError::bad_request(format!("bad {BOOTSTRAP_PATH} body: {e}")))?
+    };
+    let name = json.name.unwrap_or_else(|| "first admin".into());
+    let made = node
+        .bootstrap_auth(new_token(0, name, Role::Admin, vec![]))
+        .await;
+    Ok(respond(&node, incoming, made, |(record, bearer)| {
+        Json(new_token_json(&record, bearer)).into_response()
+    })
+    .await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_needs_what_its_role_table_says() {
+        let get = Method::GET;
+        let post = Method::POST;
+        let put = Method::PUT;
+        let needs = |method: &Method, path| access_needed(method, path, false, false);
+        assert_eq!(needs(&get, "/health"), Access::Open);
+        assert_eq!(needs(&get, "/ready"), Access::Open);
+        assert_eq!(needs(&post, BOOTSTRAP_PATH), Access::Open);
+        assert_eq!(needs(&get, "/ui/app.js"), Access::Open);
+        assert_eq!(needs(&get, "/metrics"), Access::Observe);
+        assert_eq!(access_needed(&get, "/metrics", true, false), Access::Open);
+        assert_eq!(needs(&get, "/cluster"), Access::Read);
+        assert_eq!(needs(&get, "/group/map"), Access::Read);
+        assert_eq!(needs(&get, "/watch"), Access::Read);
+        assert_eq!(needs(&post, "/update"), Access::Write);
+        assert_eq!(needs(&post, "/claim"), Access::Write);
+        assert_eq!(needs(&post, "/cancel"), Access::Write);
+        assert_eq!(needs(&put, "/groups/map/settings"), Access::Admin);
+        assert_eq!(needs(&get, "/groups/map/settings"), Access::Read);
+        assert_eq!(needs(&post, "/admin/remove"), Access::Admin);
+        assert_eq!(needs(&get, "/admin/backup"), Access::Admin);
+        assert_eq!(needs(&post, "/admin/tokens"), Access::Admin);
+        assert_eq!(needs(&post, "/admin/init"), Access::Admin);
+        assert_eq!(needs(&post, "/uix"), Access::Write);
+        // A node in no cluster yet answers its status and takes init and restore.
+        for path in ["/cluster", "/admin/init", "/admin/restore"] {
+            assert_eq!(access_needed(&get, path, false, true), Access::Open);
+        }
+        assert_eq!(
+            access_needed(&post, "/admin/remove", false, true),
+            Access::Admin
+        );
+    }
+}

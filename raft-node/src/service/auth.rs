@@ -1,0 +1,341 @@
+//! Who is asking: bearer tokens checked against the replicated token records, and the
+//! token changes an admin (or, once, anyone) proposes.
+//!
+//! A bearer token reads `rota_<id>_<secret>`: the id finds the record, the secret's
+//! SHA-256 must equal the record's hash. Secrets are 32 random bytes made here and shown
+//! once; only their hash enters the log. A node checks tokens against what it has
+//! applied, so a token added or revoked a moment ago reaches a follower within a
+//! heartbeat; writes are checked again by the leader, which relays them.
+
+use std::sync::Arc;
+
+use sha2::Digest;
+use sha2::Sha256;
+use store_sm::machine::ClientId;
+use store_sm::machine::Outcome;
+use store_sm::machine::Request;
+use store_sm::machine::Role;
+use store_sm::machine::ScopedRequest;
+use store_sm::machine::TokenAddRequest;
+use store_sm::machine::TokenRecord;
+use store_sm::machine::TokenRevokeRequest;
+use store_sm::machine::constants::TOKEN_ID_BYTES;
+
+use super::ServiceError;
+use crate::node::Node;
+
+/// The prefix of every bearer token, so that a leaked one is recognisable.
+pub const TOKEN_PREFIX: &str = "rota_";
+
+/// Hex digits of a token's secret (32 bytes).
+const SECRET_HEX_DIGITS: usize = 64;
+
+/// Whether the node checks tokens at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Every request but probes and the bootstrap needs a bearer token.
+    Tokens,
+    /// Nothing is checked: anyone who reaches the port may do anything.
+    Off,
+}
+
+/// The one asking, once authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Authentication is off on this node.
+    Anyone,
+    /// The bearer of a current token.
+    Token {
+        /// The token's id.
+        id: String,
+        /// Its role.
+        role: Role,
+        /// The group prefixes a worker token is limited to; empty: every group.
+        groups: Vec<String>,
+    },
+}
+
+/// What an endpoint needs of its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing: probes, documentation, the dashboard's files, the bootstrap.
+    Open,
+    /// Reading tasks, jobs, groups and the cluster's status: any role.
+    Read,
+    /// Metrics and the node's internals: a reader or an admin.
+    Observe,
+    /// Writing tasks and jobs: a worker or an admin.
+    Write,
+    /// Membership, backup, restore, settings, tokens: an admin.
+    Admin,
+}
+
+impl Caller {
+    /// Whether this caller may do what `access` needs, or why not.
+    pub fn may(&self, access: Access) -> Result<(), ServiceError> {
+        let Caller::Token { role, .. } = self else {
+            return Ok(());
+        };
+        let allowed = match access {
+            Access::Open | Access::Read => true,
+            Access::Observe => matches!(role, Role::Reader | Role::Admin),
+            Access::Write => matches!(role, Role::Worker | Role::Admin),
+            Access::Admin => *role == Role::Admin,
+        };
+        if allowed {
+            return Ok(());
+        }
+        let needed = match access {
+            Access::Observe => "a reader or admin token",
+            Access::Write => "a worker or admin token",
+            _ => "an admin token",
+        };
+        Err(ServiceError::Forbidden(format!(
+            "a {role} token cannot do this; it needs {needed}"
+        )))
+    }
+
+    /// The group prefixes this caller is limited to, if it is limited.
+    pub fn scope(&self) -> Option<&[String]> {
+        match self {
+            Caller::Token { groups, .. } if !groups.is_empty() => Some(groups),
+            _ => None,
+        }
+    }
+
+    /// Whether this caller may see or touch `group`.
+    pub fn covers(&self, group: &str) -> bool {
+        self.scope()
+            .is_none_or(|prefixes| store_sm::machine::auth::scope_covers(prefixes, group))
+    }
+
+    /// `Ok` if this caller may touch `group`, else a 403 that names it.
+    pub fn check_group(&self, group: &str) -> Result<(), ServiceError> {
+        if self.covers(group) {
+            return Ok(());
+        }
+        Err(ServiceError::Forbidden(format!(
+            "group {group:?} is outside this token's groups; use a token that covers it"
+        )))
+    }
+
+    /// `request` as this caller may make it: wrapped in its scope when it has one, so
+    /// the machine refuses whatever it names outside the scope.
+    pub fn limit(&self, request: Request) -> Request {
+        match self.scope() {
+            Some(groups) => Request::Scoped(ScopedRequest {
+                groups: groups.to_vec(),
+                request: Box::new(request),
+            }),
+            None => request,
+        }
+    }
+}
+
+/// A new token: its record's fields and the bearer token shown once.
+#[derive(Clone, Debug)]
+pub struct NewToken {
+    /// What the machine stores.
+    pub add: TokenAddRequest,
+    /// The bearer token, `rota_<id>_<secret>`.
+    pub bearer: String,
+}
+
+/// SHA-256 of `secret`, lowercase hex.
+fn secret_hash(secret: &str) -> String {
+    hex(&Sha256::digest(secret.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A fresh token for `role`, limited to `groups`.
+pub fn new_token(client: ClientId, name: String, role: Role, groups: Vec<String>) -> NewToken {
+    let id = hex(&rand::random::<[u8; TOKEN_ID_BYTES / 2]>());
+    let secret = hex(&rand::random::<[u8; SECRET_HEX_DIGITS / 2]>());
+    NewToken {
+        bearer: format!("{TOKEN_PREFIX}{id}_{secret}"),
+        add: TokenAddRequest {
+            client,
+            id,
+            name,
+            role,
+            groups,
+            secret_hash: secret_hash(&secret),
+        },
+    }
+}
+
+/// The id and secret of a bearer token, if it has the shape of one.
+fn split_bearer(bearer: &str) -> Option<(&str, &str)> {
+    let (id, secret) = bearer.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;
+    (id.len() == TOKEN_ID_BYTES && secret.len() == SECRET_HEX_DIGITS).then_some((id, secret))
+}
+
+/// Whether two strings are equal, in time that does not depend on where they differ.
+fn equal_in_constant_time(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |differ, (x, y)| differ | (x ^ y))
+            == 0
+}
+
+/// The caller a token record makes.
+fn caller_of(record: &TokenRecord) -> Caller {
+    Caller::Token {
+        id: record.id.clone(),
+        role: record.role,
+        groups: record.groups.clone(),
+    }
+}
+
+impl Node {
+    /// Who sent a request with this `Authorization` header value (if any).
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, ServiceError> {
+        if self.config.auth == AuthMode::Off {
+            return Ok(Caller::Anyone);
+        }
+        let unauthorized = |why: &str| {
+            ServiceError::Unauthorized(format!(
+                "{why}; send `Authorization: Bearer <token>` (rota: --token or ROTA_TOKEN)"
+            ))
+        };
+        let Some(value) = authorization else {
+            return Err(unauthorized("this node requires a token"));
+        };
+        let bearer = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .ok_or_else(|| unauthorized("the Authorization header is not a bearer token"))?;
+        let (id, secret) = split_bearer(bearer.trim())
+            .ok_or_else(|| unauthorized("the bearer token is not a Rota token"))?;
+        let hash = secret_hash(secret);
+        self.state
+            .read(|state| {
+                let record = state.machine.token(id)?;
+                equal_in_constant_time(&record.secret_hash, &hash).then(|| caller_of(record))
+            })
+            .ok_or_else(|| unauthorized("the token is unknown or revoked"))
+    }
+
+    /// Adds a token (the caller is an admin) and returns it with its bearer form.
+    pub async fn add_token(&self, new: NewToken) -> Result<(TokenRecord, String), ServiceError> {
+        let outcome = self.write(Request::TokenAdd(new.add), None).await?;
+        Ok((token_outcome(&outcome)?, new.bearer))
+    }
+
+    /// Makes the cluster's first admin token: refused once any token was ever made.
+    pub async fn bootstrap_auth(
+        &self,
+        new: NewToken,
+    ) -> Result<(TokenRecord, String), ServiceError> {
+        let outcome = self.write(Request::AuthBootstrap(new.add), None).await?;
+        Ok((token_outcome(&outcome)?, new.bearer))
+    }
+
+    /// Revokes a token by id and returns the record it had.
+    pub async fn revoke_token(
+        &self,
+        client: ClientId,
+        id: String,
+        request_id: Option<String>,
+    ) -> Result<TokenRecord, ServiceError> {
+        let request = Request::TokenRevoke(TokenRevokeRequest { client, id });
+        let outcome = self.write(request, request_id).await?;
+        token_outcome(&outcome)
+    }
+}
+
+/// The token a token request answered, or its refusals as an error.
+fn token_outcome(outcome: &Arc<Outcome>) -> Result<TokenRecord, ServiceError> {
+    match &**outcome {
+        Outcome::Token(record) => Ok(record.clone()),
+        Outcome::Refused(refusals) => {
+            let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+            let reasons = reasons.join("; ");
+            let conflict = refusals.iter().any(|r| {
+                matches!(
+                    r,
+                    store_sm::machine::Refusal::AlreadyBootstrapped
+                        | store_sm::machine::Refusal::TokenExists { .. }
+                        | store_sm::machine::Refusal::TooManyTokens
+                )
+            });
+            let unknown = refusals
+                .iter()
+                .any(|r| matches!(r, store_sm::machine::Refusal::UnknownToken { .. }));
+            Err(if conflict {
+                ServiceError::Conflict(reasons)
+            } else if unknown {
+                ServiceError::NotFound(reasons)
+            } else {
+                ServiceError::Invalid(reasons)
+            })
+        }
+        other => Err(ServiceError::Internal(format!(
+            "a token request answered {other:?}; report this"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_token_has_the_documented_shape_and_its_secret_matches_its_hash() {
+        let new = new_token(1, "ci".into(), Role::Worker, vec!["jobs-".into()]);
+        let (id, secret) = split_bearer(&new.bearer).expect("a Rota token");
+        assert_eq!(id, new.add.id);
+        assert_eq!(secret_hash(secret), new.add.secret_hash);
+        assert!(store_sm::machine::auth::check_token_fields(&new.add).is_empty());
+        let other = new_token(1, "ci".into(), Role::Worker, vec![]);
+        assert_ne!(other.add.id, new.add.id, "ids are random");
+        assert!(split_bearer("rota_short_secret").is_none());
+        assert!(split_bearer(&new.bearer.replace("rota_", "xyz_")).is_none());
+    }
+
+    #[test]
+    fn roles_allow_what_the_spec_says() {
+        let caller = |role| Caller::Token {
+            id: "x".into(),
+            role,
+            groups: vec![],
+        };
+        let allowed = |role, access| caller(role).may(access).is_ok();
+        for access in [Access::Open, Access::Read] {
+            assert!(allowed(Role::Worker, access) && allowed(Role::Reader, access));
+        }
+        assert!(allowed(Role::Worker, Access::Write) && !allowed(Role::Reader, Access::Write));
+        assert!(allowed(Role::Reader, Access::Observe) && !allowed(Role::Worker, Access::Observe));
+        assert!(!allowed(Role::Worker, Access::Admin) && !allowed(Role::Reader, Access::Admin));
+        for access in [Access::Read, Access::Observe, Access::Write, Access::Admin] {
+            assert!(allowed(Role::Admin, access));
+            assert!(Caller::Anyone.may(access).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_limited_caller_wraps_its_requests_and_checks_groups() {
+        let limited = Caller::Token {
+            id: "x".into(),
+            role: Role::Worker,
+            groups: vec!["jobs-".into()],
+        };
+        assert!(limited.check_group("jobs-1").is_ok());
+        assert!(matches!(
+            limited.check_group("other"),
+            Err(ServiceError::Forbidden(_))
+        ));
+        let request = Request::Retry(store_sm::machine::RetryRequest {
+            client: 1,
+            group: "other".into(),
+            keys: vec![],
+        });
+        assert!(matches!(limited.limit(request.clone()), Request::Scoped(_)));
+        assert_eq!(Caller::Anyone.limit(request.clone()), request);
+        assert!(equal_in_constant_time("abc", "abc") && !equal_in_constant_time("abc", "abd"));
+    }
+}

@@ -1,0 +1,442 @@
+//! Tokens and roles through real nodes (issue 16): requests without a token, with a
+//! revoked one, or with a role that does not allow them are refused with 401 or 403 and
+//! a JSON error, and change nothing; a worker token limited to `jobs-` cannot touch
+//! another group, through the leader or a follower.
+
+mod common;
+
+use common::CALL_TIMEOUT;
+use common::TestCluster;
+use common::eventually;
+use hyper::Method;
+use hyper::header::AUTHORIZATION;
+use hyper::header::CONTENT_TYPE;
+use hyper::header::HeaderValue;
+use serde_json::Value;
+use serde_json::json;
+
+/// Sends `body` (or nothing) with `method` to node `via` with `token` (or none); the
+/// status and JSON body.
+async fn call(
+    cluster: &TestCluster,
+    via: u64,
+    token: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut headers = vec![(CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+    if let Some(token) = token {
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).expect("a header value");
+        headers.push((AUTHORIZATION, value));
+    }
+    let response = cluster
+        .client
+        .send(
+            cluster.api(via),
+            method,
+            path,
+            &headers,
+            bytes.into(),
+            CALL_TIMEOUT,
+        )
+        .await
+        .expect("the node answered");
+    let json = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    (response.status.as_u16(), json)
+}
+
+/// Asserts a refusal with `status` and a JSON `error` that says something.
+fn assert_refused((status, body): (u16, Value), expected: u16, doing: &str) {
+    assert_eq!(status, expected, "{doing}: {body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(!error.is_empty(), "{doing}: no error message in {body}");
+}
+
+/// Makes a token with `admin` through node 1 and waits until every node accepts it.
+async fn token(cluster: &TestCluster, admin: &str, body: Value) -> (String, String) {
+    let (status, made) = call(
+        cluster,
+        1,
+        Some(admin),
+        Method::POST,
+        "/admin/tokens",
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{made}");
+    let bearer = made["bearer"].as_str().expect("a bearer").to_string();
+    let id = made["id"].as_str().expect("an id").to_string();
+    for node in 1..=3 {
+        let bearer = bearer.clone();
+        eventually(|| {
+            let bearer = bearer.clone();
+            async move {
+                let (status, _) =
+                    call(cluster, node, Some(&bearer), Method::GET, "/cluster", None).await;
+                (status == 200)
+                    .then_some(())
+                    .ok_or(format!("node {node} answers {status}"))
+            }
+        })
+        .await;
+    }
+    (id, bearer)
+}
+
+/// Every group the admin sees.
+async fn groups(cluster: &TestCluster, admin: &str) -> Value {
+    call(cluster, 1, Some(admin), Method::GET, "/groups", None)
+        .await
+        .1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_roles_refuse_what_they_do_not_allow_and_change_nothing() {
+    let cluster = TestCluster::start_with(3, "always", &["--auth=tokens"]);
+    cluster.wait_ready(&[1, 2, 3]).await;
+
+    // Probes stay open; everything else needs a token, and none exists yet.
+    assert_eq!(
+        call(&cluster, 1, None, Method::GET, "/health", None)
+            .await
+            .0,
+        200
+    );
+    let add = json!({"clientid": 1, "adds": [{"group": "jobs-a", "data": "x"}]});
+    assert_refused(
+        call(
+            &cluster,
+            1,
+            None,
+            Method::POST,
+            "/update",
+            Some(add.clone()),
+        )
+        .await,
+        401,
+        "an update without a token",
+    );
+    assert_refused(
+        call(&cluster, 1, None, Method::GET, "/cluster", None).await,
+        401,
+        "/cluster without a token",
+    );
+
+    // The first admin token, once (through node 2, whichever leads).
+    let (status, first) = call(
+        &cluster,
+        2,
+        None,
+        Method::POST,
+        "/admin/auth/bootstrap",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["role"], "admin");
+    let admin = first["bearer"].as_str().expect("a bearer").to_string();
+    assert_refused(
+        call(
+            &cluster,
+            1,
+            None,
+            Method::POST,
+            "/admin/auth/bootstrap",
+            None,
+        )
+        .await,
+        409,
+        "a second bootstrap",
+    );
+    let (_, listed) = eventually(|| async {
+        let answer = call(
+            &cluster,
+            1,
+            Some(&admin),
+            Method::GET,
+            "/admin/tokens",
+            None,
+        )
+        .await;
+        (answer.0 == 200)
+            .then_some(answer.clone())
+            .ok_or(format!("{answer:?}"))
+    })
+    .await;
+    assert_eq!(listed["tokens"].as_array().map(Vec::len), Some(1));
+    assert!(
+        !listed.to_string().contains(&admin[admin.len() - 20..]),
+        "no secret is listed"
+    );
+    assert_eq!(
+        groups(&cluster, &admin).await,
+        json!([]),
+        "nothing was written"
+    );
+    let (_, status) = call(&cluster, 1, Some(&admin), Method::GET, "/cluster", None).await;
+    let leader = status["leader"].as_u64().expect("a leader");
+    let follower = if leader == 1 { 2 } else { 1 };
+
+    let (_, worker) = token(&cluster, &admin, json!({"name": "all", "role": "worker"})).await;
+    let (limited_id, limited) = token(
+        &cluster,
+        &admin,
+        json!({"name": "jobs", "role": "worker", "groups": ["jobs-"]}),
+    )
+    .await;
+    let (_, reader) = token(&cluster, &admin, json!({"name": "look", "role": "reader"})).await;
+    assert_refused(
+        call(
+            &cluster,
+            1,
+            Some(&admin),
+            Method::POST,
+            "/admin/tokens",
+            Some(json!({"name": "x", "role": "reader", "groups": ["a"]})),
+        )
+        .await,
+        400,
+        "a reader token limited to groups",
+    );
+
+    // Roles.
+    for via in [leader, follower] {
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&worker),
+                Method::GET,
+                "/admin/tokens",
+                None,
+            )
+            .await,
+            403,
+            "a worker listing tokens",
+        );
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&worker),
+                Method::POST,
+                "/admin/snapshot",
+                None,
+            )
+            .await,
+            403,
+            "a worker asking for a snapshot",
+        );
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&reader),
+                Method::POST,
+                "/update",
+                Some(add.clone()),
+            )
+            .await,
+            403,
+            "a reader writing",
+        );
+        assert_refused(
+            call(&cluster, via, Some(&worker), Method::GET, "/metrics", None).await,
+            403,
+            "a worker reading metrics",
+        );
+        assert_eq!(
+            call(&cluster, via, Some(&reader), Method::GET, "/metrics", None)
+                .await
+                .0,
+            200
+        );
+    }
+    assert_eq!(
+        groups(&cluster, &admin).await,
+        json!([]),
+        "nothing was written"
+    );
+
+    // A worker token limited to jobs-: in its groups it works, through any node.
+    let (status, written) = call(
+        &cluster,
+        follower,
+        Some(&limited),
+        Method::POST,
+        "/update",
+        Some(add.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{written}");
+    let other = json!({"clientid": 2, "adds": [{"group": "other", "data": "theirs"}]});
+    let (status, theirs) = call(
+        &cluster,
+        1,
+        Some(&worker),
+        Method::POST,
+        "/update",
+        Some(other.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{theirs}");
+    let theirs_id = theirs["tasks"][0]["id"].as_u64().expect("an id");
+
+    for via in [leader, follower] {
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&limited),
+                Method::POST,
+                "/update",
+                Some(other.clone()),
+            )
+            .await,
+            403,
+            "a limited worker adding to another group",
+        );
+        let delete = json!({"clientid": 2, "deletes": [theirs_id]});
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&limited),
+                Method::POST,
+                "/update",
+                Some(delete),
+            )
+            .await,
+            403,
+            "a limited worker deleting another group's task",
+        );
+        let claim = json!({"clientid": 3, "group": "other", "duration": 1000});
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&limited),
+                Method::POST,
+                "/claim",
+                Some(claim),
+            )
+            .await,
+            403,
+            "a limited worker claiming from another group",
+        );
+        assert_refused(
+            call(
+                &cluster,
+                via,
+                Some(&limited),
+                Method::GET,
+                "/group/other",
+                None,
+            )
+            .await,
+            403,
+            "a limited worker listing another group",
+        );
+        let (status, visible) = call(
+            &cluster,
+            via,
+            Some(&limited),
+            Method::GET,
+            "/groups?consistency=stale",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(
+            visible
+                .as_array()
+                .is_some_and(|g| g.iter().all(|g| g != "other")),
+            "another group is not listed: {visible}"
+        );
+        let (status, task) = call(
+            &cluster,
+            via,
+            Some(&limited),
+            Method::GET,
+            &format!("/task/{theirs_id}?consistency=stale"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 404, "another group's task is not there: {task}");
+    }
+    let (status, still) = call(
+        &cluster,
+        leader,
+        Some(&admin),
+        Method::GET,
+        &format!("/task/{theirs_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "the other group's task is untouched: {still}");
+    assert_eq!(still["data"], "theirs");
+    assert_eq!(groups(&cluster, &admin).await, json!(["jobs-a", "other"]));
+
+    // Revoked: refused everywhere, once every node has applied the revocation.
+    let (status, revoked) = call(
+        &cluster,
+        follower,
+        Some(&admin),
+        Method::DELETE,
+        &format!("/admin/tokens/{limited_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{revoked}");
+    for via in 1..=3 {
+        eventually(|| {
+            let add = add.clone();
+            let limited = limited.clone();
+            let cluster = &cluster;
+            async move {
+                let answer = call(
+                    cluster,
+                    via,
+                    Some(&limited),
+                    Method::POST,
+                    "/update",
+                    Some(add),
+                )
+                .await;
+                (answer.0 == 401)
+                    .then_some(())
+                    .ok_or(format!("node {via} answered {answer:?}"))
+            }
+        })
+        .await;
+    }
+    let (_, page) = call(
+        &cluster,
+        1,
+        Some(&admin),
+        Method::GET,
+        "/group/jobs-a",
+        None,
+    )
+    .await;
+    assert_eq!(
+        page.as_array().map(Vec::len),
+        Some(1),
+        "the revoked token wrote nothing: {page}"
+    );
+    assert_refused(
+        call(
+            &cluster,
+            1,
+            Some("rota_0123456789abcdef_nonsense"),
+            Method::GET,
+            "/groups",
+            None,
+        )
+        .await,
+        401,
+        "a malformed token",
+    );
+}
