@@ -73,16 +73,18 @@ async fn on_every_member(
     poll_until(Instant::now() + SPREAD_TIMEOUT, POLL, look, timed_out).await
 }
 
-/// A client that sends `bearer`.
-fn bearing(bearer: &str) -> Result<HttpClient, CliError> {
-    HttpClient::new()
+/// `nodes`' client, sending `bearer` instead of its own token.
+fn bearing(nodes: &Nodes, bearer: &str) -> Result<HttpClient, CliError> {
+    nodes
+        .client()
+        .clone()
         .with_token(Some(bearer))
         .map_err(|e| CliError::Failed(format!("the node answered an unusable token: {e}")))
 }
 
 /// Waits until every member accepts the token just made.
 async fn until_accepted(nodes: &Nodes, what: &str, made: &NewTokenJson) -> Result<(), CliError> {
-    let client = bearing(&made.bearer)?;
+    let client = bearing(nodes, &made.bearer)?;
     on_every_member(&client, nodes, what, async |addr| {
         client
             .get(addr, "/cluster", Duration::from_secs(2))

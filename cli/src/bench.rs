@@ -115,6 +115,7 @@ pub(crate) fn bench_client(
 ) -> Result<WorkerClient, BenchError> {
     let client = WorkerClient::new(addrs, client_id)
         .and_then(|c| c.with_token(crate::token()))
+        .map(|c| c.with_tls(crate::tls()))
         .map_err(|e| BenchError::Usage(e.to_string()))?
         .with_timeouts(REQUEST_TIMEOUT, REQUEST_TIMEOUT);
     Ok(match spread_from {

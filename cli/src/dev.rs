@@ -79,11 +79,6 @@ impl DevNode {
     fn raft_addr(&self) -> String {
         format!("127.0.0.1:{}", self.raft_port)
     }
-
-    /// The worker URL of this node.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.api_addr())
-    }
 }
 
 /// What `cluster.json` records.
@@ -99,6 +94,53 @@ pub struct DevCluster {
 
 /// The file in a secure cluster's directory that holds its first admin token.
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// The directory in a secure cluster's directory that holds its CA and node certificates.
+pub const TLS_DIR: &str = "tls";
+
+impl DevCluster {
+    /// The worker URLs, one per node (`https://` for a secure cluster).
+    pub fn urls(&self) -> Vec<String> {
+        let scheme = if self.secure { "https" } else { "http" };
+        self.nodes
+            .iter()
+            .map(|n| format!("{scheme}://{}", n.api_addr()))
+            .collect()
+    }
+}
+
+/// The CA certificate of the secure cluster in `dir`.
+pub fn ca_path(dir: &Path) -> PathBuf {
+    dir.join(TLS_DIR).join(crate::cert::CA_CERT)
+}
+
+/// A CA and a certificate for every node, for 127.0.0.1 and localhost.
+fn make_certificates(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
+    let tls = dir.join(TLS_DIR);
+    let failed = |e: crate::CliError| {
+        DevError::Usage(format!("making certificates in {}: {e}", tls.display()))
+    };
+    crate::cert::make_ca(&tls).map_err(failed)?;
+    for node in &cluster.nodes {
+        let hosts = ["127.0.0.1".to_string(), "localhost".to_string()];
+        crate::cert::make_node(&tls, node.id, &hosts).map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// A client of the cluster in `dir`: TLS with its CA when it is secure.
+fn dev_client(dir: &Path, cluster: &DevCluster) -> Result<rpc::client::HttpClient, DevError> {
+    if !cluster.secure {
+        return Ok(rpc::client::HttpClient::new());
+    }
+    let files = rpc::tls::ClientTlsFiles {
+        ca: ca_path(dir),
+        identity: None,
+    };
+    let tls = rpc::tls::ClientTls::load(files)
+        .map_err(|e| DevError::Usage(format!("the cluster's CA: {e}")))?;
+    Ok(rpc::client::HttpClient::new().with_tls(Some(tls)))
+}
 
 fn load_or_create(dir: &Path, nodes: u64, secure: bool) -> Result<DevCluster, DevError> {
     let path = dir.join("cluster.json");
@@ -143,6 +185,9 @@ fn load_or_create(dir: &Path, nodes: u64, secure: bool) -> Result<DevCluster, De
         held.push((api, raft));
     }
     drop(held);
+    if secure {
+        make_certificates(dir, &cluster)?;
+    }
     let text = serde_json::to_string_pretty(&cluster)
         .map_err(|e| DevError::Usage(format!("encoding cluster.json: {e}")))?;
     fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
@@ -281,7 +326,7 @@ fn spawn(
         .arg(initial_cluster)
         .arg("--sync")
         .arg(sync)
-        .args(auth_args(cluster, node_args))
+        .args(security_args(dir, node, cluster, node_args))
         .args(node_args)
         .stdin(Stdio::null())
         .stdout(log)
@@ -296,14 +341,33 @@ fn spawn(
 }
 
 /// The node flags that make a dev cluster plain or secure, unless `node_args` choose.
-fn auth_args(cluster: &DevCluster, node_args: &[String]) -> Vec<&'static str> {
-    let chosen = node_args.iter().any(|a| a.starts_with("--auth"));
-    match (chosen, cluster.secure) {
-        (true, _) => vec![],
-        (false, true) => vec!["--auth=tokens"],
+fn security_args(
+    dir: &Path,
+    node: &DevNode,
+    cluster: &DevCluster,
+    node_args: &[String],
+) -> Vec<String> {
+    let chose = |flag: &str| node_args.iter().any(|a| a.starts_with(flag));
+    let mut args = Vec::new();
+    if !chose("--auth") {
         // A laptop's cluster: no tokens, as the README's one command promises.
-        (false, false) => vec!["--auth=off"],
+        let auth = if cluster.secure { "tokens" } else { "off" };
+        args.push(format!("--auth={auth}"));
     }
+    if !chose("--tls") {
+        if cluster.secure {
+            let tls = dir.join(TLS_DIR);
+            let path = |name: String| tls.join(name).display().to_string();
+            args.extend([
+                format!("--tls-cert={}", path(format!("node-{}.pem", node.id))),
+                format!("--tls-key={}", path(format!("node-{}.key", node.id))),
+                format!("--tls-ca={}", path(crate::cert::CA_CERT.to_string())),
+            ]);
+        } else {
+            args.push("--tls=off".to_string());
+        }
+    }
+    args
 }
 
 /// Polls in a row a node must look gone before `up` gives up on it, so one odd read of
@@ -319,7 +383,7 @@ const EXIT_POLL: Duration = Duration::from_millis(50);
 /// Waits until every node answers `/ready`; fails early, with the end of its log, when a
 /// node has exited.
 async fn wait_ready(dir: &Path, cluster: &DevCluster) -> Result<(), DevError> {
-    let client = crate::http_client();
+    let client = dev_client(dir, cluster)?;
     let mut gone_polls: Vec<u32> = vec![0; cluster.nodes.len()];
     let look = async || {
         let mut waiting = Vec::new();
@@ -409,28 +473,27 @@ pub async fn up(
     if cluster.secure {
         let path = dir.join(ADMIN_TOKEN_FILE);
         if !path.exists() {
-            let token = bootstrap(&cluster).await?;
+            let token = bootstrap(dir, &cluster).await?;
             write_private(&path, &format!("{token}\n"))?;
             eprintln!(
                 "rota: admin token (shown once; also in {}):",
                 path.display()
             );
             eprintln!("{token}");
-        } else {
-            eprintln!(
-                "rota: the admin token is in {}; export ROTA_TOKEN=$(cat {})",
-                path.display(),
-                path.display()
-            );
         }
+        eprintln!(
+            "rota: export ROTA_TOKEN=$(cat {}) ROTA_CA={}",
+            path.display(),
+            ca_path(dir).display()
+        );
     }
-    Ok(cluster.nodes.iter().map(DevNode::url).collect())
+    Ok(cluster.urls())
 }
 
 /// Makes the cluster's first admin token through its first node.
-async fn bootstrap(cluster: &DevCluster) -> Result<String, DevError> {
+async fn bootstrap(dir: &Path, cluster: &DevCluster) -> Result<String, DevError> {
     let addrs: Vec<String> = cluster.nodes.iter().map(DevNode::api_addr).collect();
-    let nodes = crate::nodes::Nodes::from_addrs(addrs);
+    let nodes = crate::nodes::Nodes::with_client(dev_client(dir, cluster)?, addrs);
     let made = crate::auth::bootstrap(&nodes)
         .await
         .map_err(|e| DevError::NotReady(format!("making the first admin token: {e}")))?;

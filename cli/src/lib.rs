@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod bench;
 pub mod bench_wait;
+pub mod cert;
 pub mod cluster;
 pub mod dev;
 pub mod job;
@@ -33,12 +34,35 @@ pub fn token() -> Option<&'static str> {
     TOKEN.get().and_then(|t| t.as_deref())
 }
 
-/// An HTTP client that sends this process's token.
+static TLS: std::sync::OnceLock<Option<std::sync::Arc<rpc::tls::ClientTls>>> =
+    std::sync::OnceLock::new();
+
+/// Makes every connection of this process TLS, trusting the CA bundle at `ca` (`--ca`,
+/// `ROTA_CA`); `None`: plain HTTP. Only the first call counts.
+pub fn set_ca(ca: Option<std::path::PathBuf>) -> Result<(), CliError> {
+    let tls = match ca {
+        Some(ca) => Some(
+            rpc::tls::ClientTls::load(rpc::tls::ClientTlsFiles { ca, identity: None })
+                .map_err(|e| CliError::Usage(format!("--ca: {e}")))?,
+        ),
+        None => None,
+    };
+    let _ = TLS.set(tls);
+    Ok(())
+}
+
+/// The TLS configuration set by [`set_ca`], if any.
+pub fn tls() -> Option<std::sync::Arc<rpc::tls::ClientTls>> {
+    TLS.get().cloned().flatten()
+}
+
+/// An HTTP client that sends this process's token, over TLS when `--ca` is given.
 pub fn http_client() -> rpc::client::HttpClient {
     // The token was checked by `set_token`.
     rpc::client::HttpClient::new()
         .with_token(token())
         .unwrap_or_default()
+        .with_tls(tls())
 }
 
 /// A failed command, with the documented exit code: 1 refused or failed, 2 usage,

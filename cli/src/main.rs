@@ -29,6 +29,10 @@ struct Cli {
     /// cluster init` prints the first admin token).
     #[arg(long, global = true, env = "ROTA_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The cluster's CA certificate (PEM): talk TLS to the nodes and trust certificates
+    /// it signed (`rota dev up --secure` makes one in DIR/tls/ca.pem).
+    #[arg(long, global = true, env = "ROTA_CA")]
+    ca: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,6 +57,9 @@ enum Command {
     /// Access tokens: add, list, revoke (an admin token's work).
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Certificates: a cluster CA and node certificates for TLS.
+    #[command(subcommand)]
+    Cert(CertCommand),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  rota completions bash > /etc/bash_completion.d/rota\n  rota completions zsh > \"${fpath[1]}/_rota\"\n  rota completions fish > ~/.config/fish/completions/rota.fish"
@@ -1152,6 +1159,34 @@ impl Wait {
 }
 
 #[derive(Subcommand)]
+enum CertCommand {
+    /// Make a CA (DIR/ca.pem, DIR/ca.key); refuses to overwrite one.
+    #[command(
+        after_help = "Example:\n  rota cert ca --dir /etc/rota/tls\n\nKeep ca.key offline once the node certificates are made; give every node and client ca.pem."
+    )]
+    Ca {
+        /// Where the files go.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Make node ID's certificate (DIR/node-ID.pem, DIR/node-ID.key), signed by the CA in DIR.
+    #[command(
+        after_help = "Example:\n  rota cert node --dir /etc/rota/tls --id 3 --host rota-3.example.internal,10.0.0.3\n\nThe certificate names rota-node-ID (the node's identity on the Raft port) and every\n--host (the names and addresses clients and other nodes dial). Start the node with\n--tls-cert DIR/node-ID.pem --tls-key DIR/node-ID.key --tls-ca DIR/ca.pem."
+    )]
+    Node {
+        /// Where the CA is and the files go.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The node's id.
+        #[arg(long)]
+        id: u64,
+        /// Host names and IP addresses the node is reached at, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        host: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum AuthCommand {
     /// Bearer tokens: add, list, revoke.
     #[command(subcommand)]
@@ -1528,6 +1563,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         cli::set_token(cli.token)?;
+        cli::set_ca(cli.ca)?;
         match cli.command {
             Command::Dev(DevCommand::Up {
                 nodes,
@@ -1555,6 +1591,16 @@ fn main() -> ExitCode {
             Command::Group(command) => run_group(command).await,
             Command::Cluster(command) => run_cluster(command).await,
             Command::Auth(AuthCommand::Token(command)) => run_token(command).await,
+            Command::Cert(CertCommand::Ca { dir }) => {
+                let made = cli::cert::make_ca(&dir)?;
+                println!("{}\n{}", made.cert.display(), made.key.display());
+                Ok(())
+            }
+            Command::Cert(CertCommand::Node { dir, id, host }) => {
+                let made = cli::cert::make_node(&dir, id, &host)?;
+                println!("{}\n{}", made.cert.display(), made.key.display());
+                Ok(())
+            }
             Command::Completions { shell } => {
                 let mut command = <Cli as clap::CommandFactory>::command();
                 clap_complete::generate(shell, &mut command, "rota", &mut std::io::stdout());

@@ -70,12 +70,9 @@ impl Nodes {
         })
     }
 
-    /// A client for nodes at these `host:port` addresses.
-    pub fn from_addrs(addrs: Vec<String>) -> Self {
-        Self {
-            client: crate::http_client(),
-            addrs,
-        }
+    /// A client for nodes at these `host:port` addresses, through `client`.
+    pub fn with_client(client: HttpClient, addrs: Vec<String>) -> Self {
+        Self { client, addrs }
     }
 
     /// The addresses of `--url`, in the order given.
@@ -179,6 +176,7 @@ impl Nodes {
     pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
         let client = WorkerClient::new(&self.addrs, 0)
             .and_then(|c| c.with_token(crate::token()))
+            .map(|c| c.with_tls(crate::tls()))
             .map_err(|e| CliError::Usage(e.to_string()))?
             .with_timeouts(CALL_TIMEOUT, WRITE_GIVE_UP);
         let request_id = request

@@ -376,6 +376,7 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
     check_groups(&config.groups)?;
     let client = WorkerClient::new(&config.urls, config.client_id)
         .and_then(|c| c.with_token(crate::token()))
+        .map(|c| c.with_tls(crate::tls()))
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let client = Arc::new(client);
     if let Some(addr) = config.metrics_addr {

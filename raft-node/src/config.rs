@@ -14,6 +14,7 @@ use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::SyncMode;
 
 use crate::service::auth::AuthMode;
+use crate::tls::TlsFiles;
 
 /// Default longest claim: one day.
 pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
@@ -167,6 +168,31 @@ pub struct Flags {
     /// Serve /metrics without a token (for a scraper on a trusted network).
     #[arg(long, env = "ROTA_METRICS_OPEN", num_args = 0..=1, default_missing_value = "true")]
     pub metrics_open: Option<bool>,
+    /// `on` (the default): both listeners speak TLS and nodes prove who they are with
+    /// certificates (--tls-cert, --tls-key, --tls-ca); `off`: plain HTTP, for a trusted
+    /// network only.
+    #[arg(long, env = "ROTA_TLS", value_enum)]
+    pub tls: Option<TlsFlag>,
+    /// This node's certificate chain (PEM), signed by the cluster's CA and naming
+    /// rota-node-<ID> and the host names clients dial (`rota cert node` makes one).
+    #[arg(long, env = "ROTA_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = "ROTA_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster's CA certificate bundle (PEM).
+    #[arg(long, env = "ROTA_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// Whether the listeners speak TLS, as a flag value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsFlag {
+    /// TLS with certificates (default).
+    On,
+    /// Plain HTTP.
+    Off,
 }
 
 /// Whether requests need tokens, as a flag value.
@@ -208,6 +234,10 @@ impl Flags {
             ui_actions: self.ui_actions.or(other.ui_actions),
             auth: self.auth.or(other.auth),
             metrics_open: self.metrics_open.or(other.metrics_open),
+            tls: self.tls.or(other.tls),
+            tls_cert: self.tls_cert.or(other.tls_cert),
+            tls_key: self.tls_key.or(other.tls_key),
+            tls_ca: self.tls_ca.or(other.tls_ca),
         }
     }
 }
@@ -290,6 +320,8 @@ pub struct NodeConfig {
     pub auth: AuthMode,
     /// Whether /metrics is served without a token.
     pub metrics_open: bool,
+    /// TLS material; `None`: plain HTTP (`--tls=off`).
+    pub tls: Option<TlsFiles>,
     /// Raft timing.
     pub timing: RaftTiming,
 }
@@ -357,8 +389,44 @@ impl NodeConfig {
                 Some(AuthFlag::Tokens) | None => AuthMode::Tokens,
             },
             metrics_open: flags.metrics_open.unwrap_or(false),
+            tls: tls_files(flags.tls, flags.tls_cert, flags.tls_key, flags.tls_ca)?,
             timing: RaftTiming::default(),
         })
+    }
+}
+
+/// The TLS files, all three required unless TLS is turned off by name.
+fn tls_files(
+    flag: Option<TlsFlag>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    let given = [cert.is_some(), key.is_some(), ca.is_some()];
+    if flag == Some(TlsFlag::Off) {
+        if given.contains(&true) {
+            return Err(ConfigError::Invalid {
+                name: "tls",
+                problem: "off, but --tls-cert, --tls-key or --tls-ca is given: drop them, or drop --tls=off".into(),
+            });
+        }
+        return Ok(None);
+    }
+    match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles { cert, key, ca })),
+        _ => Err(ConfigError::Invalid {
+            name: "tls",
+            problem: format!(
+                "TLS is on unless turned off: give --tls-cert, --tls-key and --tls-ca (missing: {}; `rota cert` makes them), or --tls=off to serve plain HTTP on a trusted network",
+                ["--tls-cert", "--tls-key", "--tls-ca"]
+                    .iter()
+                    .zip(given)
+                    .filter(|(_, given)| !given)
+                    .map(|(flag, _)| *flag)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
     }
 }
 
@@ -573,6 +641,7 @@ mod tests {
             data_dir: Some("/tmp/rota".into()),
             listen_api: Some("127.0.0.1:7001".parse().expect("addr")),
             listen_raft: Some("127.0.0.1:7101".parse().expect("addr")),
+            tls: Some(TlsFlag::Off),
             ..Flags::default()
         }
     }
@@ -584,6 +653,48 @@ mod tests {
         assert_eq!(config.sync, SyncMode::Always);
         assert_eq!(config.body_bytes_max, BODY_BYTES_MAX_DEFAULT);
         assert!(config.initial_cluster.is_empty());
+        assert_eq!(config.auth, AuthMode::Tokens, "tokens unless turned off");
+        assert!(!config.metrics_open);
+        assert!(config.tls.is_none());
+    }
+
+    #[test]
+    fn tls_is_on_unless_turned_off_by_name() {
+        let message = |f: Flags| NodeConfig::validate(f).expect_err("invalid").to_string();
+        let silent = Flags {
+            tls: None,
+            ..flags()
+        };
+        let said = message(silent);
+        assert!(
+            said.contains("--tls-cert, --tls-key, --tls-ca") && said.contains("--tls=off"),
+            "{said}"
+        );
+        let half = Flags {
+            tls: Some(TlsFlag::On),
+            tls_cert: Some("/n.pem".into()),
+            ..flags()
+        };
+        let said = message(half);
+        assert!(said.contains("missing: --tls-key, --tls-ca"), "{said}");
+        let contradictory = Flags {
+            tls_ca: Some("/ca.pem".into()),
+            ..flags()
+        };
+        assert!(message(contradictory).contains("drop them"));
+        let on = NodeConfig::validate(Flags {
+            tls: None,
+            tls_cert: Some("/n.pem".into()),
+            tls_key: Some("/n.key".into()),
+            tls_ca: Some("/ca.pem".into()),
+            ..flags()
+        })
+        .expect("valid");
+        assert_eq!(
+            on.tls.map(|t| t.ca),
+            Some(PathBuf::from("/ca.pem")),
+            "files are read at start, not here"
+        );
     }
 
     #[test]

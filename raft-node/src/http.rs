@@ -34,6 +34,9 @@ use tokio::sync::watch;
 
 use crate::config::ConnectionLimits;
 use crate::hyper_errors::JsonErrorIo;
+use crate::tls::Listener;
+use crate::tls::NodeTls;
+use crate::tls::PeerCertificate;
 
 use crate::service::ServiceError;
 
@@ -130,13 +133,18 @@ async fn refuse_connection(mut stream: TcpStream, reason: String) {
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(answer.as_bytes())).await;
 }
 
+/// TLS for a listener: the node's configurations and which listener this is.
+pub type ListenerTls = Option<(Arc<NodeTls>, Listener)>;
+
 /// Serves `router` on `listener` until `shutdown` turns true, holding at most `limits`
-/// connections open.
+/// connections open, over TLS when `tls` is given (a client that does not finish its
+/// handshake within [`HEADER_READ_TIMEOUT`] is cut off).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     mut shutdown: watch::Receiver<bool>,
     limits: ConnectionLimits,
+    tls: ListenerTls,
 ) {
     let gate = ConnectionGate::new(limits);
     loop {
@@ -158,34 +166,74 @@ pub async fn serve(
             Ok(admitted) => admitted,
             Err(reason) => {
                 tracing::debug!(%peer, %reason, "connection refused");
-                tokio::spawn(refuse_connection(stream, reason));
+                if tls.is_none() {
+                    tokio::spawn(refuse_connection(stream, reason));
+                }
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let mut shutdown = shutdown.clone();
+        let router = router.clone();
+        let shutdown = shutdown.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _admitted = admitted;
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(crate::runtime::HyperTimer)
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(JsonErrorIo::new(stream)), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                biased;
-                _ = shutdown.changed() => connection.as_mut().graceful_shutdown(),
-                result = connection.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+            let Some((tls, listener)) = tls else {
+                serve_connection(stream, router, shutdown, peer).await;
+                return;
+            };
+            let acceptor = tls.acceptor(listener);
+            let stream =
+                match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
                     }
-                    return;
-                }
-            }
-            let _ = connection.await;
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake not finished in time");
+                        return;
+                    }
+                };
+            let certificate = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|cert| Arc::new(cert.clone().into_owned()));
+            let router = router.layer(axum::Extension(PeerCertificate(certificate)));
+            serve_connection(stream, router, shutdown, peer).await;
         });
     }
+}
+
+/// Serves HTTP/1.1 on one accepted connection until it ends or `shutdown` turns true.
+async fn serve_connection<S>(
+    stream: S,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(crate::runtime::HyperTimer)
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(JsonErrorIo::new(stream)), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        biased;
+        _ = shutdown.changed() => connection.as_mut().graceful_shutdown(),
+        result = connection.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            return;
+        }
+    }
+    let _ = connection.await;
 }
 
 /// An answer other than 200, with a JSON body that says what to do.

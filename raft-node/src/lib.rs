@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod service;
 pub mod storage;
 pub mod time_keeper;
+pub mod tls;
 pub mod types;
 pub mod ui;
 pub mod waiting;
@@ -79,6 +80,9 @@ pub enum StartError {
     /// openraft refused the configuration or failed to start.
     #[error("starting Raft: {0}")]
     Raft(String),
+    /// The TLS files could not be used.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// openraft's configuration from ours.
@@ -102,6 +106,8 @@ pub fn raft_config(config: &NodeConfig) -> Result<openraft::Config, StartError> 
 pub struct RunningNode {
     /// The node.
     pub node: SharedNode,
+    /// Its TLS configurations, to reload on SIGHUP; `None` with `--tls=off`.
+    pub tls: Option<Arc<tls::NodeTls>>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     /// Ends once Raft has shut down.
@@ -153,6 +159,10 @@ pub fn raft_router(node: SharedNode) -> Router {
     raft_api::routes()
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            tls::require_member,
+        ))
         .with_state(node)
 }
 
@@ -241,10 +251,16 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     state_machine.observe(observer.clone());
     let state = state_machine.reader();
 
+    let node_tls = match &config.tls {
+        Some(files) => {
+            Some(tls::NodeTls::load(files.clone()).map_err(|e| StartError::Tls(e.to_string()))?)
+        }
+        None => None,
+    };
     let api_listener = bind(config.listen_api).await?;
     let raft_listener = bind(config.listen_raft).await?;
 
-    let client = HttpClient::new();
+    let client = HttpClient::new().with_tls(node_tls.as_ref().map(|t| t.client()));
     // What the log held before Raft starts on it: see `Node::log_at_start`.
     let log_at_start = log_at_start(&mut log_store).await?;
     let network = Network::new(client.clone(), config.timing.clone());
@@ -289,12 +305,14 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             api_router(node.clone()),
             shutdown_rx.clone(),
             node.config.connection_limits,
+            node_tls.clone().map(|t| (t, tls::Listener::Api)),
         )),
         tokio::spawn(http::serve(
             raft_listener,
             raft_router(node.clone()),
             shutdown_rx,
             node.config.connection_limits,
+            node_tls.clone().map(|t| (t, tls::Listener::Raft)),
         )),
     ];
     let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));
@@ -305,8 +323,14 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         raft = %node.config.advertise.raft_addr,
         sync = ?node.config.sync,
         auth = ?node.config.auth,
+        tls = node.config.tls.is_some(),
         "node started"
     );
+    if node.config.tls.is_none() {
+        tracing::warn!(
+            "TLS is off (--tls=off): requests, tokens and Raft traffic cross the network in clear text, and any host that reaches the Raft port can pose as a member; use it on a trusted network only"
+        );
+    }
     if node.config.auth == service::auth::AuthMode::Off {
         tracing::warn!(
             "authentication is off (--auth=off): anyone who reaches this node's API port can read, change or delete every task and change the cluster; use it on a trusted network only"
@@ -314,6 +338,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     }
     Ok(RunningNode {
         node,
+        tls: node_tls,
         shutdown,
         servers,
         log_time,

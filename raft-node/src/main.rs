@@ -39,6 +39,29 @@ async fn wait_for_signal() {
     }
 }
 
+/// Reloads the TLS files on every SIGHUP; a reload that fails keeps the old ones.
+fn reload_tls_on_sighup(tls: std::sync::Arc<raft_node::tls::NodeTls>) {
+    use tokio::signal::unix::SignalKind;
+    use tokio::signal::unix::signal;
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; TLS files are read at start only");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificates and keys reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous certificates stay in use")
+                }
+            }
+        }
+    });
+}
+
 fn main() -> std::process::ExitCode {
     let config = match NodeConfig::load(Flags::parse()) {
         Ok(config) => config,
@@ -70,6 +93,9 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::FAILURE;
             }
         };
+        if let Some(tls) = &running.tls {
+            reload_tls_on_sighup(tls.clone());
+        }
         wait_for_signal().await;
         tracing::info!("signal received; shutting down");
         running.shutdown().await;

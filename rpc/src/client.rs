@@ -186,6 +186,8 @@ pub struct HttpClient {
     idle: Arc<Mutex<HashMap<String, Vec<Sender>>>>,
     /// `Authorization` sent with every request that does not set its own.
     authorization: Option<HeaderValue>,
+    /// TLS for every connection, when the nodes serve it.
+    tls: Option<Arc<crate::tls::ClientTls>>,
 }
 
 impl HttpClient {
@@ -207,6 +209,12 @@ impl HttpClient {
             }
         };
         Ok(self)
+    }
+
+    /// This client, speaking TLS with `tls` on every connection (`None`: plain HTTP).
+    pub fn with_tls(mut self, tls: Option<Arc<crate::tls::ClientTls>>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Adds this client's `Authorization` to `builder` unless `headers` set one.
@@ -246,7 +254,7 @@ impl HttpClient {
         }
     }
 
-    async fn connect(addr: &str) -> Result<Sender, ClientError> {
+    async fn connect(&self, addr: &str) -> Result<Sender, ClientError> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|source| ClientError::Connect {
@@ -255,6 +263,31 @@ impl HttpClient {
             })?;
         // Small request/response pairs: waiting to coalesce only adds latency.
         let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => Self::handshake(addr, stream).await,
+            Some(tls) => {
+                let name = crate::tls::server_name(addr).map_err(|e| ClientError::Connect {
+                    addr: addr.to_string(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+                let stream = tls.connector().connect(name, stream).await.map_err(|e| {
+                    ClientError::Connect {
+                        addr: addr.to_string(),
+                        source: std::io::Error::other(format!(
+                            "TLS handshake: {e}; check --ca (ROTA_CA) and that the node serves TLS"
+                        )),
+                    }
+                })?;
+                Self::handshake(addr, stream).await
+            }
+        }
+    }
+
+    /// An HTTP/1.1 connection over `stream`, its driver spawned.
+    async fn handshake<S>(addr: &str, stream: S) -> Result<Sender, ClientError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ClientError::Http {
@@ -349,7 +382,7 @@ impl HttpClient {
             message: e.to_string(),
         };
         let attempt = async {
-            let mut sender = Self::connect(addr).await?;
+            let mut sender = self.connect(addr).await?;
             let builder = Request::builder()
                 .method(Method::GET)
                 .uri(path_and_query)
@@ -460,7 +493,7 @@ impl HttpClient {
                     Err(other) => return Err(other),
                 }
             }
-            let sender = Self::connect(addr).await?;
+            let sender = self.connect(addr).await?;
             self.exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
                 .await
         };
@@ -510,6 +543,7 @@ impl HttpClient {
 pub fn node_address(url: &str) -> String {
     url.trim()
         .trim_start_matches("http://")
+        .trim_start_matches("https://")
         .trim_end_matches('/')
         .to_string()
 }

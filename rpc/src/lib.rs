@@ -12,6 +12,7 @@ pub mod job;
 pub mod lease;
 pub mod retry;
 pub mod schema;
+pub mod tls;
 pub mod watch;
 pub mod worker;
 pub mod worker_client;

@@ -177,6 +177,12 @@ impl WorkerClient {
         Ok(self)
     }
 
+    /// The same client, speaking TLS with `tls` (`None`: plain HTTP).
+    pub fn with_tls(mut self, tls: Option<std::sync::Arc<crate::tls::ClientTls>>) -> Self {
+        self.http = self.http.with_tls(tls);
+        self
+    }
+
     /// The same client, but one that never asks who leads: it starts at node `first`
     /// (modulo their number) and moves on to the next node after a failure. Test
     /// workloads use it to send through every node, relays included, as clients that

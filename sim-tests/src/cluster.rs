@@ -111,6 +111,7 @@ fn config(id: u64, members: &[u64]) -> NodeConfig {
         snapshot_every_entries: Some(200),
         logs_kept_after_snapshot: Some(50),
         auth: Some(raft_node::config::AuthFlag::Off),
+        tls: Some(raft_node::config::TlsFlag::Off),
         ..Flags::default()
     };
     NodeConfig::validate(flags).unwrap_or_else(|e| panic!("simulated node {id}: {e}"))

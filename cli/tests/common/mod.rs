@@ -128,7 +128,7 @@ impl Fleet {
                 .arg(self.dir.path().join(format!("node-{id}")))
                 .args(["--listen-api", &api, "--listen-raft", &raft])
                 .args(["--snapshot-every-entries", "500"])
-                .arg("--auth=off")
+                .args(["--auth=off", "--tls=off"])
                 .env("ROTA_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("log"))

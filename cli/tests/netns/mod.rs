@@ -771,7 +771,7 @@ impl Lab {
         }
         let child = command
             .args(["--snapshot-every-entries", "300"])
-            .arg("--auth=off")
+            .args(["--auth=off", "--tls=off"])
             .env("ROTA_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("the log file"))

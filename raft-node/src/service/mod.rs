@@ -137,17 +137,18 @@ impl Node {
         Ok(())
     }
 
+    /// The ids of the members (voters and learners) of this node's current membership.
+    pub fn member_ids(&self) -> Vec<u64> {
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        let membership = metrics.membership_config.membership();
+        membership.nodes().map(|(id, _)| *id).collect()
+    }
+
     /// Whether this node belongs to no cluster yet: never given a membership, it holds
     /// no state (and no token) at all.
     pub fn is_blank(&self) -> bool {
-        let watch = self.raft.metrics();
-        let metrics = watch.borrow_watched();
-        metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .next()
-            .is_none()
+        self.member_ids().is_empty()
     }
 
     /// The error for a Raft instance that has stopped for good.

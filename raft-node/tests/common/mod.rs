@@ -135,6 +135,9 @@ impl TestCluster {
         } else {
             vec!["--auth=off"]
         }
+        .into_iter()
+        .chain((!self.extra_args.iter().any(|a| a.starts_with("--tls"))).then_some("--tls=off"))
+        .collect()
     }
 
     /// Starts (or restarts) node `id` with its original command line.
@@ -210,6 +213,19 @@ impl TestCluster {
         if let Some(mut child) = process {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` (`HUP`, `STOP`, ...) to node `id`'s process, if it runs.
+    pub fn signal(&self, id: u64, signal: &str) {
+        let process = self.nodes[(id - 1) as usize]
+            .process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(child) = process.as_ref() {
+            let _ = std::process::Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
         }
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
@@ -147,11 +148,18 @@ class _HTTPConnection(http.client.HTTPConnection):
 class Pool:
     """Keep-alive connections per node, shared by every thread."""
 
-    def __init__(self, idle_per_node: int = IDLE_PER_NODE_MAX, token: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        idle_per_node: int = IDLE_PER_NODE_MAX,
+        token: Optional[str] = None,
+        tls: Optional[ssl.SSLContext] = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._idle: Dict[str, List[Connection]] = {}
         self._idle_max = idle_per_node
         self._authorization = f"Bearer {token}" if token else None
+        # With a context (a cluster CA), every node is dialled over TLS.
+        self._tls = tls
 
     def _take(self, node: Node) -> Optional[Connection]:
         with self._lock:
@@ -176,11 +184,10 @@ class Pool:
         for conn in conns:
             conn.close()
 
-    @staticmethod
-    def _connect(node: Node, timeout: float) -> Connection:
+    def _connect(self, node: Node, timeout: float) -> Connection:
         conn: Connection
-        if node.https:
-            conn = http.client.HTTPSConnection(node.host, node.port, timeout=timeout)
+        if node.https or self._tls is not None:
+            conn = http.client.HTTPSConnection(node.host, node.port, timeout=timeout, context=self._tls)
         else:
             conn = _HTTPConnection(node.host, node.port, timeout=timeout)
         conn.connect()

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import secrets
+import ssl
 import threading
 import time
 from typing import (
@@ -164,7 +165,10 @@ class RotaClient:
     on when some are down. ``client_id``: the owner of every task this client writes
     (a signed 64-bit integer); ``None`` picks a random one, unique in practice.
     ``token``: the bearer token sent with every request (a node with ``--auth=tokens``
-    needs one); ``None`` reads ``ROTA_TOKEN`` from the environment, if set.
+    needs one); ``None`` reads ``ROTA_TOKEN`` from the environment, if set. ``ca``: the
+    path of the cluster's CA certificate (PEM): every node is then dialled over TLS and
+    must present a certificate it signed; ``None`` reads ``ROTA_CA``, if set (``https://``
+    URLs without a CA use the system's trust store).
 
     One client may be shared by any number of threads: connections are pooled per node
     and kept alive.
@@ -179,7 +183,11 @@ class RotaClient:
         give_up_after: float = GIVE_UP_AFTER,
         retry_pause: float = RETRY_PAUSE,
         token: Optional[str] = None,
+        ca: Optional[str] = None,
     ) -> None:
+        if ca is None:
+            ca = os.environ.get("ROTA_CA") or None
+        tls = ssl.create_default_context(cafile=ca) if ca is not None else None
         if token is None:
             token = os.environ.get("ROTA_TOKEN") or None
         if token is not None and (not token.strip() or any(c in token for c in "\r\n")):
@@ -205,7 +213,7 @@ class RotaClient:
         self.call_timeout = float(call_timeout)
         self.give_up_after = float(give_up_after)
         self.retry_pause = float(retry_pause)
-        self._pool = Pool(token=token.strip() if token else None)
+        self._pool = Pool(token=token.strip() if token else None, tls=tls)
         # Unique across processes and restarts, so that no two clients' request ids meet.
         self._id_prefix = f"c{client_id}-{secrets.token_hex(8)}"
         self._sent = itertools.count()
