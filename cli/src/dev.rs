@@ -340,7 +340,8 @@ fn spawn(
     Ok(())
 }
 
-/// The node flags that make a dev cluster plain or secure, unless `node_args` choose.
+/// The node flags that make a dev cluster plain or secure, without rate limits, unless
+/// `node_args` choose.
 fn security_args(
     dir: &Path,
     node: &DevNode,
@@ -353,6 +354,12 @@ fn security_args(
         // A laptop's cluster: no tokens, as the README's one command promises.
         let auth = if cluster.secure { "tokens" } else { "off" };
         args.push(format!("--auth={auth}"));
+    }
+    // Rate limits would only get in the way of a laptop's benchmarks.
+    for limit in ["--rate-limit-per-connection", "--rate-limit-per-token"] {
+        if !chose(limit) {
+            args.push(format!("{limit}=0"));
+        }
     }
     if !chose("--tls") {
         if cluster.secure {

@@ -86,6 +86,11 @@ pub async fn check_token(
     if let Err(refused) = caller.may(access) {
         return ApiError::from(refused).into_response();
     }
+    if let Caller::Token { id, .. } = &caller
+        && let Err(why) = node.token_limits.check(id)
+    {
+        return crate::rate_limit::too_many(why);
+    }
     request.extensions_mut().insert(caller);
     next.run(request).await
 }

@@ -34,6 +34,13 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
 /// Default most connections one peer address holds open to a listener.
 pub const CONNECTIONS_PER_PEER_MAX_DEFAULT: usize = 1024;
 
+/// Default requests a second one API connection may send: far above what one worker's
+/// connection sends (a few hundred), low enough that one runaway client cannot take a
+/// node's whole capacity.
+pub const RATE_LIMIT_PER_CONNECTION_DEFAULT: u32 = 5_000;
+/// Default requests a second one token may send to one node.
+pub const RATE_LIMIT_PER_TOKEN_DEFAULT: u32 = 50_000;
+
 /// Default entries between snapshots.
 pub const SNAPSHOT_EVERY_ENTRIES_DEFAULT: u64 = 50_000;
 /// Default entries kept behind a snapshot, so slow followers catch up from the log.
@@ -183,6 +190,13 @@ pub struct Flags {
     /// The cluster's CA certificate bundle (PEM).
     #[arg(long, env = "ROTA_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+    /// Requests a second one API connection may send (bursts of as many); more get 429.
+    /// 0: no limit.
+    #[arg(long, env = "ROTA_RATE_LIMIT_PER_CONNECTION")]
+    pub rate_limit_per_connection: Option<u32>,
+    /// Requests a second one token may send to this node; more get 429. 0: no limit.
+    #[arg(long, env = "ROTA_RATE_LIMIT_PER_TOKEN")]
+    pub rate_limit_per_token: Option<u32>,
 }
 
 /// Whether the listeners speak TLS, as a flag value.
@@ -238,6 +252,10 @@ impl Flags {
             tls_cert: self.tls_cert.or(other.tls_cert),
             tls_key: self.tls_key.or(other.tls_key),
             tls_ca: self.tls_ca.or(other.tls_ca),
+            rate_limit_per_connection: self
+                .rate_limit_per_connection
+                .or(other.rate_limit_per_connection),
+            rate_limit_per_token: self.rate_limit_per_token.or(other.rate_limit_per_token),
         }
     }
 }
@@ -322,6 +340,10 @@ pub struct NodeConfig {
     pub metrics_open: bool,
     /// TLS material; `None`: plain HTTP (`--tls=off`).
     pub tls: Option<TlsFiles>,
+    /// Requests a second per API connection; 0: no limit.
+    pub rate_limit_per_connection: u32,
+    /// Requests a second per token on this node; 0: no limit.
+    pub rate_limit_per_token: u32,
     /// Raft timing.
     pub timing: RaftTiming,
 }
@@ -390,6 +412,12 @@ impl NodeConfig {
             },
             metrics_open: flags.metrics_open.unwrap_or(false),
             tls: tls_files(flags.tls, flags.tls_cert, flags.tls_key, flags.tls_ca)?,
+            rate_limit_per_connection: flags
+                .rate_limit_per_connection
+                .unwrap_or(RATE_LIMIT_PER_CONNECTION_DEFAULT),
+            rate_limit_per_token: flags
+                .rate_limit_per_token
+                .unwrap_or(RATE_LIMIT_PER_TOKEN_DEFAULT),
             timing: RaftTiming::default(),
         })
     }

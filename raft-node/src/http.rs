@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use crate::config::ConnectionLimits;
 use crate::hyper_errors::JsonErrorIo;
+use crate::rate_limit::ConnectionLimit;
 use crate::tls::Listener;
 use crate::tls::NodeTls;
 use crate::tls::PeerCertificate;
@@ -138,13 +139,15 @@ pub type ListenerTls = Option<(Arc<NodeTls>, Listener)>;
 
 /// Serves `router` on `listener` until `shutdown` turns true, holding at most `limits`
 /// connections open, over TLS when `tls` is given (a client that does not finish its
-/// handshake within [`HEADER_READ_TIMEOUT`] is cut off).
+/// handshake within [`HEADER_READ_TIMEOUT`] is cut off), each connection sending at
+/// most `requests_per_connection` requests a second (0: no limit).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     mut shutdown: watch::Receiver<bool>,
     limits: ConnectionLimits,
     tls: ListenerTls,
+    requests_per_connection: u32,
 ) {
     let gate = ConnectionGate::new(limits);
     loop {
@@ -173,7 +176,14 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let router = router.clone();
+        let router = match ConnectionLimit::new(requests_per_connection) {
+            Some(limit) => router
+                .clone()
+                .layer(axum::middleware::from_fn(move |request, next| {
+                    limit.clone().check(request, next)
+                })),
+            None => router.clone(),
+        };
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {

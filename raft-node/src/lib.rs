@@ -19,6 +19,7 @@ pub mod network;
 pub mod node;
 pub mod openapi;
 pub mod raft_api;
+pub mod rate_limit;
 pub mod relay;
 pub mod runtime;
 pub mod service;
@@ -306,6 +307,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             shutdown_rx.clone(),
             node.config.connection_limits,
             node_tls.clone().map(|t| (t, tls::Listener::Api)),
+            node.config.rate_limit_per_connection,
         )),
         tokio::spawn(http::serve(
             raft_listener,
@@ -313,6 +315,8 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             shutdown_rx,
             node.config.connection_limits,
             node_tls.clone().map(|t| (t, tls::Listener::Raft)),
+            // Nodes are few and trusted, and replication must never be held back.
+            0,
         )),
     ];
     let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));

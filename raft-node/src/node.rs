@@ -50,6 +50,8 @@ pub struct Node {
     pub claims: Arc<ClaimQueues>,
     /// Blocking claims' proposals under a request id that have not finished.
     pub claims_in_flight: InFlight,
+    /// Each token's request rate on this node.
+    pub token_limits: crate::rate_limit::TokenLimits,
     /// The term and last log index this node's storage held when it started: a leader
     /// that restarted without losing its leadership serves linearizable reads only once
     /// it applied that far (see `Node::read`).
@@ -91,6 +93,7 @@ impl Node {
             log_at_start: (0, None),
             claims: Arc::clone(&observer.claims),
             claims_in_flight: InFlight::default(),
+            token_limits: crate::rate_limit::TokenLimits::new(config.rate_limit_per_token),
             waiters: Arc::new(Waiters::new(config.max_waiters)),
             feed: Arc::clone(&observer.feed),
             config,

@@ -112,6 +112,8 @@ fn config(id: u64, members: &[u64]) -> NodeConfig {
         logs_kept_after_snapshot: Some(50),
         auth: Some(raft_node::config::AuthFlag::Off),
         tls: Some(raft_node::config::TlsFlag::Off),
+        rate_limit_per_connection: Some(0),
+        rate_limit_per_token: Some(0),
         ..Flags::default()
     };
     NodeConfig::validate(flags).unwrap_or_else(|e| panic!("simulated node {id}: {e}"))

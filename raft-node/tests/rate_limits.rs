@@ -1,0 +1,160 @@
+//! Request rate limits (issue 16): a connection or a token over its rate gets 429 with
+//! `Retry-After` and a JSON error, and other connections and tokens are served.
+
+mod common;
+
+use common::CALL_TIMEOUT;
+use common::TestCluster;
+use hyper::Method;
+use hyper::header::AUTHORIZATION;
+use hyper::header::HeaderValue;
+use hyper::header::RETRY_AFTER;
+use rpc::client::HttpClient;
+use rpc::client::HttpResponse;
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
+
+/// `GET path` on node 1 through `client`, with `token` if any.
+async fn get(
+    cluster: &TestCluster,
+    client: &HttpClient,
+    path: &str,
+    token: Option<&str>,
+) -> HttpResponse {
+    let mut headers = Vec::new();
+    if let Some(token) = token {
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).expect("a header value");
+        headers.push((AUTHORIZATION, value));
+    }
+    client
+        .send(
+            cluster.api(1),
+            Method::GET,
+            path,
+            &headers,
+            Default::default(),
+            CALL_TIMEOUT,
+        )
+        .await
+        .expect("the node answered")
+}
+
+fn assert_too_many(answer: &HttpResponse) {
+    assert_eq!(answer.status, 429);
+    assert_eq!(
+        answer
+            .headers
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: Value = serde_json::from_slice(&answer.body).expect("a JSON body");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("requests a second")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_its_rate_gets_429_and_others_are_served() {
+    let cluster = TestCluster::start_with(1, "always", &["--rate-limit-per-connection=20"]);
+    cluster.wait_ready(&[1]).await;
+    // 60 requests pipelined on one connection: a burst of 20 passes, the rest are held.
+    let mut requests = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n".repeat(59);
+    requests.push_str("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut stream = tokio::net::TcpStream::connect(cluster.api(1))
+        .await
+        .expect("connects");
+    stream.write_all(requests.as_bytes()).await.expect("sent");
+    let mut answers = Vec::new();
+    tokio::time::timeout(CALL_TIMEOUT, stream.read_to_end(&mut answers))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let answers = String::from_utf8_lossy(&answers);
+    let served = answers.matches("HTTP/1.1 200").count();
+    let refused = answers.matches("HTTP/1.1 429").count();
+    assert_eq!(served + refused, 60, "{answers}");
+    assert!((20..=30).contains(&served), "{served} of 60 served");
+    assert!(
+        answers.contains("retry-after: 1") && answers.contains("requests a second"),
+        "{answers}"
+    );
+    // A new connection has a bucket of its own.
+    let fresh = get(&cluster, &HttpClient::new(), "/health", None).await;
+    assert_eq!(fresh.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_over_its_rate_gets_429_on_any_connection_and_others_are_served() {
+    let cluster = TestCluster::start_with(
+        1,
+        "always",
+        &[
+            "--auth=tokens",
+            "--rate-limit-per-token=20",
+            "--rate-limit-per-connection=0",
+        ],
+    );
+    cluster.wait_ready(&[1]).await;
+    let made = cluster
+        .client
+        .send(
+            cluster.api(1),
+            Method::POST,
+            "/admin/auth/bootstrap",
+            &[],
+            Default::default(),
+            CALL_TIMEOUT,
+        )
+        .await
+        .expect("bootstrapped");
+    let made: Value = serde_json::from_slice(&made.body).expect("json");
+    let admin = made["bearer"].as_str().expect("a token").to_string();
+    let add = serde_json::json!({"name": "busy", "role": "reader"}).to_string();
+    let busy = cluster
+        .client
+        .send(
+            cluster.api(1),
+            Method::POST,
+            "/admin/tokens",
+            &[(
+                AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {admin}")).expect("value"),
+            )],
+            add.into(),
+            CALL_TIMEOUT,
+        )
+        .await
+        .expect("made");
+    let busy: Value = serde_json::from_slice(&busy.body).expect("json");
+    let busy = busy["bearer"].as_str().expect("a token").to_string();
+
+    // Every request on a connection of its own: the token's bucket holds them back.
+    let mut refused = Vec::new();
+    for _ in 0..60 {
+        let answer = get(
+            &cluster,
+            &HttpClient::new(),
+            "/groups?consistency=stale",
+            Some(&busy),
+        )
+        .await;
+        if answer.status != 200 {
+            refused.push(answer);
+        }
+    }
+    assert!(refused.len() >= 30, "only {} of 60 refused", refused.len());
+    refused.iter().for_each(assert_too_many);
+    let other = get(
+        &cluster,
+        &HttpClient::new(),
+        "/groups?consistency=stale",
+        Some(&admin),
+    )
+    .await;
+    assert_eq!(other.status, 200, "another token is served");
+}
