@@ -18,6 +18,7 @@ use rcgen::IsCa;
 use rcgen::Issuer;
 use rcgen::KeyPair;
 use rcgen::KeyUsagePurpose;
+use rpc::tls::node_name;
 
 use crate::CliError;
 
@@ -40,18 +41,13 @@ pub struct Written {
     pub key: PathBuf,
 }
 
-/// The name a node's certificate carries for node `id` (as the node checks it).
-pub fn node_name(id: u64) -> String {
-    format!("rota-node-{id}")
-}
-
 fn failed(what: &str) -> impl FnOnce(rcgen::Error) -> CliError + '_ {
     move |e| CliError::Failed(format!("{what}: {e}"))
 }
 
 /// Writes `text` to a new file (never over an old one), readable by its owner only when
 /// `private`.
-fn write_new(path: &Path, text: &str, private: bool) -> Result<(), CliError> {
+pub(crate) fn write_new(path: &Path, text: &str, private: bool) -> Result<(), CliError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -481,7 +481,8 @@ pub async fn up(
         let path = dir.join(ADMIN_TOKEN_FILE);
         if !path.exists() {
             let token = bootstrap(dir, &cluster).await?;
-            write_private(&path, &format!("{token}\n"))?;
+            crate::cert::write_new(&path, &format!("{token}\n"), true)
+                .map_err(|e| DevError::Usage(e.to_string()))?;
             eprintln!(
                 "rota: admin token (shown once; also in {}):",
                 path.display()
@@ -505,20 +506,6 @@ async fn bootstrap(dir: &Path, cluster: &DevCluster) -> Result<String, DevError>
         .await
         .map_err(|e| DevError::NotReady(format!("making the first admin token: {e}")))?;
     Ok(made.bearer)
-}
-
-/// Writes `text` to a new file only its owner can read.
-fn write_private(path: &Path, text: &str) -> Result<(), DevError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io(format!("creating {}", path.display())))?;
-    file.write_all(text.as_bytes())
-        .map_err(io(format!("writing {}", path.display())))
 }
 
 fn signal(pid: u32, signal: &str) -> Result<(), DevError> {

@@ -46,10 +46,15 @@ pub fn routes() -> Router<SharedNode> {
 /// What a request to `path` needs of its caller. A node that belongs to no cluster yet
 /// holds nothing to protect and no token to check, so it answers its status and takes
 /// the admin steps that give it a cluster (init, restore) from anyone.
-fn access_needed(method: &Method, path: &str, metrics_open: bool, blank: bool) -> Access {
+fn access_needed(
+    method: &Method,
+    path: &str,
+    metrics_open: bool,
+    blank: impl Fn() -> bool,
+) -> Access {
     match path {
         "/health" | "/ready" | "/openapi.json" | BOOTSTRAP_PATH => Access::Open,
-        "/cluster" | "/admin/init" | "/admin/restore" if blank => Access::Open,
+        "/cluster" | "/admin/init" | "/admin/restore" if blank() => Access::Open,
         "/metrics" if metrics_open => Access::Open,
         "/metrics" | "/admin/state-hash" => Access::Observe,
         "/ui" => Access::Open,
@@ -72,7 +77,7 @@ pub async fn check_token(
         request.method(),
         request.uri().path(),
         node.config.metrics_open,
-        node.is_blank(),
+        || node.is_blank(),
     );
     let header = request
         .headers()
@@ -189,13 +194,16 @@ mod tests {
         let get = Method::GET;
         let post = Method::POST;
         let put = Method::PUT;
-        let needs = |method: &Method, path| access_needed(method, path, false, false);
+        let needs = |method: &Method, path| access_needed(method, path, false, || false);
         assert_eq!(needs(&get, "/health"), Access::Open);
         assert_eq!(needs(&get, "/ready"), Access::Open);
         assert_eq!(needs(&post, BOOTSTRAP_PATH), Access::Open);
         assert_eq!(needs(&get, "/ui/app.js"), Access::Open);
         assert_eq!(needs(&get, "/metrics"), Access::Observe);
-        assert_eq!(access_needed(&get, "/metrics", true, false), Access::Open);
+        assert_eq!(
+            access_needed(&get, "/metrics", true, || false),
+            Access::Open
+        );
         assert_eq!(needs(&get, "/cluster"), Access::Read);
         assert_eq!(needs(&get, "/group/map"), Access::Read);
         assert_eq!(needs(&get, "/watch"), Access::Read);
@@ -211,10 +219,10 @@ mod tests {
         assert_eq!(needs(&post, "/uix"), Access::Write);
         // A node in no cluster yet answers its status and takes init and restore.
         for path in ["/cluster", "/admin/init", "/admin/restore"] {
-            assert_eq!(access_needed(&get, path, false, true), Access::Open);
+            assert_eq!(access_needed(&get, path, false, || true), Access::Open);
         }
         assert_eq!(
-            access_needed(&post, "/admin/remove", false, true),
+            access_needed(&post, "/admin/remove", false, || true),
             Access::Admin
         );
     }

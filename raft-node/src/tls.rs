@@ -15,6 +15,7 @@ use axum::response::Response;
 use rpc::tls::ClientTls;
 use rpc::tls::ClientTlsFiles;
 use rpc::tls::TlsError;
+use rpc::tls::node_name;
 use rpc::tls::provider;
 use rpc::tls::read_certs;
 use rpc::tls::read_key;
@@ -26,11 +27,6 @@ use rustls_pki_types::ServerName;
 
 use crate::http::ApiError;
 use crate::node::SharedNode;
-
-/// The name a node's certificate must carry (as a DNS name) to speak for node `id`.
-pub fn node_name(id: u64) -> String {
-    format!("rota-node-{id}")
-}
 
 /// Where a node's TLS material lives.
 #[derive(Clone, Debug, PartialEq, Eq)]

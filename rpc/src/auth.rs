@@ -4,15 +4,13 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::Serialize;
+use task_machine::Role;
 
 /// The environment variable every client reads a bearer token from.
 pub const TOKEN_ENV: &str = "ROTA_TOKEN";
 
 /// The path of the one-time bootstrap that makes a cluster's first admin token.
 pub const BOOTSTRAP_PATH: &str = "/admin/auth/bootstrap";
-
-/// The roles a token may have, as the API spells them.
-pub const ROLES: [&str; 3] = ["worker", "reader", "admin"];
 
 /// `POST /admin/tokens`: a token to make. It takes no request id: its secret is made
 /// by the node and shown once, so a retry could not be answered with the first one.
@@ -78,11 +76,10 @@ pub struct TokenListJson {
 /// Checks a token request's fields before it is sent: the role is known, prefixes are
 /// not empty, and only worker tokens have any.
 pub fn check_token_add(add: &TokenAddJson) -> Result<(), String> {
-    if !ROLES.contains(&add.role.as_str()) {
+    if Role::parse(&add.role).is_none() {
         return Err(format!(
-            "role {:?} is not one of {}",
-            add.role,
-            ROLES.join(", ")
+            "role {:?} is not one of worker, reader, admin",
+            add.role
         ));
     }
     if add.groups.iter().any(String::is_empty) {

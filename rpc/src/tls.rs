@@ -14,6 +14,12 @@ use rustls_pki_types::PrivateKeyDer;
 use rustls_pki_types::ServerName;
 use rustls_pki_types::pem::PemObject;
 
+/// The name (a DNS name in its certificate) that speaks for node `id` among nodes; the
+/// Raft port serves only certificates naming a current member this way.
+pub fn node_name(id: u64) -> String {
+    format!("rota-node-{id}")
+}
+
 /// The environment variable clients read the CA bundle's path from.
 pub const CA_ENV: &str = "ROTA_CA";
 

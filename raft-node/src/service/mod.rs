@@ -148,7 +148,14 @@ impl Node {
     /// Whether this node belongs to no cluster yet: never given a membership, it holds
     /// no state (and no token) at all.
     pub fn is_blank(&self) -> bool {
-        self.member_ids().is_empty()
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_none()
     }
 
     /// The error for a Raft instance that has stopped for good.
