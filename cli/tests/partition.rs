@@ -52,6 +52,7 @@ async fn form(lab: &Lab) -> u64 {
     for id in lab.ids() {
         lab.wait_up(id, Duration::from_secs(30)).await;
     }
+    lab.bootstrap(Duration::from_secs(30)).await;
     let leader = lab
         .wait_leader(&lab.ids(), &[], Duration::from_secs(30))
         .await;
@@ -242,8 +243,8 @@ async fn split(lab: &Lab, minority: &[u64], leader: u64) -> u64 {
 }
 
 /// Every job record of the job group, by key, read page by page from `addr`.
-async fn final_jobs(addr: &str) -> BTreeMap<String, JobJson> {
-    let client = rpc::client::HttpClient::new();
+async fn final_jobs(lab: &Lab, addr: &str) -> BTreeMap<String, JobJson> {
+    let client = lab.http();
     let mut jobs = BTreeMap::new();
     let mut after = String::new();
     loop {
@@ -276,7 +277,8 @@ async fn finish(lab: &Lab, workers: Workers) {
         made => format!("; membership changes through the CLI: {made}"),
     };
     let addr = lab.spec.api(leader);
-    let final_tasks: Vec<TaskJson> = rpc::client::HttpClient::new()
+    let final_tasks: Vec<TaskJson> = lab
+        .http()
         .get(
             &addr,
             &format!("/group/{GROUP}?owned=1"),
@@ -288,7 +290,7 @@ async fn finish(lab: &Lab, workers: Workers) {
         .expect("200")
         .json(&addr)
         .expect("tasks");
-    let jobs = final_jobs(&addr).await;
+    let jobs = final_jobs(lab, &addr).await;
     let live_jobs = jobs.values().filter(|job| job.task.is_some()).count();
     assert_eq!(
         (final_tasks.len() + live_jobs) as u64,
@@ -346,7 +348,7 @@ async fn finish(lab: &Lab, workers: Workers) {
 
 async fn three_node_scenario(lab: Arc<Lab>) {
     let leader = form(&lab).await;
-    let workers = Workers::start(4, lab.api_addrs());
+    let workers = Workers::start(4, lab.api_addrs(), &lab.tokens().worker);
     progress(&lab, &workers, 30, "before the faults").await;
 
     let leader = isolate_leader(&lab, leader).await;
@@ -384,7 +386,7 @@ async fn three_node_scenario(lab: Arc<Lab>) {
 
 async fn five_node_scenario(lab: Arc<Lab>) {
     let leader = form(&lab).await;
-    let workers = Workers::start(6, lab.api_addrs());
+    let workers = Workers::start(6, lab.api_addrs(), &lab.tokens().worker);
     progress(&lab, &workers, 30, "before the faults").await;
 
     // The leader and one follower on the minority side.
@@ -473,7 +475,7 @@ async fn membership_scenario(lab: Arc<Lab>) {
     let leader = form(&lab).await;
     // The workers know every slot, the joiners' before they run and the removed nodes'
     // after they stopped: they move on from a node that does not answer.
-    let workers = Workers::start(4, lab.slot_addrs());
+    let workers = Workers::start(4, lab.slot_addrs(), &lab.tokens().worker);
     // Past a snapshot (every 300 entries) and the 100 entries kept behind it: the
     // joiner cannot catch up from the log alone.
     progress(&lab, &workers, 500, "before the membership changes").await;
@@ -676,7 +678,7 @@ async fn membership_scenario(lab: Arc<Lab>) {
 /// refused as "in flight".
 async fn interrupted_promotion_scenario(lab: Arc<Lab>) {
     form(&lab).await;
-    let workers = Workers::start(4, lab.slot_addrs());
+    let workers = Workers::start(4, lab.slot_addrs(), &lab.tokens().worker);
     progress(&lab, &workers, 30, "before the membership change").await;
     let joiner = lab.spec.nodes + 1;
     lab.start_empty(joiner);

@@ -24,9 +24,12 @@ use store_sm::machine::TokenRecord;
 
 use crate::http::ApiError;
 use crate::node::SharedNode;
+use crate::relay::FORWARDED_HEADER;
 use crate::relay::Incoming;
+use crate::relay::relay_unread;
 use crate::relay::respond;
 use crate::service::Consistency;
+use crate::service::ServiceError;
 use crate::service::auth::Access;
 use crate::service::auth::Caller;
 use crate::service::auth::new_token;
@@ -83,10 +86,25 @@ pub async fn check_token(
         .headers()
         .get(AUTHORIZATION)
         .map(|value| value.to_str().unwrap_or("(not text)"));
-    let caller = match (access, node.authenticate(header)) {
-        (Access::Open, result) => result.unwrap_or(Caller::Anyone),
-        (_, Ok(caller)) => caller,
-        (_, Err(refused)) => return ApiError::from(refused).into_response(),
+    let caller = if access == Access::Open {
+        node.authenticate(header).unwrap_or(Caller::Anyone)
+    } else {
+        match node.authenticate_confirmed(header).await {
+            Ok(caller) => caller,
+            // Only the leader can say that the cluster has no such token.
+            Err(ServiceError::NotLeader { leader_api })
+                if !request.headers().contains_key(FORWARDED_HEADER) =>
+            {
+                return relay_unread(&node, &leader_api, request).await;
+            }
+            Err(ServiceError::NotLeader { .. }) => {
+                return ApiError::unavailable(
+                    "leadership is moving and this node cannot check the token yet; retry shortly",
+                )
+                .into_response();
+            }
+            Err(refused) => return ApiError::from(refused).into_response(),
+        }
     };
     if let Err(refused) = caller.may(access) {
         return ApiError::from(refused).into_response();

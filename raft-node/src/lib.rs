@@ -19,6 +19,7 @@ pub mod network;
 pub mod node;
 pub mod openapi;
 pub mod raft_api;
+pub mod random;
 pub mod rate_limit;
 pub mod relay;
 pub mod runtime;

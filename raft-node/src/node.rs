@@ -103,7 +103,7 @@ impl Node {
             client,
             http_metrics: Arc::default(),
             log_stats,
-            request_nonce: rand::random(),
+            request_nonce: u64::from_le_bytes(crate::random::random_bytes()),
             request_counter: AtomicU64::new(0),
         }
     }

@@ -440,3 +440,92 @@ async fn tokens_and_roles_refuse_what_they_do_not_allow_and_change_nothing() {
         "a malformed token",
     );
 }
+
+/// A follower that has not applied a token yet (it was stopped while the token was
+/// made) never refuses it: it relays the request to the leader, which knows the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_on_tokens_relays_instead_of_refusing() {
+    let cluster = TestCluster::start_with(3, "always", &["--auth=tokens"]);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let first = eventually(|| {
+        let cluster = &cluster;
+        async move {
+            let (status, first) = call(
+                cluster,
+                1,
+                None,
+                Method::POST,
+                "/admin/auth/bootstrap",
+                Some(json!({})),
+            )
+            .await;
+            (status == 200)
+                .then_some(first.clone())
+                .ok_or(format!("bootstrap answered {status} {first}"))
+        }
+    })
+    .await;
+    let admin = first["bearer"].as_str().expect("a bearer").to_string();
+    let (status, cluster_status) =
+        call(&cluster, 1, Some(&admin), Method::GET, "/cluster", None).await;
+    assert_eq!(status, 200, "{cluster_status}");
+    let leader = cluster_status["leader"].as_u64().expect("a leader");
+    let behind = if leader == 1 { 2 } else { 1 };
+
+    for round in 0..5 {
+        cluster.signal(behind, "STOP");
+        let (status, made) = call(
+            &cluster,
+            leader,
+            Some(&admin),
+            Method::POST,
+            "/admin/tokens",
+            Some(json!({"name": format!("made while {behind} slept"), "role": "worker"})),
+        )
+        .await;
+        assert_eq!(status, 200, "{made}");
+        let bearer = made["bearer"].as_str().expect("a bearer").to_string();
+        cluster.signal(behind, "CONT");
+        // Sent at once: the follower may or may not have applied the token by then.
+        let add = json!({"clientid": 7, "adds": [{"group": "g", "data": format!("r{round}")}]});
+        let (status, answer) = call(
+            &cluster,
+            behind,
+            Some(&bearer),
+            Method::POST,
+            "/update",
+            Some(add),
+        )
+        .await;
+        assert_eq!(
+            status, 200,
+            "round {round}: node {behind} answered {answer}"
+        );
+        let (status, read) = call(
+            &cluster,
+            behind,
+            Some(&bearer),
+            Method::GET,
+            "/group/g?consistency=stale",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "round {round}: a stale read answered {read}");
+    }
+
+    // A token nobody made is still refused, by the leader's word, through the follower.
+    let unknown = format!("rota_{}_{}", "0".repeat(16), "1".repeat(64));
+    assert_refused(
+        call(
+            &cluster,
+            behind,
+            Some(&unknown),
+            Method::GET,
+            "/groups",
+            None,
+        )
+        .await,
+        401,
+        "a token nobody made, through a follower",
+    );
+}

@@ -18,6 +18,10 @@ use raft_node::config::NodeConfig;
 use raft_node::storage::NodeSnapshots;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::StateHashJson;
+use rpc::auth::BOOTSTRAP_PATH;
+use rpc::auth::BootstrapJson;
+use rpc::auth::NewTokenJson;
+use rpc::auth::TokenAddJson;
 use rpc::client::HttpClient;
 use store_sm::memory::MemDisk;
 use store_sm::raft_types::SyncMode;
@@ -80,7 +84,23 @@ pub struct SimCluster {
     client: NodeHandle,
     /// Links cut by [`SimCluster::cut`], as (from, to) node ids, to heal later.
     cut_links: std::sync::Mutex<std::collections::BTreeSet<(u64, u64)>>,
+    /// The admin token the harness's own calls carry, once [`SimCluster::bootstrap`] made it.
+    admin_token: std::sync::OnceLock<String>,
 }
+
+/// The bearer tokens of a simulated cluster, as [`SimCluster::bootstrap`] made them.
+#[derive(Clone, Debug)]
+pub struct SimTokens {
+    /// The first admin token.
+    pub admin: String,
+    /// A worker token limited to the group prefixes [`WORKER_GROUP_PREFIXES`].
+    pub worker: String,
+    /// A reader token.
+    pub reader: String,
+}
+
+/// The group prefixes of the workers' token: every group the workloads use, and no more.
+pub const WORKER_GROUP_PREFIXES: [&str; 2] = ["g", crate::JOB_GROUP];
 
 fn node_ip(id: u64) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8))
@@ -110,7 +130,9 @@ fn config(id: u64, members: &[u64]) -> NodeConfig {
         initial_cluster: initial,
         snapshot_every_entries: Some(200),
         logs_kept_after_snapshot: Some(50),
-        auth: Some(raft_node::config::AuthFlag::Off),
+        // Tokens are checked as in production; TLS is off: the simulated network has no
+        // eavesdropper, and the handshakes would only slow every run.
+        auth: Some(raft_node::config::AuthFlag::Tokens),
         tls: Some(raft_node::config::TlsFlag::Off),
         rate_limit_per_connection: Some(0),
         rate_limit_per_token: Some(0),
@@ -176,7 +198,85 @@ impl SimCluster {
             nodes,
             client,
             cut_links: std::sync::Mutex::new(Default::default()),
+            admin_token: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes the cluster's first admin token (asking the members in turn until one
+    /// answers, as `rota cluster init` does), then a worker token limited to
+    /// [`WORKER_GROUP_PREFIXES`] and a reader token. The harness's own calls carry the
+    /// admin token from then on. `None` if no member made it within `within`.
+    pub async fn bootstrap(&self, within: Duration) -> Option<SimTokens> {
+        let deadline = madsim::time::Instant::now() + within;
+        let members: Vec<u64> = self.nodes.keys().copied().collect();
+        let admin = 'made: loop {
+            for &id in &members {
+                if madsim::time::Instant::now() >= deadline {
+                    return None;
+                }
+                let answer = self
+                    .post_json(id, BOOTSTRAP_PATH, BootstrapJson::default())
+                    .await;
+                match answer {
+                    Some((200, body)) => {
+                        let made: NewTokenJson = serde_json::from_str(&body)
+                            .unwrap_or_else(|e| panic!("bootstrap answered {body}: {e}"));
+                        break 'made made.bearer;
+                    }
+                    // A bootstrap that applied but whose answer was lost cannot be
+                    // repeated: its secret is gone.
+                    Some((409, body)) => panic!("the cluster was bootstrapped already: {body}"),
+                    _ => madsim::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        };
+        let _ = self.admin_token.set(admin.clone());
+        let worker = self
+            .add_token("sim workers", "worker", &WORKER_GROUP_PREFIXES, deadline)
+            .await?;
+        let reader = self
+            .add_token("sim watchers", "reader", &[], deadline)
+            .await?;
+        Some(SimTokens {
+            admin,
+            worker,
+            reader,
+        })
+    }
+
+    /// Adds a token through any member with the admin token until one answers 200; its
+    /// bearer form, or `None` at `deadline`.
+    async fn add_token(
+        &self,
+        name: &str,
+        role: &str,
+        groups: &[&str],
+        deadline: madsim::time::Instant,
+    ) -> Option<String> {
+        let add = TokenAddJson {
+            name: name.into(),
+            role: role.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        };
+        let members: Vec<u64> = self.nodes.keys().copied().collect();
+        while madsim::time::Instant::now() < deadline {
+            for &id in &members {
+                if let Some((200, body)) = self.post_json(id, "/admin/tokens", add.clone()).await {
+                    let made: NewTokenJson = serde_json::from_str(&body)
+                        .unwrap_or_else(|e| panic!("a token add answered {body}: {e}"));
+                    return Some(made.bearer);
+                }
+                madsim::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        None
+    }
+
+    /// A client of the harness's own: it carries the admin token once there is one.
+    fn admin_client(&self) -> HttpClient {
+        HttpClient::new()
+            .with_token(self.admin_token.get().map(String::as_str))
+            .unwrap_or_else(|e| panic!("the admin token: {e}"))
     }
 
     fn host_id(&self, id: u64) -> madsim::task::NodeId {
@@ -287,11 +387,9 @@ impl SimCluster {
     {
         let addr = self.nodes[&id].api_addr();
         let path = path.to_string();
+        let client = self.admin_client();
         self.on_client(async move {
-            let response = HttpClient::new()
-                .get(&addr, &path, CALL_TIMEOUT)
-                .await
-                .ok()?;
+            let response = client.get(&addr, &path, CALL_TIMEOUT).await.ok()?;
             response.json(&addr).ok()
         })
         .await
@@ -305,8 +403,9 @@ impl SimCluster {
     {
         let addr = self.nodes[&id].api_addr();
         let path = path.to_string();
+        let client = self.admin_client();
         self.on_client(async move {
-            let response = HttpClient::new()
+            let response = client
                 .post_json(&addr, &path, &body, CALL_TIMEOUT)
                 .await
                 .ok()?;

@@ -93,6 +93,7 @@ impl Scenario {
             Bug::AckBeforeSync | Bug::IdReuse => Scenario::Crash,
             Bug::FollowerRead => Scenario::Partition,
             Bug::WallClockLease => Scenario::Clock,
+            Bug::LocalTokenCheck => Scenario::Membership,
             Bug::PartialTransaction
             | Bug::IgnoreMaxRunning
             | Bug::UnfencedFinish
@@ -272,6 +273,10 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         down: BTreeSet::new(),
         paused: BTreeSet::new(),
     };
+    // The first admin token takes the first leader: nothing answers without a token.
+    let Some(tokens) = cluster.bootstrap(Duration::from_secs(10)).await else {
+        return Err(trace.fail(vec!["no first leader made the tokens within 10 s".into()]));
+    };
     if cluster
         .wait_leader(&faults.voters, Duration::from_secs(10))
         .await
@@ -284,12 +289,12 @@ pub async fn run(scenario: Scenario) -> Result<RunReport, RunFailure> {
         Scenario::Clock => Mix::CLAIM_HEAVY,
         _ => Mix::BALANCED,
     };
-    let job_addrs = addrs.clone();
+    let (job_addrs, admin_token) = (addrs.clone(), tokens.admin.clone());
     cluster
-        .on_client(async move { configure_job_group(job_addrs).await })
+        .on_client(async move { configure_job_group(job_addrs, admin_token).await })
         .await;
     let workers = cluster
-        .on_client(async move { Workers::start(WORKERS, addrs, mix) })
+        .on_client(async move { Workers::start(WORKERS, addrs, mix, tokens) })
         .await;
 
     // Problems a scenario finds while it runs, reported after the history's checks.

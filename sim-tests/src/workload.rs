@@ -27,6 +27,7 @@ use crate::JOB_GROUP;
 use crate::JOB_LEASE_MS;
 use crate::JOB_MAX_ATTEMPTS;
 use crate::JOB_MAX_RUNNING;
+use crate::cluster::SimTokens;
 use crate::history::Answer;
 use crate::history::Call;
 use crate::history::History;
@@ -60,9 +61,11 @@ const JOB_KEYS: u32 = 8;
 /// A client of `addrs` that starts at node `first` and moves on after a failure, never
 /// asking who leads (so that writes cross relays too), and never gives up: the
 /// simulation heals every fault in the end.
-fn spread_client(addrs: &[String], first: usize, client_id: i64) -> WorkerClient {
+fn spread_client(addrs: &[String], first: usize, client_id: i64, token: &str) -> WorkerClient {
     WorkerClient::new(addrs, client_id)
         .expect("the workers are given the cluster's addresses")
+        .with_token(Some(token))
+        .expect("the harness's tokens fit a header")
         .spread_from(first)
         .with_timeouts(WORKER_CALL_TIMEOUT, Duration::MAX)
 }
@@ -70,11 +73,11 @@ fn spread_client(addrs: &[String], first: usize, client_id: i64) -> WorkerClient
 /// Sets the job group's settings the checkers assume ([`JOB_MAX_RUNNING`],
 /// [`JOB_MAX_ATTEMPTS`]), through
 /// any node, before the workers start.
-pub async fn configure_job_group(addrs: Vec<String>) {
+pub async fn configure_job_group(addrs: Vec<String>, admin_token: String) {
     if addrs.is_empty() {
         return;
     }
-    let client = spread_client(&addrs, 0, 0);
+    let client = spread_client(&addrs, 0, 0, &admin_token);
     let change = SettingsChangeJson {
         max_running: Some(i64::from(JOB_MAX_RUNNING)),
         max_attempts: Some(i64::from(JOB_MAX_ATTEMPTS)),
@@ -146,8 +149,9 @@ pub struct Workers {
 
 impl Workers {
     /// Starts `count` workers (client ids 1..=count) with operation `mix` against
-    /// `addrs` on the current host (call it on the client host).
-    pub fn start(count: u64, addrs: Vec<String>, mix: Mix) -> Self {
+    /// `addrs` on the current host (call it on the client host). Workers carry the
+    /// worker token (an admin token only to pause the job group), watchers the reader's.
+    pub fn start(count: u64, addrs: Vec<String>, mix: Mix, tokens: SimTokens) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let drain = Arc::new(Drain::default());
         let history = Arc::new(Mutex::new(History::default()));
@@ -156,7 +160,8 @@ impl Workers {
             .map(|worker| {
                 let worker_state = Worker {
                     id: worker,
-                    client: spread_client(&addrs, worker as usize, worker as i64),
+                    client: spread_client(&addrs, worker as usize, worker as i64, &tokens.worker),
+                    admin: spread_client(&addrs, worker as usize, worker as i64, &tokens.admin),
                     stop: stop.clone(),
                     drain: drain.clone(),
                     history: history.clone(),
@@ -176,7 +181,7 @@ impl Workers {
             .chain([JOB_GROUP])
             .enumerate()
             .map(|(i, group)| {
-                let client = spread_client(&addrs, i, 0);
+                let client = spread_client(&addrs, i, 0, &tokens.reader);
                 madsim::task::spawn(watch(group, client, stop.clone(), history.clone()))
             })
             .collect();
@@ -307,6 +312,8 @@ struct Worker {
     id: u64,
     /// The nodes, tried in turn; a failed call moves on to the next.
     client: WorkerClient,
+    /// The same with the admin token, for what only an admin may do (pausing a group).
+    admin: WorkerClient,
     stop: Arc<AtomicBool>,
     drain: Arc<Drain>,
     history: Arc<Mutex<History>>,
@@ -460,11 +467,11 @@ impl Worker {
             ..SettingsChangeJson::default()
         };
         let invoked_us = self.now_us();
-        let retries_before = self.client.retries();
-        if let Err(e) = self.client.change_settings(JOB_GROUP, &body).await {
+        let retries_before = self.admin.retries();
+        if let Err(e) = self.admin.change_settings(JOB_GROUP, &body).await {
             panic!("worker {} sent settings the API rejects: {e}", self.id);
         }
-        let retried = self.client.retries() - retries_before;
+        let retried = self.admin.retries() - retries_before;
         self.record(|h| h.retries += retried);
         let op = Op {
             worker: self.id,

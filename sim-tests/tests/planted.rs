@@ -73,3 +73,8 @@ fn unfenced_finish_is_caught() {
 fn watch_skip_is_caught() {
     assert_caught(Bug::WatchSkip);
 }
+
+#[test]
+fn local_token_check_is_caught() {
+    assert_caught(Bug::LocalTokenCheck);
+}

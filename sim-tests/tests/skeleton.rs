@@ -1,5 +1,5 @@
-//! The walking skeleton: three simulated nodes elect a leader and serve writes through
-//! the real router and transport, and a killed node catches up.
+//! The walking skeleton: three simulated nodes elect a leader and serve writes (with a
+//! token) through the real router and transport, and a killed node catches up.
 
 #![cfg(madsim)]
 
@@ -12,18 +12,40 @@ use sim_tests::cluster::SimCluster;
 #[madsim::test]
 async fn three_nodes_elect_serve_writes_and_converge() {
     let cluster = SimCluster::start(3);
+    // Nothing but the bootstrap answers before the first token exists.
+    let tokens = cluster
+        .bootstrap(Duration::from_secs(10))
+        .await
+        .expect("the first admin token within 10 s");
     let leader = cluster
         .wait_leader(&[1, 2, 3], Duration::from_secs(10))
         .await
         .expect("a leader within 10 s");
     assert!((1..=3).contains(&leader));
 
+    // Without a token nothing is written.
+    let addr = cluster.nodes[&leader].api_addr();
+    let status = cluster
+        .on_client(async move {
+            let body = serde_json::json!({"clientid": 1, "adds": [{"group": "g", "data": "x"}]});
+            HttpClient::new()
+                .post_json(&addr, "/update", &body, CALL_TIMEOUT)
+                .await
+                .expect("answers")
+                .status
+        })
+        .await;
+    assert_eq!(status.as_u16(), 401);
+    let worker = HttpClient::new()
+        .with_token(Some(&tokens.worker))
+        .expect("a header");
+
     // A write through a follower is relayed to the leader and acknowledged.
     let follower = if leader == 1 { 2 } else { 1 };
     let addr = cluster.nodes[&follower].api_addr();
+    let client = worker.clone();
     let added: serde_json::Value = cluster
         .on_client(async move {
-            let client = HttpClient::new();
             let body = serde_json::json!({"clientid": 1, "adds": [{"group": "g", "data": "x"}]});
             client
                 .post_json(&addr, "/update", &body, CALL_TIMEOUT)
@@ -41,9 +63,9 @@ async fn three_nodes_elect_serve_writes_and_converge() {
         .find(|&n| n != leader && n != follower)
         .expect("third");
     let addr = cluster.nodes[&other].api_addr();
+    let client = worker.clone();
     cluster
         .on_client(async move {
-            let client = HttpClient::new();
             for i in 0..20 {
                 let body = serde_json::json!({"clientid": 1, "adds": [{"group": "g", "data": format!("{i}")}]});
                 let response = client

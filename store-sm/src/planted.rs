@@ -45,11 +45,14 @@ pub enum Bug {
     /// The node's change feed drops the changes of every seventh log entry: watches
     /// skip them.
     WatchSkip,
+    /// A node refuses a token it has not applied yet (a new member, a lagging one)
+    /// instead of asking the leader: valid workers get 401s.
+    LocalTokenCheck,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 9] = [
         Bug::AckBeforeSync,
         Bug::FollowerRead,
         Bug::WallClockLease,
@@ -58,6 +61,7 @@ impl Bug {
         Bug::IgnoreMaxRunning,
         Bug::UnfencedFinish,
         Bug::WatchSkip,
+        Bug::LocalTokenCheck,
     ];
 
     /// Its command-line name.
@@ -71,6 +75,7 @@ impl Bug {
             Bug::IgnoreMaxRunning => "ignore-max-running",
             Bug::UnfencedFinish => "unfenced-finish",
             Bug::WatchSkip => "watch-skip",
+            Bug::LocalTokenCheck => "local-token-check",
         }
     }
 }
@@ -84,7 +89,7 @@ impl fmt::Display for Bug {
 /// A name that is not a known bug.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running, unfenced-finish, watch-skip"
+    "unknown bug {0:?}; known bugs: ack-before-sync, follower-read, wall-clock-lease, id-reuse, partial-transaction, ignore-max-running, unfenced-finish, watch-skip, local-token-check"
 )]
 pub struct UnknownBug(String);
 
@@ -140,7 +145,8 @@ pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> 
     }
     let replayed = is_remembered(machine, command);
     let outcome = machine.apply(command);
-    let (Request::Update(update) | Request::LegacyUpdate(update)) = &command.request else {
+    let (Request::Update(update) | Request::LegacyUpdate(update)) = command.request.unscoped()
+    else {
         return outcome;
     };
     if outcome.is_refused() && !replayed && !update.adds.is_empty() {
@@ -163,7 +169,7 @@ pub fn apply_with_planted_bugs(machine: &mut TaskMachine, command: &Command) -> 
 /// used), and the limit put back, all at the command's time.
 fn claim_ignoring_max_running(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
     let outcome = machine.apply(command);
-    let Request::Claim(claim) = &command.request else {
+    let Request::Claim(claim) = command.request.unscoped() else {
         return outcome;
     };
     let limit = machine.group_settings(&claim.group).max_running;
@@ -197,7 +203,7 @@ fn claim_ignoring_max_running(machine: &mut TaskMachine, command: &Command) -> A
 fn finish_without_fence(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
     let outcome = machine.apply(command);
     let cancelled = matches!(
-        (&command.request, &*outcome),
+        (command.request.unscoped(), &*outcome),
         (Request::Finish(_), Outcome::Refused(refusals))
             if refusals.iter().any(|r| matches!(r, Refusal::Cancelled { .. }))
     );

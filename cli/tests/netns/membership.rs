@@ -84,6 +84,9 @@ impl Lab {
         self.say(&format!("$ rota {}", args.join(" ")));
         let started = Instant::now();
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_rota"));
+        if let Some((tokens, _)) = self.tokens.get() {
+            command.env(rpc::auth::TOKEN_ENV, &tokens.admin);
+        }
         command
             .args(args)
             .stdin(Stdio::null())
@@ -422,7 +425,7 @@ impl Lab {
         for member in self.ids() {
             let addr = self.spec.api(member);
             let answer = self
-                .client
+                .http()
                 .post_json(&addr, "/admin/add-learner", &body, Duration::from_secs(10))
                 .await
                 .unwrap_or_else(|e| panic!("node {member} answers /admin/add-learner: {e}"));

@@ -578,11 +578,23 @@ struct Members {
     retired: Vec<u64>,
 }
 
+/// The bearer tokens of a lab's cluster.
+#[derive(Clone, Debug)]
+pub struct LabTokens {
+    /// The first admin token: the test's own calls and the CLI's carry it.
+    pub admin: String,
+    /// A worker token limited to the workloads' groups.
+    pub worker: String,
+}
+
 /// The lab seen from inside the worker namespace: nodes, faults, probes.
 pub struct Lab {
     /// The lab's layout.
     pub spec: LabSpec,
+    /// Probes (`/health` needs no token).
     client: HttpClient,
+    /// The tokens [`Lab::bootstrap`] made, and a client that carries the admin token.
+    tokens: std::sync::OnceLock<(LabTokens, HttpClient)>,
     nodes: Mutex<BTreeMap<u64, Child>>,
     members: Mutex<Members>,
     /// Nodes SIGSTOPped now.
@@ -605,6 +617,7 @@ impl Lab {
         Self {
             spec,
             client: HttpClient::new(),
+            tokens: std::sync::OnceLock::new(),
             nodes: Mutex::new(BTreeMap::new()),
             members: Mutex::new(members),
             paused: Mutex::new(BTreeSet::new()),
@@ -614,6 +627,85 @@ impl Lab {
             delayer: Mutex::new(None),
             started: Instant::now(),
         }
+    }
+
+    /// Makes the cluster's first admin token (asking the nodes in turn until one answers,
+    /// as `rota cluster init` does) and a worker token limited to the workloads' groups.
+    /// The lab's calls and `rota` commands carry the admin token from then on.
+    pub async fn bootstrap(&self, within: Duration) -> LabTokens {
+        let deadline = Instant::now() + within;
+        let body = serde_json::json!({});
+        let admin = self
+            .make_token(&self.client, rpc::auth::BOOTSTRAP_PATH, &body, deadline)
+            .await;
+        let admin_client = HttpClient::new()
+            .with_token(Some(&admin))
+            .expect("a token fits a header");
+        let add = rpc::auth::TokenAddJson {
+            name: "partition-test workers".into(),
+            role: "worker".into(),
+            groups: vec![workload::GROUP.into(), workload::JOB_GROUP.into()],
+        };
+        let worker = self
+            .make_token(&admin_client, "/admin/tokens", &add, deadline)
+            .await;
+        let tokens = LabTokens { admin, worker };
+        self.say("made the first admin token and a worker token for `work` and `jobs`");
+        let _ = self.tokens.set((tokens.clone(), admin_client));
+        tokens
+    }
+
+    /// POSTs `body` to `path` (a token-making endpoint) with `client`, asking the nodes
+    /// in turn until one makes the token; its bearer form. A 409 (the bootstrap was done
+    /// already) or the deadline fails the test.
+    async fn make_token<B: serde::Serialize>(
+        &self,
+        client: &HttpClient,
+        path: &str,
+        body: &B,
+        deadline: Instant,
+    ) -> String {
+        let mut last = String::from("not asked");
+        loop {
+            for id in self.ids() {
+                assert!(
+                    Instant::now() < deadline,
+                    "no node answered {path} in time: {last}"
+                );
+                let addr = self.spec.api(id);
+                match client.post_json(&addr, path, body, PROBE_TIMEOUT).await {
+                    Ok(answer) if answer.status.is_success() => {
+                        let made: rpc::auth::NewTokenJson =
+                            answer.json(&addr).expect("a new token");
+                        return made.bearer;
+                    }
+                    Ok(answer) => {
+                        last = format!(
+                            "{} {}",
+                            answer.status,
+                            String::from_utf8_lossy(&answer.body)
+                        );
+                        assert_ne!(answer.status.as_u16(), 409, "{path}: {last}");
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// The tokens [`Lab::bootstrap`] made.
+    pub fn tokens(&self) -> &LabTokens {
+        &self
+            .tokens
+            .get()
+            .expect("the lab's cluster was bootstrapped")
+            .0
+    }
+
+    /// A client for the lab's own calls: with the admin token once there is one.
+    pub fn http(&self) -> &HttpClient {
+        self.tokens.get().map_or(&self.client, |(_, client)| client)
     }
 
     /// The cluster's members (voters and learners) as last confirmed, ascending: at
@@ -771,7 +863,8 @@ impl Lab {
         }
         let child = command
             .args(["--snapshot-every-entries", "300"])
-            .args(["--auth=off", "--tls=off"])
+            // Tokens are checked as in production; TLS stays off (tests/tls.rs covers it).
+            .args(["--auth=tokens", "--tls=off"])
             .env("ROTA_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("the log file"))
@@ -839,7 +932,7 @@ impl Lab {
     pub async fn status(&self, id: u64) -> Option<ClusterStatusJson> {
         let addr = self.spec.api(id);
         let response = self
-            .client
+            .http()
             .get(&addr, "/cluster", PROBE_TIMEOUT)
             .await
             .ok()?;
@@ -921,7 +1014,7 @@ impl Lab {
             for id in self.ids() {
                 let addr = self.spec.api(id);
                 let hash = match self
-                    .client
+                    .http()
                     .get(&addr, "/admin/state-hash", PROBE_TIMEOUT)
                     .await
                 {

@@ -117,8 +117,8 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts `count` workers (client ids 1..=count) against `addrs`.
-    pub fn start(count: u64, addrs: Vec<String>) -> Self {
+    /// Starts `count` workers (client ids 1..=count) against `addrs`, with `token`.
+    pub fn start(count: u64, addrs: Vec<String>, token: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let give_up = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicU64::new(0));
@@ -136,6 +136,8 @@ impl Workers {
                     // definite or until the test gives up on them.
                     client: WorkerClient::new(&addrs, id as i64)
                         .expect("the workers are given the nodes' addresses")
+                        .with_token(Some(token))
+                        .expect("a token fits a header")
                         .spread_from(id as usize)
                         .with_timeouts(CALL_TIMEOUT, Duration::MAX),
                     stop: stop.clone(),

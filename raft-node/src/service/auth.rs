@@ -21,8 +21,12 @@ use store_sm::machine::TokenRecord;
 use store_sm::machine::TokenRevokeRequest;
 use store_sm::machine::constants::TOKEN_ID_BYTES;
 
+use store_sm::state_machine::AppliedState;
+
+use super::Consistency;
 use super::ServiceError;
 use crate::node::Node;
+use crate::random::random_bytes;
 
 /// The prefix of every bearer token, so that a leaked one is recognisable.
 pub const TOKEN_PREFIX: &str = "rota_";
@@ -152,8 +156,8 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A fresh token for `role`, limited to `groups`.
 pub fn new_token(client: ClientId, name: String, role: Role, groups: Vec<String>) -> NewToken {
-    let id = hex(&rand::random::<[u8; TOKEN_ID_BYTES / 2]>());
-    let secret = hex(&rand::random::<[u8; SECRET_HEX_DIGITS / 2]>());
+    let id = hex(&random_bytes::<{ TOKEN_ID_BYTES / 2 }>());
+    let secret = hex(&random_bytes::<{ SECRET_HEX_DIGITS / 2 }>());
     NewToken {
         bearer: format!("{TOKEN_PREFIX}{id}_{secret}"),
         add: TokenAddRequest {
@@ -165,6 +169,39 @@ pub fn new_token(client: ClientId, name: String, role: Role, groups: Vec<String>
             secret_hash: secret_hash(&secret),
         },
     }
+}
+
+/// A 401 that says `why` and how to send a token.
+fn unauthorized(why: &str) -> ServiceError {
+    ServiceError::Unauthorized(format!(
+        "{why}; send `Authorization: Bearer <token>` (rota: --token or ROTA_TOKEN)"
+    ))
+}
+
+/// The token id and the SHA-256 of the secret that an `Authorization` header value
+/// carries, or why it carries none.
+fn parse_authorization(authorization: Option<&str>) -> Result<(&str, String), ServiceError> {
+    let Some(value) = authorization else {
+        return Err(unauthorized("this node requires a token"));
+    };
+    let bearer = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or_else(|| unauthorized("the Authorization header is not a bearer token"))?;
+    let (id, secret) = split_bearer(bearer.trim())
+        .ok_or_else(|| unauthorized("the bearer token is not a Rota token"))?;
+    Ok((id, secret_hash(secret)))
+}
+
+/// The caller that token `id` with a secret hashing to `hash` is in `state`: `None` if
+/// `state` has no token `id`, a 401 if the secret is wrong.
+fn look_up(state: &AppliedState, id: &str, hash: &str) -> Option<Result<Caller, ServiceError>> {
+    let record = state.machine.token(id)?;
+    Some(if equal_in_constant_time(&record.secret_hash, hash) {
+        Ok(caller_of(record))
+    } else {
+        Err(unauthorized("the token is unknown or revoked"))
+    })
 }
 
 /// The id and secret of a bearer token, if it has the shape of one.
@@ -192,32 +229,41 @@ fn caller_of(record: &TokenRecord) -> Caller {
 }
 
 impl Node {
-    /// Who sent a request with this `Authorization` header value (if any).
+    /// Who sent a request with this `Authorization` header value (if any), by this
+    /// node's applied state. A well-formed token it does not know may be one the cluster
+    /// made a moment ago: [`Node::authenticate_confirmed`] settles that.
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, ServiceError> {
         if self.config.auth == AuthMode::Off {
             return Ok(Caller::Anyone);
         }
-        let unauthorized = |why: &str| {
-            ServiceError::Unauthorized(format!(
-                "{why}; send `Authorization: Bearer <token>` (rota: --token or ROTA_TOKEN)"
-            ))
-        };
-        let Some(value) = authorization else {
-            return Err(unauthorized("this node requires a token"));
-        };
-        let bearer = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .ok_or_else(|| unauthorized("the Authorization header is not a bearer token"))?;
-        let (id, secret) = split_bearer(bearer.trim())
-            .ok_or_else(|| unauthorized("the bearer token is not a Rota token"))?;
-        let hash = secret_hash(secret);
+        let (id, hash) = parse_authorization(authorization)?;
         self.state
-            .read(|state| {
-                let record = state.machine.token(id)?;
-                equal_in_constant_time(&record.secret_hash, &hash).then(|| caller_of(record))
-            })
-            .ok_or_else(|| unauthorized("the token is unknown or revoked"))
+            .read(|state| look_up(state, id, &hash))
+            .ok_or_else(|| unauthorized("the token is unknown or revoked"))?
+    }
+
+    /// As [`Node::authenticate`], but a token this node does not know is looked up again
+    /// after a linearizable read on the leader, so that no node refuses a token the
+    /// cluster has made because it has not applied it yet (it restarted, lags or is new).
+    /// Elsewhere than on the leader that is [`ServiceError::NotLeader`], for the caller to
+    /// relay the request, or [`ServiceError::Unavailable`] when no leader is known.
+    pub async fn authenticate_confirmed(
+        &self,
+        authorization: Option<&str>,
+    ) -> Result<Caller, ServiceError> {
+        if self.config.auth == AuthMode::Off {
+            return Ok(Caller::Anyone);
+        }
+        let (id, hash) = parse_authorization(authorization)?;
+        if let Some(known) = self.state.read(|state| look_up(state, id, &hash)) {
+            return known;
+        }
+        if store_sm::planted::is_planted(store_sm::planted::Bug::LocalTokenCheck) {
+            return Err(unauthorized("the token is unknown or revoked"));
+        }
+        let view = self.read(Consistency::Linearizable).await?;
+        look_up(&view.state, id, &hash)
+            .ok_or_else(|| unauthorized("the token is unknown or revoked"))?
     }
 
     /// Adds a token (the caller is an admin) and returns it with its bearer form.

@@ -44,7 +44,7 @@ mod runner {
         #[arg(long, default_value = "all")]
         scenario: String,
         /// Plant a known bug (ack-before-sync, follower-read, wall-clock-lease, id-reuse,
-        /// partial-transaction, ignore-max-running, unfenced-finish, watch-skip): the run should then fail.
+        /// partial-transaction, ignore-max-running, unfenced-finish, watch-skip, local-token-check): the run should then fail.
         #[arg(long)]
         plant_bug: Option<Bug>,
         /// With --plant-bug: stop at the first seed that catches it, succeed if one does.
