@@ -15,8 +15,10 @@ use axum::routing::get;
 use axum::routing::post;
 use rpc::job::CANCEL_PATH;
 use rpc::job::FAIL_PATH;
+use rpc::job::FINISH_MANY_PATH;
 use rpc::job::FINISH_PATH;
 use rpc::job::FailRequestJson;
+use rpc::job::FinishManyRequestJson;
 use rpc::job::FinishRequestJson;
 use rpc::job::GroupStatsJson;
 use rpc::job::JOBS_PAGE_DEFAULT;
@@ -33,10 +35,13 @@ use rpc::job::check_key;
 use rpc::job::check_keys_request;
 use rpc::job::check_settings_change;
 use rpc::job::factor_milli;
+use rpc::job::finish_items;
 use rpc::job::result_text;
 use store_sm::machine::Backoff;
 use store_sm::machine::CancelRequest;
 use store_sm::machine::FailRequest;
+use store_sm::machine::FinishItem;
+use store_sm::machine::FinishManyRequest;
 use store_sm::machine::FinishRequest;
 use store_sm::machine::JobState;
 use store_sm::machine::Outcome;
@@ -65,6 +70,7 @@ use crate::worker_api::write;
 pub fn routes() -> Router<SharedNode> {
     Router::new()
         .route(FINISH_PATH, post(post_finish))
+        .route(FINISH_MANY_PATH, post(post_finish_many))
         .route(FAIL_PATH, post(post_fail))
         .route(CANCEL_PATH, post(post_cancel))
         .route(RETRY_PATH, post(post_retry))
@@ -95,6 +101,24 @@ async fn post_finish(
         client: json.clientid,
         id: json.id,
         result,
+    });
+    Ok(write(&node, incoming, request, request_id).await)
+}
+
+async fn post_finish_many(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: FinishManyRequestJson = parse_json(&incoming.body, FINISH_MANY_PATH)?;
+    let finishes = finish_items(&json)
+        .map_err(ApiError::bad_request)?
+        .into_iter()
+        .map(|(id, result)| FinishItem { id, result })
+        .collect();
+    let request_id = request_id(&incoming, json.requestid)?;
+    let request = Request::FinishMany(FinishManyRequest {
+        client: json.clientid,
+        finishes,
     });
     Ok(write(&node, incoming, request, request_id).await)
 }

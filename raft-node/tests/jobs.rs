@@ -547,3 +547,99 @@ async fn a_groups_stats_count_its_tasks_and_jobs_and_a_cursor_pages_it() {
         "{error}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_of_many_ends_every_claim_or_none_through_any_node() {
+    let cluster = TestCluster::start(3, "always");
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    post(
+        &cluster,
+        follower,
+        "/update",
+        json!({"clientid": 1, "adds": [
+            {"group": "batch", "data": "a", "key": "a"},
+            {"group": "batch", "data": "b", "key": "b"},
+            {"group": "batch", "data": "c", "key": "c"},
+        ]}),
+    )
+    .await;
+    let mut three = claim("batch", 7);
+    three["count"] = json!(3);
+    let claimed = post(&cluster, follower, "/claim", three).await;
+    let ids: Vec<u64> = claimed["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["id"].as_u64().expect("an id"))
+        .collect();
+    assert_eq!(ids.len(), 3, "{claimed}");
+
+    // Another client's finish of the three is refused whole, each task named.
+    let refused = post(
+        &cluster,
+        leader,
+        "/finish/many",
+        json!({"clientid": 8, "finishes": ids.iter().map(|id| json!({"id": id})).collect::<Vec<_>>()}),
+    )
+    .await;
+    let errors = refused["errors"].as_array().expect("errors");
+    assert_eq!(errors.len(), 3, "{refused}");
+    for id in &ids {
+        assert!(
+            errors.iter().any(|e| e
+                .as_str()
+                .is_some_and(|e| e.contains(&format!("task {id} ")))),
+            "task {id} is named: {refused}"
+        );
+    }
+
+    // The owner's: every job succeeds with its own result, once, retried or not.
+    let body = json!({"clientid": 7, "requestid": "finish-three", "finishes": [
+        {"id": ids[0], "result": {"n": 0}},
+        {"id": ids[1]},
+        {"id": ids[2], "result": "two"},
+    ]});
+    let first = post(&cluster, follower, "/finish/many", body.clone()).await;
+    assert_eq!(first, json!({"tasks": []}));
+    let again = post(&cluster, leader, "/finish/many", body).await;
+    assert_eq!(
+        again, first,
+        "a retry with the same request id gets the first answer"
+    );
+    let a = get(&cluster, follower, "/job?group=batch&key=a").await;
+    assert_eq!(
+        (a["state"].clone(), a["result"].clone()),
+        (json!("succeeded"), json!({"n": 0}))
+    );
+    let c = get(&cluster, follower, "/job?group=batch&key=c").await;
+    assert_eq!(c["result"], "two");
+    assert_eq!(
+        get(&cluster, follower, "/job?group=batch&key=b").await["state"],
+        "succeeded"
+    );
+
+    // Bad input is a 400 that says what to fix, and writes nothing.
+    for (body, says) in [
+        (
+            json!({"clientid": 7, "finishes": []}),
+            "name from 1 to 1000",
+        ),
+        (
+            json!({"clientid": 7, "finishes": (0..1001).map(|id| json!({"id": id})).collect::<Vec<_>>()}),
+            "name from 1 to 1000",
+        ),
+        (
+            json!({"clientid": 7, "finishes": [{"id": 1, "bogus": 1}]}),
+            "bogus",
+        ),
+        (json!({"clientid": 7, "id": 1}), "finishes"),
+    ] {
+        let (status, answer) =
+            call(&cluster, follower, Method::POST, "/finish/many", Some(body)).await;
+        assert_eq!(status, 400, "{answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{error:?} should say {says:?}");
+    }
+}

@@ -137,6 +137,8 @@ fn parser(schema: &str) -> Option<Parser> {
         "Member" => parses::<MemberJson>,
         "NodeId" => parses::<NodeIdJson>,
         "FinishRequest" => parses::<rpc::job::FinishRequestJson>,
+        "FinishManyRequest" => parses::<rpc::job::FinishManyRequestJson>,
+        "FinishItem" => parses::<rpc::job::FinishItemJson>,
         "FailRequest" => parses::<rpc::job::FailRequestJson>,
         "KeysRequest" => parses::<rpc::job::KeysRequestJson>,
         "SettingsChange" => parses::<rpc::job::SettingsChangeJson>,

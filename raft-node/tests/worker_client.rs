@@ -97,6 +97,33 @@ async fn a_worker_client_runs_tasks_and_jobs_through_any_node() {
         Err(WorkerError::NotFound(_))
     ));
 
+    // A batch: three jobs claimed in one request and finished in one.
+    for key in ["x", "y", "z"] {
+        let job = AddJson {
+            key: Some(key.into()),
+            ..AddJson::in_group("batch").with_data(key)
+        };
+        worker.add_task(job).await.expect("added");
+    }
+    let batch = worker
+        .claim_many("batch", Duration::from_secs(60), 3, Duration::ZERO)
+        .await
+        .expect("claimed");
+    assert_eq!(batch.len(), 3);
+    let finishes: Vec<(u64, Option<serde_json::Value>)> =
+        batch.iter().map(|t| (t.id, Some(json!(t.data)))).collect();
+    worker.finish_many(&finishes).await.expect("finished");
+    let again = worker.finish_many(&finishes).await;
+    assert!(
+        matches!(&again, Err(WorkerError::Refused(errors)) if errors.len() == 3),
+        "the tasks are gone: {again:?}"
+    );
+    let z = worker.job("batch", "z").await.expect("a record");
+    assert_eq!(
+        (z.state.as_str(), &z.result),
+        ("succeeded", &Some(json!("z")))
+    );
+
     // A watch from the start sees the job's changes.
     let page = worker
         .watch("jobs", Some(0), Duration::from_secs(5))

@@ -23,6 +23,9 @@ use crate::worker::AddJson;
 /// Where a finish is posted.
 pub const FINISH_PATH: &str = "/finish";
 
+/// Where a finish of several tasks is posted.
+pub const FINISH_MANY_PATH: &str = "/finish/many";
+
 /// Where a fail is posted.
 pub const FAIL_PATH: &str = "/fail";
 
@@ -68,6 +71,58 @@ pub struct FinishRequestJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
+}
+
+/// The body of `POST /finish/many`: the owner ends its claims of several tasks with
+/// success, all or none (a refusal names every task that cannot be finished).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "FinishManyRequest")]
+pub struct FinishManyRequestJson {
+    /// The client that holds the tasks.
+    #[schemars(transform = crate::schema::client_id)]
+    pub clientid: i64,
+    /// The tasks, from 1 to 1 000, each named once.
+    pub finishes: Vec<FinishItemJson>,
+    /// Makes a retry apply once (also accepted as the `Idempotency-Key` header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::request_id)]
+    pub requestid: Option<String>,
+}
+
+/// One task of a `POST /finish/many`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "FinishItem")]
+pub struct FinishItemJson {
+    /// The claimed task version: the fence (a stale id is refused).
+    pub id: u64,
+    /// Any JSON value, kept in the job's record (at most 256 KiB as compact JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// Checks a finish of several tasks before it is sent: 1 to
+/// [`FINISH_COUNT_MAX`](task_machine::constants::FINISH_COUNT_MAX) tasks, each result
+/// within its bound; the results as the machine keeps them.
+pub fn finish_items(request: &FinishManyRequestJson) -> Result<Vec<(u64, Option<String>)>, String> {
+    let count = request.finishes.len();
+    let max = task_machine::constants::FINISH_COUNT_MAX;
+    if !(1..=max).contains(&count) {
+        return Err(format!(
+            "finishes names {count} tasks; name from 1 to {max}"
+        ));
+    }
+    request
+        .finishes
+        .iter()
+        .map(|item| {
+            let result = item.result.as_ref().map(result_text).transpose();
+            result
+                .map(|result| (item.id, result))
+                .map_err(|e| format!("task {}: {e}", item.id))
+        })
+        .collect()
 }
 
 /// The body of `POST /fail`: the owner ends its claim with an error.

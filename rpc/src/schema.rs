@@ -73,6 +73,7 @@ pub fn request_schemas() -> Map<String, Value> {
     add::<worker::UpdateRequestJson>(&mut generator);
     add::<worker::ClaimRequestJson>(&mut generator);
     add::<job::FinishRequestJson>(&mut generator);
+    add::<job::FinishManyRequestJson>(&mut generator);
     add::<job::FailRequestJson>(&mut generator);
     add::<job::KeysRequestJson>(&mut generator);
     add::<job::SettingsChangeJson>(&mut generator);

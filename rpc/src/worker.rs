@@ -393,6 +393,8 @@ pub enum WriteRequestJson {
     Claim(ClaimRequestJson),
     /// `POST /finish`.
     Finish(crate::job::FinishRequestJson),
+    /// `POST /finish/many`.
+    FinishMany(crate::job::FinishManyRequestJson),
     /// `POST /fail`.
     Fail(crate::job::FailRequestJson),
     /// `POST /cancel`.
@@ -408,6 +410,7 @@ impl WriteRequestJson {
             Self::Update(_) => UPDATE_PATH,
             Self::Claim(_) => CLAIM_PATH,
             Self::Finish(_) => crate::job::FINISH_PATH,
+            Self::FinishMany(_) => crate::job::FINISH_MANY_PATH,
             Self::Fail(_) => crate::job::FAIL_PATH,
             Self::Cancel(_) => crate::job::CANCEL_PATH,
             Self::Retry(_) => crate::job::RETRY_PATH,
@@ -429,6 +432,7 @@ impl WriteRequestJson {
             Self::Update(update) => update.requestid.as_deref(),
             Self::Claim(claim) => claim.requestid.as_deref(),
             Self::Finish(finish) => finish.requestid.as_deref(),
+            Self::FinishMany(many) => many.requestid.as_deref(),
             Self::Fail(fail) => fail.requestid.as_deref(),
             Self::Cancel(keys) | Self::Retry(keys) => keys.requestid.as_deref(),
         }
@@ -440,6 +444,7 @@ impl WriteRequestJson {
             Self::Update(update) => &mut update.requestid,
             Self::Claim(claim) => &mut claim.requestid,
             Self::Finish(finish) => &mut finish.requestid,
+            Self::FinishMany(many) => &mut many.requestid,
             Self::Fail(fail) => &mut fail.requestid,
             Self::Cancel(keys) | Self::Retry(keys) => &mut keys.requestid,
         };
@@ -457,6 +462,12 @@ impl From<UpdateRequestJson> for WriteRequestJson {
 impl From<crate::job::FinishRequestJson> for WriteRequestJson {
     fn from(finish: crate::job::FinishRequestJson) -> Self {
         Self::Finish(finish)
+    }
+}
+
+impl From<crate::job::FinishManyRequestJson> for WriteRequestJson {
+    fn from(many: crate::job::FinishManyRequestJson) -> Self {
+        Self::FinishMany(many)
     }
 }
 

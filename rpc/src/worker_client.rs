@@ -42,6 +42,8 @@ use crate::client::HttpMethod as Method;
 use crate::client::node_address;
 use crate::client::percent_encode;
 use crate::job::FailRequestJson;
+use crate::job::FinishItemJson;
+use crate::job::FinishManyRequestJson;
 use crate::job::FinishRequestJson;
 use crate::job::JobJson;
 use crate::job::JobWaitJson;
@@ -542,6 +544,24 @@ impl WorkerClient {
             requestid: None,
         };
         self.write(finish).await.map(drop)
+    }
+
+    /// Ends the claims of several task versions with success, each with its result, in
+    /// one request: all of them or none. A refusal ([`WorkerError::Refused`]) names
+    /// each task that cannot be finished (lease lost, cancelled); send the rest again.
+    pub async fn finish_many(&self, finishes: &[(u64, Option<Value>)]) -> Result<(), WorkerError> {
+        let many = FinishManyRequestJson {
+            clientid: self.client_id,
+            finishes: finishes
+                .iter()
+                .map(|(id, result)| FinishItemJson {
+                    id: *id,
+                    result: result.clone(),
+                })
+                .collect(),
+            requestid: None,
+        };
+        self.write(many).await.map(drop)
     }
 
     /// Ends the claim of version `id` with an error: retried after the group's back-off

@@ -86,6 +86,12 @@ fn resolve(command: &Command, model: &Model) -> Command {
             f.id = pick(f.id);
             &mut f.client
         }
+        Request::FinishMany(m) => {
+            m.finishes
+                .iter_mut()
+                .for_each(|item| item.id = pick(item.id));
+            &mut m.client
+        }
         Request::Fail(f) => {
             f.id = pick(f.id);
             &mut f.client
@@ -173,6 +179,13 @@ fn job_request_strategy() -> impl Strategy<Value = Request> {
         prop::option::of("[x-z]{0,2}"),
     )
         .prop_map(|(client, id, result)| Request::Finish(FinishRequest { client, id, result }));
+    let item = (id_strategy(), prop::option::of("[x-z]{0,2}"))
+        .prop_map(|(id, result)| FinishItem { id, result });
+    let finish_many = (
+        client.clone(),
+        prop_oneof![1 => Just(vec![]), 8 => prop::collection::vec(item, 1..4)],
+    )
+        .prop_map(|(client, finishes)| Request::FinishMany(FinishManyRequest { client, finishes }));
     let fail = (
         client.clone(),
         id_strategy(),
@@ -231,7 +244,7 @@ fn job_request_strategy() -> impl Strategy<Value = Request> {
             change,
         })
     });
-    prop_oneof![3 => finish, 2 => fail, 2 => cancel, 1 => retry, 1 => settings]
+    prop_oneof![3 => finish, 2 => finish_many, 2 => fail, 2 => cancel, 1 => retry, 1 => settings]
 }
 
 fn request_strategy() -> impl Strategy<Value = Request> {
@@ -563,6 +576,7 @@ fn the_generator_reaches_every_part_of_the_job_layer() {
         "Update applied",
         "Claim applied",
         "Finish applied",
+        "FinishMany applied",
         "Fail applied",
         "Cancel applied",
         "Retry applied",

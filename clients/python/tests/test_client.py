@@ -92,6 +92,23 @@ def test_release_gives_a_claimed_task_back(client: RotaClient, group: str) -> No
     assert job.state == "waiting" and job.history[-1].outcome == "released"
 
 
+def test_finish_many_ends_every_claim_or_none(client: RotaClient, group: str) -> None:
+    for key in ("a", "b", "c"):
+        client.add(group, f"work {key}", key=key)
+    claimed = client.claim_many(group, 3, 60_000)
+    assert sorted(t.key for t in claimed) == ["a", "b", "c"]
+    other = RotaClient(client.urls, client_id=client.client_id + 1000)
+    with pytest.raises(Refused, match=f"task {claimed[0].id} "):
+        other.finish_many(claimed)
+    assert client.job(group, "a").state == "running", "nothing changed"
+    client.finish_many([(claimed[0], {"n": 0}), claimed[1], (claimed[2].id, "two")])
+    assert client.job(group, "a").result == {"n": 0}
+    assert client.job(group, "b").state == "succeeded"
+    assert client.job(group, "c").result == "two"
+    with pytest.raises(Rejected, match="name from 1 to 1000"):
+        client.finish_many([])
+
+
 def test_jobs_finish_fail_cancel_retry_and_records(client: RotaClient, group: str) -> None:
     fetch = client.add(group, "git clone", key="fetch", priority=5)
     build = client.add(group, "make", key="build", after=["fetch"], max_attempts=1)

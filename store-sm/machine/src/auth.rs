@@ -276,6 +276,7 @@ impl TaskMachine {
                 outside(&many.claim.group).or_else(|| many.claim.depends.iter().find_map(of_task))
             }
             Request::Finish(finish) => of_task(&finish.id),
+            Request::FinishMany(many) => many.finishes.iter().find_map(|item| of_task(&item.id)),
             Request::Fail(fail) => of_task(&fail.id),
             Request::Cancel(cancel) => outside(&cancel.group),
             Request::Retry(retry) => outside(&retry.group),

@@ -18,6 +18,9 @@ pub const REQUEST_ITEMS_MAX: usize = 10_000;
 /// Most tasks one claim may take (`/claim` with `count`).
 pub const CLAIM_COUNT_MAX: u32 = 1_000;
 
+/// Most tasks one finish may end (`/finish/many`): as many as one claim takes.
+pub const FINISH_COUNT_MAX: usize = CLAIM_COUNT_MAX as usize;
+
 /// Task data one claim of several tasks answers at most, in bytes: a claim with `count`
 /// stops taking tasks once their data reaches this (it always takes at least one), so
 /// an answer stays a few MiB whatever the tasks hold.

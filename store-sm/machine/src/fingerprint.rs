@@ -28,6 +28,7 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::TokenAdd(add) => hasher.tagged(9, add),
         Request::TokenRevoke(revoke) => hasher.tagged(10, revoke),
         Request::AuthBootstrap(add) => hasher.tagged(11, add),
+        Request::FinishMany(many) => hasher.tagged(12, many),
         // The scope is who asked, not what: a retry through the same door matches.
         Request::Scoped(scoped) => return fingerprint(&scoped.request),
     };

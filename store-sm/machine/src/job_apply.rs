@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::Change;
 use crate::LogTime;
 use crate::TaskMachine;
+use crate::constants::FINISH_COUNT_MAX;
 use crate::constants::JOB_AFTER_KEYS_MAX;
 use crate::constants::JOB_ATTEMPT_HISTORY_MAX;
 use crate::constants::JOB_ERROR_BYTES_MAX;
@@ -520,31 +521,76 @@ impl TaskMachine {
     }
 
     pub(crate) fn apply_finish(&mut self, finish: &FinishRequest, now: LogTime) -> Outcome {
+        let refusals = self.finish_refusals(finish.client, finish.id, &finish.result, now);
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        self.finish_task(finish.id, finish.result.clone(), now);
+        Outcome::Tasks(Vec::new())
+    }
+
+    /// Finishes every task of `many`, or none: the refusal lists each task that cannot be
+    /// finished (not held, gone, cancelled, a result too large, named twice).
+    pub(crate) fn apply_finish_many(&mut self, many: &FinishManyRequest, now: LogTime) -> Outcome {
+        let count = many.finishes.len();
+        if !(1..=FINISH_COUNT_MAX).contains(&count) {
+            return Outcome::Refused(vec![invalid(
+                "finishes",
+                format!("names {count} tasks; name from 1 to {FINISH_COUNT_MAX}"),
+            )]);
+        }
+        let mut named = BTreeSet::new();
         let mut refusals = Vec::new();
-        if let Some(result) = &finish.result
+        for item in &many.finishes {
+            if !named.insert(item.id) {
+                refusals.push(invalid(
+                    "finishes",
+                    format!("names task {} twice; name each task once", item.id),
+                ));
+                continue;
+            }
+            refusals.extend(self.finish_refusals(many.client, item.id, &item.result, now));
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        for item in &many.finishes {
+            self.finish_task(item.id, item.result.clone(), now);
+        }
+        Outcome::Tasks(Vec::new())
+    }
+
+    /// Why `client` cannot finish task `id` with `result` at `now`; empty if it can.
+    fn finish_refusals(
+        &self,
+        client: ClientId,
+        id: TaskId,
+        result: &Option<String>,
+        now: LogTime,
+    ) -> Vec<Refusal> {
+        let mut refusals = Vec::new();
+        if let Some(result) = result
             && result.len() > JOB_RESULT_BYTES_MAX
         {
             refusals.push(invalid(
                 "result",
                 format!(
-                    "is {} bytes; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
+                    "of task {id} is {} bytes; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
                     result.len()
                 ),
             ));
         }
-        refusals.extend(
-            self.check_held(ListName::Finish, finish.id, finish.client, now)
-                .err(),
-        );
-        if !refusals.is_empty() {
-            return Outcome::Refused(refusals);
-        }
-        if let Some(task) = self.remove_task(finish.id)
+        refusals.extend(self.check_held(ListName::Finish, id, client, now).err());
+        refusals
+    }
+
+    /// Removes held task `id`; a job's record turns succeeded with `result`.
+    fn finish_task(&mut self, id: TaskId, result: Option<String>, now: LogTime) {
+        if let Some(task) = self.remove_task(id)
             && task.job.key.is_some()
         {
-            self.job_succeeded(task, finish.result.clone(), now);
+            self.job_succeeded(task, result, now);
         }
-        Outcome::Tasks(Vec::new())
     }
 
     pub(crate) fn apply_fail(&mut self, fail: &FailRequest, now: LogTime) -> Outcome {

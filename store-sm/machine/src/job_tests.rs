@@ -625,3 +625,68 @@ fn a_waiting_claim_forgets_finding_nothing_and_remembers_a_task() {
         "a retry gets the same task"
     );
 }
+
+#[test]
+fn finish_many_ends_every_claim_or_none() {
+    let mut store = Store::new();
+    tasks(store.add(vec![job("a"), job("b"), job("c")]));
+    let a = store.claim(7, "g").expect("a");
+    let b = store.claim(7, "g").expect("b");
+    let c = store.claim(8, "g").expect("c");
+    let many = |client, items: &[(TaskId, Option<&str>)]| {
+        Request::FinishMany(FinishManyRequest {
+            client,
+            finishes: items
+                .iter()
+                .map(|(id, result)| FinishItem {
+                    id: *id,
+                    result: result.map(String::from),
+                })
+                .collect(),
+        })
+    };
+
+    // One task held by another client refuses the whole request, naming it.
+    let refused = store.run(many(7, &[(a.id, None), (c.id, None), (b.id, None)]));
+    assert_eq!(
+        refusals(&refused),
+        vec![format!(
+            "finish: task {} is not held by this client (owner 8, lease ends {}); claim it again",
+            c.id, c.available_at
+        )]
+    );
+    assert_eq!(store.state("g", "a"), JobState::Running, "nothing changed");
+    assert_eq!(store.state("g", "b"), JobState::Running, "nothing changed");
+
+    // Named twice, none at all, too many: refused as invalid.
+    let twice = store.run(many(7, &[(a.id, None), (a.id, None)]));
+    assert_eq!(
+        refusals(&twice),
+        vec![format!(
+            "finishes: names task {} twice; name each task once",
+            a.id
+        )]
+    );
+    assert_eq!(
+        refusals(&store.run(many(7, &[]))),
+        vec!["finishes: names 0 tasks; name from 1 to 1000".to_string()]
+    );
+    let too_many: Vec<(TaskId, Option<&str>)> = (0..=1_000u64).map(|n| (n + 1, None)).collect();
+    assert_eq!(
+        refusals(&store.run(many(7, &too_many))),
+        vec!["finishes: names 1001 tasks; name from 1 to 1000".to_string()]
+    );
+
+    // All held: each job succeeds with its own result.
+    tasks(store.run(many(7, &[(a.id, Some("1")), (b.id, None)])));
+    let record = store.machine.job("g", "a").expect("record a");
+    assert_eq!(record.state, JobState::Succeeded);
+    assert_eq!(record.result.as_deref(), Some("1"));
+    assert_eq!(store.state("g", "b"), JobState::Succeeded);
+    assert!(store.machine.task(a.id).is_none() && store.machine.task(b.id).is_none());
+    assert_eq!(
+        store.state("g", "c"),
+        JobState::Running,
+        "c was never named"
+    );
+}

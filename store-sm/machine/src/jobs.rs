@@ -428,6 +428,26 @@ pub struct FinishRequest {
     pub result: Option<String>,
 }
 
+/// `/finish/many`: the owner ends its claims of several tasks with success, all or
+/// none (a refusal names every task that cannot be finished).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishManyRequest {
+    /// The finishing client; must own every task.
+    pub client: ClientId,
+    /// The tasks, from 1 to [`FINISH_COUNT_MAX`](crate::constants::FINISH_COUNT_MAX),
+    /// each named once.
+    pub finishes: Vec<FinishItem>,
+}
+
+/// One task of a [`FinishManyRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishItem {
+    /// The claimed version: the fence.
+    pub id: TaskId,
+    /// The result (JSON text), kept in the job record.
+    pub result: Option<String>,
+}
+
 /// `/fail`: the owner ends its claim with an error; the job retries or dies.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailRequest {

@@ -224,6 +224,7 @@ impl TaskMachine {
                 self.apply_claim(&many.claim, many.count, now)
             }
             Request::Finish(finish) => changed(self.apply_finish(finish, now), Effect::Job),
+            Request::FinishMany(many) => changed(self.apply_finish_many(many, now), Effect::Job),
             Request::Fail(fail) => changed(self.apply_fail(fail, now), Effect::Job),
             Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
             Request::Retry(retry) => changed(self.apply_retry(retry, now), Effect::Job),

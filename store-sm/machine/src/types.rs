@@ -20,6 +20,7 @@ pub use crate::ids::*;
 use crate::jobs::AddJob;
 use crate::jobs::CancelRequest;
 use crate::jobs::FailRequest;
+use crate::jobs::FinishManyRequest;
 use crate::jobs::FinishRequest;
 use crate::jobs::GroupSettings;
 use crate::jobs::JobKey;
@@ -202,6 +203,8 @@ pub enum Request {
     /// A worker token's request, refused if it names or touches a group outside the
     /// token's prefixes.
     Scoped(ScopedRequest),
+    /// End the claims of several tasks with success, all or none.
+    FinishMany(FinishManyRequest),
 }
 
 impl Request {
@@ -213,6 +216,7 @@ impl Request {
             Request::Claim(claim) | Request::WaitingClaim(claim) => claim.client,
             Request::ClaimMany(many) | Request::WaitingClaimMany(many) => many.claim.client,
             Request::Finish(finish) => finish.client,
+            Request::FinishMany(many) => many.client,
             Request::Fail(fail) => fail.client,
             Request::Cancel(cancel) => cancel.client,
             Request::Retry(retry) => retry.client,
@@ -276,6 +280,9 @@ impl fmt::Display for Command {
                 m.claim.client, m.claim.group, m.count
             )?,
             Request::Finish(r) => write!(f, "finish(client={} id={})", r.client, r.id)?,
+            Request::FinishMany(r) => {
+                write!(f, "finish(client={} tasks={})", r.client, r.finishes.len())?
+            }
             Request::Fail(r) => write!(f, "fail(client={} id={})", r.client, r.id)?,
             Request::Cancel(r) => write!(
                 f,

@@ -113,6 +113,7 @@ impl Model {
                 self.claim(&m.claim, m.count, now)
             }
             Request::Finish(f) => self.finish(f, now),
+            Request::FinishMany(m) => self.finish_many(m, now),
             Request::Fail(f) => self.fail(f, now),
             Request::Cancel(c) => self.cancel(c, now),
             Request::Retry(r) => self.retry(r, now),
@@ -154,6 +155,7 @@ impl Model {
                 [vec![m.claim.group.clone()], of(&m.claim.depends)].concat()
             }
             Request::Finish(f) => of(&[f.id]),
+            Request::FinishMany(m) => of(&m.finishes.iter().map(|i| i.id).collect::<Vec<_>>()),
             Request::Fail(f) => of(&[f.id]),
             Request::Cancel(c) => vec![c.group.clone()],
             Request::Retry(r) => vec![r.group.clone()],
@@ -678,27 +680,71 @@ impl Model {
     }
 
     fn finish(&mut self, f: &FinishRequest, now: i64) -> Outcome {
+        let refusals = self.finish_checks(f.client, f.id, &f.result, now);
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        self.finish_one(f.id, f.result.clone(), now);
+        Outcome::Tasks(vec![])
+    }
+
+    /// All of them or none: every task checked first, in order, each named once.
+    fn finish_many(&mut self, m: &FinishManyRequest, now: i64) -> Outcome {
+        let n = m.finishes.len();
+        if n == 0 || n > FINISH_COUNT_MAX {
+            return Outcome::Refused(vec![invalid(
+                "finishes",
+                format!("names {n} tasks; name from 1 to {FINISH_COUNT_MAX}"),
+            )]);
+        }
         let mut refusals = vec![];
-        if let Some(result) = &f.result
+        for (i, item) in m.finishes.iter().enumerate() {
+            if m.finishes[..i].iter().any(|earlier| earlier.id == item.id) {
+                refusals.push(invalid(
+                    "finishes",
+                    format!("names task {} twice; name each task once", item.id),
+                ));
+            } else {
+                refusals.extend(self.finish_checks(m.client, item.id, &item.result, now));
+            }
+        }
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        for item in &m.finishes {
+            self.finish_one(item.id, item.result.clone(), now);
+        }
+        Outcome::Tasks(vec![])
+    }
+
+    fn finish_checks(
+        &self,
+        client: i64,
+        id: u64,
+        result: &Option<String>,
+        now: i64,
+    ) -> Vec<Refusal> {
+        let mut refusals = vec![];
+        if let Some(result) = result
             && result.len() > JOB_RESULT_BYTES_MAX
         {
             refusals.push(invalid(
                 "result",
                 format!(
-                    "is {} bytes; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
+                    "of task {id} is {} bytes; the limit is {JOB_RESULT_BYTES_MAX}: store large results elsewhere and record a reference",
                     result.len()
                 ),
             ));
         }
-        refusals.extend(self.held(ListName::Finish, f.id, f.client, now));
-        if !refusals.is_empty() {
-            return Outcome::Refused(refusals);
-        }
-        let task = self.tasks.remove(&f.id).expect("held");
+        refusals.extend(self.held(ListName::Finish, id, client, now));
+        refusals
+    }
+
+    fn finish_one(&mut self, id: u64, result: Option<String>, now: i64) {
+        let task = self.tasks.remove(&id).expect("held");
         if task.job.key.is_some() {
-            self.succeeded(task, f.result.clone(), now);
+            self.succeeded(task, result, now);
         }
-        Outcome::Tasks(vec![])
     }
 
     fn succeeded(&mut self, task: Task, result: Option<String>, now: i64) {
