@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Tuple
 
 import pytest
 
@@ -185,3 +186,71 @@ def test_a_token_is_sent_as_a_bearer_with_every_request(monkeypatch: pytest.Monk
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _serve_bytes(*answers: bytes) -> Tuple[Node, threading.Thread]:
+    """A server that reads one request per answer on one connection and writes the
+    answer's bytes as they are (closing the connection after the last)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, server:
+            for answer in answers:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    request += chunk
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return Node.parse(f"127.0.0.1:{server.getsockname()[1]}"), thread
+
+
+def test_answers_in_every_framing_parse_and_keep_the_connection() -> None:
+    """Content-Length, chunked (with an extension and a trailer), an interim 100 before
+    the answer, folded duplicate headers, and a body that runs to the close: each on
+    the same pooled connection while the node keeps it open."""
+    node, thread = _serve_bytes(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-T: 1\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end",
+    )
+    pool = Pool()
+    first = pool.request(node, "GET", "/a", None, 5.0)
+    assert (first.status, first.body, first.headers["x-a"]) == (200, b"hello", "1, 2")
+    assert pool.request(node, "POST", "/b", b"{}", 5.0).body == b"abcde"
+    created = pool.request(node, "GET", "/c", None, 5.0)
+    assert (created.status, created.body) == (201, b"ok")
+    assert pool.request(node, "GET", "/d", None, 5.0).body == b"to the end"
+    thread.join(5)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SMTP ready\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"y" * (70 * 1024),
+    ],
+)
+def test_a_malformed_or_cut_answer_is_a_transport_error(answer: bytes) -> None:
+    node, thread = _serve_bytes(answer)
+    with pytest.raises(TransportError):
+        Pool().request(node, "GET", "/", None, 5.0)
+    thread.join(5)
+
+
+def test_a_path_that_would_split_the_request_is_refused() -> None:
+    node, _ = _serve_bytes()
+    with pytest.raises(ValueError):
+        Pool().request(node, "GET", "/x HTTP/1.1\r\nEvil: 1", None, 1.0)

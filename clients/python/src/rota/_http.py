@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 client on ``http.client`` with a keep-alive pool per node.
+"""A small HTTP/1.1 client on plain sockets with a keep-alive pool per node.
 
 Thread-safe: a connection is taken from the pool for one exchange and put back after
 it, so any number of threads share one pool. A pooled connection that the node closed
@@ -15,9 +15,7 @@ import socket
 import ssl
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
-
-Connection = Union[http.client.HTTPConnection, http.client.HTTPSConnection]
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 IDLE_PER_NODE_MAX = 64
 """Idle connections kept per node; more are closed after use."""
@@ -118,31 +116,151 @@ class Cancel:
             self._socks.discard(sock)
 
 
+HEAD_BYTES_MAX = 64 * 1024
+"""The most an answer's status line and headers may take; a longer head is an error."""
+
+_RECV_BYTES = 64 * 1024
+
+
+class _Closed(Exception):
+    """The node closed the connection before any byte of an answer."""
+
+
+class _Malformed(Exception):
+    """The bytes that came are no HTTP/1.1 answer."""
+
+
 # Failures of a reused keep-alive connection that mean the node closed it while idle.
-_STALE = (
-    http.client.RemoteDisconnected,
-    http.client.BadStatusLine,
-    BrokenPipeError,
-    ConnectionResetError,
-    ConnectionAbortedError,
-)
+_STALE = (_Closed, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
-class _HTTPConnection(http.client.HTTPConnection):
-    """``http.client``'s connection, sending a request's head and body in one write.
+class _Conn:
+    """One keep-alive HTTP/1.1 connection: the socket, and the bytes read past the last
+    answer. Requests and answers are written and parsed here rather than by
+    ``http.client``, whose header parsing (the ``email`` package) and per-answer file
+    objects cost more CPU than the rest of a small exchange."""
 
-    ``http.client`` writes them apart: two system calls and two TCP segments per request
-    for both ends, where one does (``_buffer`` is ``http.client``'s own head buffer)."""
+    __slots__ = ("sock", "host", "buf")
 
-    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
-        buffer = getattr(self, "_buffer", None)
-        if isinstance(message_body, bytes) and not encode_chunked and isinstance(buffer, list):
-            buffer.extend((b"", b""))
-            head = b"\r\n".join(buffer)
-            del buffer[:]
-            self.send(head + message_body)
-            return
-        super()._send_output(message_body, encode_chunked=encode_chunked)
+    def __init__(self, sock: socket.socket, host: str) -> None:
+        self.sock = sock
+        self.host = host
+        self.buf = b""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def send(self, method: str, path: str, headers: Mapping[str, str], body: Optional[bytes]) -> None:
+        """Writes the request in one system call: head and body together."""
+        if not path.startswith("/") or any(c in path for c in " \r\n\t"):
+            raise ValueError(f"not a request path: {path!r}")
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}"]
+        lines.extend(f"{name}: {value}" for name, value in headers.items())
+        if body is not None or method in ("POST", "PUT"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.sock.sendall(head + body if body else head)
+
+    def _fill(self) -> bool:
+        """Reads what the socket has into the buffer; whether anything came."""
+        chunk = self.sock.recv(_RECV_BYTES)
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def _take(self, n: int) -> bytes:
+        """The next ``n`` bytes; a large body is gathered in parts, not appended to."""
+        parts, have = [self.buf], len(self.buf)
+        while have < n:
+            chunk = self.sock.recv(max(_RECV_BYTES, min(n - have, 1 << 20)))
+            if not chunk:
+                raise _Malformed("the connection closed inside the body")
+            parts.append(chunk)
+            have += len(chunk)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.buf = data[n:]
+        return data[:n] if len(data) > n else data
+
+    def _line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n")
+            if end >= 0:
+                line, self.buf = self.buf[:end], self.buf[end + 2:]
+                return line
+            if len(self.buf) > HEAD_BYTES_MAX:
+                raise _Malformed("a line longer than 64 KiB")
+            if not self._fill():
+                raise _Malformed("the connection closed inside a chunk")
+
+    def _head(self) -> Tuple[str, int, Dict[str, str]]:
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if len(self.buf) > HEAD_BYTES_MAX:
+                raise _Malformed("an answer head longer than 64 KiB")
+            if not self._fill():
+                if self.buf:
+                    raise _Malformed("the connection closed inside the answer's head")
+                raise _Closed("the node closed the connection without an answer")
+        head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4:]
+        lines = head.split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise _Malformed(f"not a status line: {lines[0][:80]!r}")
+        headers: Dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise _Malformed(f"not a header line: {line[:80]!r}")
+            name, value = name.strip().lower(), value.strip()
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        return parts[0], int(parts[1]), headers
+
+    def answer(self, method: str) -> Tuple[int, Dict[str, str], bytes, bool]:
+        """Reads one answer: status, headers (lowercase names), body, and whether the
+        connection must close after it."""
+        version, status, headers = self._head()
+        while 100 <= status < 200:  # an interim answer: the real one follows
+            version, status, headers = self._head()
+        connection = headers.get("connection", "").lower()
+        will_close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+        if method == "HEAD" or status in (204, 304):
+            return status, headers, b"", will_close
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return status, headers, self._chunked(), will_close
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise _Malformed(f"not a content length: {length[:20]!r}")
+            return status, headers, self._take(int(length)), will_close
+        parts = [self.buf]  # no length: the body runs to the end of the connection
+        while True:
+            chunk = self.sock.recv(_RECV_BYTES)
+            if not chunk:
+                break
+            parts.append(chunk)
+        self.buf = b""
+        return status, headers, b"".join(parts), True
+
+    def _chunked(self) -> bytes:
+        chunks = []
+        while True:
+            size_text = self._line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _Malformed(f"not a chunk size: {size_text[:20]!r}") from None
+            if size == 0:
+                while self._line():  # trailers, up to the blank line
+                    pass
+                return b"".join(chunks)
+            chunks.append(self._take(size))
+            self._line()
 
 
 class Pool:
@@ -155,20 +273,20 @@ class Pool:
         tls: Optional[ssl.SSLContext] = None,
     ) -> None:
         self._lock = threading.Lock()
-        self._idle: Dict[str, List[Connection]] = {}
+        self._idle: Dict[str, List["_Conn"]] = {}
         self._idle_max = idle_per_node
         self._authorization = f"Bearer {token}" if token else None
         # With a context (a cluster CA), every node is dialled over TLS.
         self._tls = tls
 
-    def _take(self, node: Node) -> Optional[Connection]:
+    def _take(self, node: Node) -> Optional["_Conn"]:
         with self._lock:
             idle = self._idle.get(node.addr)
             if idle:
                 return idle.pop()
         return None
 
-    def _put(self, node: Node, conn: Connection) -> None:
+    def _put(self, node: Node, conn: "_Conn") -> None:
         with self._lock:
             idle = self._idle.setdefault(node.addr, [])
             if len(idle) < self._idle_max:
@@ -184,20 +302,22 @@ class Pool:
         for conn in conns:
             conn.close()
 
-    def _connect(self, node: Node, timeout: float) -> Connection:
-        conn: Connection
+    def _connect(self, node: Node, timeout: float) -> "_Conn":
+        sock = socket.create_connection((node.host, node.port), timeout=timeout)
+        try:
+            # Small request/response pairs: waiting to coalesce only adds latency.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         if node.https or self._tls is not None:
-            conn = http.client.HTTPSConnection(node.host, node.port, timeout=timeout, context=self._tls)
-        else:
-            conn = _HTTPConnection(node.host, node.port, timeout=timeout)
-        conn.connect()
-        if conn.sock is not None:
+            context = self._tls or ssl.create_default_context()
             try:
-                # Small request/response pairs: waiting to coalesce only adds latency.
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        return conn
+                sock = context.wrap_socket(sock, server_hostname=node.host)
+            except BaseException:
+                sock.close()
+                raise
+        shown = f"[{node.host}]" if ":" in node.host else node.host
+        return _Conn(sock, f"{shown}:{node.port}")
 
     def request(
         self,
@@ -227,7 +347,7 @@ class Pool:
             conn = self._connect(node, timeout)
         except CancelledError:
             raise
-        except (OSError, http.client.HTTPException) as e:
+        except OSError as e:
             raise TransportError(f"cannot connect to {node.addr}: {_describe(e)}") from e
         try:
             return self._exchange(node, conn, method, path, body, timeout, cancel, all_headers)
@@ -237,7 +357,7 @@ class Pool:
     def _exchange(
         self,
         node: Node,
-        conn: Connection,
+        conn: "_Conn",
         method: str,
         path: str,
         body: Optional[bytes],
@@ -247,14 +367,12 @@ class Pool:
     ) -> Response:
         sock = conn.sock
         try:
-            if sock is not None:
-                sock.settimeout(timeout)
+            sock.settimeout(timeout)
             if cancel is not None:
                 cancel._attach(sock)
             try:
-                conn.request(method, path, body=body, headers=headers)
-                answer = conn.getresponse()
-                data = answer.read()
+                conn.send(method, path, headers, body)
+                status, answer_headers, data, will_close = conn.answer(method)
             finally:
                 if cancel is not None:
                     cancel._detach(sock)
@@ -266,23 +384,18 @@ class Pool:
             if cancel is not None and cancel.cancelled:
                 raise CancelledError() from e
             raise _Stale(f"{node.addr}: connection closed: {_describe(e)}") from e
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, _Malformed) as e:
             conn.close()
             if cancel is not None and cancel.cancelled:
                 raise CancelledError() from e
             if isinstance(e, socket.timeout):
                 raise TransportError(f"{node.addr} did not answer within {timeout:.1f} s") from e
             raise TransportError(f"HTTP exchange with {node.addr} failed: {_describe(e)}") from e
-        response = Response(
-            status=answer.status,
-            headers={k.lower(): v for k, v in answer.getheaders()},
-            body=data,
-        )
-        if answer.will_close:
+        if will_close:
             conn.close()
         else:
             self._put(node, conn)
-        return response
+        return Response(status=status, headers=answer_headers, body=data)
 
 
 class _Stale(TransportError):
