@@ -92,6 +92,11 @@ pub enum Call {
         /// The claimed version.
         id: u64,
     },
+    /// Finish job tasks `ids` with success, all or none (`/finish/many`).
+    CompleteMany {
+        /// The claimed versions.
+        ids: Vec<u64>,
+    },
     /// Fail job task `id`, to be retried at once (`/fail` with `retry_in_ms` 0).
     FailJob {
         /// The claimed version.

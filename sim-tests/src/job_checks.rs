@@ -111,18 +111,23 @@ fn index<'a>(history: &'a History, problems: &mut Vec<String>) -> JobHistory<'a>
     // Ends after claims: a worker finishes only what a claim gave it, but the history is
     // in completion order across workers.
     for op in ops {
-        let (Call::Complete { id } | Call::FailJob { id }) = op.call else {
-            continue;
+        let (ids, finish) = match &op.call {
+            Call::Complete { id } => (std::slice::from_ref(id), true),
+            Call::CompleteMany { ids } => (ids.as_slice(), true),
+            Call::FailJob { id } => (std::slice::from_ref(id), false),
+            _ => continue,
         };
-        jobs.ends.entry(id).or_default().push(op);
-        if !matches!(op.call, Call::Complete { .. }) || !matches!(op.result, Answer::Tasks(_)) {
-            continue;
-        }
-        match jobs.claim_of.get(&id).and_then(|&i| jobs.claims[i].task.key.as_deref()) {
-            Some(key) => jobs.successes_of_key.entry(key).or_default().push(op),
-            None => problems.push(format!(
-                "a finish of task {id} succeeded, but no claim handed out a job with that id: {op:?}"
-            )),
+        for &id in ids {
+            jobs.ends.entry(id).or_default().push(op);
+            if !finish || !matches!(op.result, Answer::Tasks(_)) {
+                continue;
+            }
+            match jobs.claim_of.get(&id).and_then(|&i| jobs.claims[i].task.key.as_deref()) {
+                Some(key) => jobs.successes_of_key.entry(key).or_default().push(op),
+                None => problems.push(format!(
+                    "a finish of task {id} succeeded, but no claim handed out a job with that id: {op:?}"
+                )),
+            }
         }
     }
     jobs
@@ -436,6 +441,32 @@ mod tests {
             claim(3, (60, 70), 3, "a2", "k", 1),
             complete(3, (80, 90), 3, false),
         ]);
+        assert!(found[0].contains("succeeded twice"), "{found:?}");
+    }
+
+    #[test]
+    fn a_finish_of_many_counts_a_success_per_job_and_is_checked_like_one() {
+        let two_keys = |second_success: bool| {
+            let mut ops = vec![
+                add((0, 10), 1, "a", "k", &[]),
+                add((0, 10), 2, "b", "j", &[]),
+                claim(2, (20, 30), 3, "a", "k", 1),
+                claim(2, (20, 30), 4, "b", "j", 1),
+                in_jobs(op(
+                    2,
+                    (40, 50),
+                    Call::CompleteMany { ids: vec![3, 4] },
+                    Answer::Tasks(Vec::new()),
+                )),
+            ];
+            if second_success {
+                ops.push(claim(3, (60, 70), 5, "a2", "k", 1));
+                ops.push(complete(3, (80, 90), 5, false));
+            }
+            ops
+        };
+        assert_eq!(passes(two_keys(false)).successes, 2);
+        let found = problems(two_keys(true));
         assert!(found[0].contains("succeeded twice"), "{found:?}");
     }
 

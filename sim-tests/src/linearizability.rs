@@ -24,6 +24,8 @@ use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
 use store_sm::machine::FailRequest;
+use store_sm::machine::FinishItem;
+use store_sm::machine::FinishManyRequest;
 use store_sm::machine::FinishRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
@@ -282,6 +284,19 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
                 client,
                 id: to_model(*id),
                 result: None,
+            }),
+            0,
+        ),
+        Call::CompleteMany { ids } => (
+            Request::FinishMany(FinishManyRequest {
+                client,
+                finishes: ids
+                    .iter()
+                    .map(|&id| FinishItem {
+                        id: to_model(id),
+                        result: None,
+                    })
+                    .collect(),
             }),
             0,
         ),

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use madsim::rand::Rng;
 use rpc::job::FailRequestJson;
+use rpc::job::FinishItemJson;
+use rpc::job::FinishManyRequestJson;
 use rpc::job::FinishRequestJson;
 use rpc::job::KeysRequestJson;
 use rpc::job::SettingsChangeJson;
@@ -420,6 +422,9 @@ impl Worker {
         let call = {
             let mut rng = madsim::rand::thread_rng();
             match choice {
+                c if c < 20 && self.owned_jobs.len() > 1 => Call::CompleteMany {
+                    ids: std::mem::take(&mut self.owned_jobs),
+                },
                 c if c < 30 && owns => Call::Complete {
                     id: self.owned_jobs.remove(0),
                 },
@@ -439,10 +444,12 @@ impl Worker {
                         after,
                     }
                 }
+                // A third take up to two or three (max_running allows two), so that
+                // workers hold several jobs and finish them in one request.
                 c if c < 80 => Call::Claim {
                     duration_ms: JOB_LEASE_MS,
                     wait_ms: blocking_wait_ms(&mut rng),
-                    count: 1,
+                    count: claim_count(c),
                 },
                 c if c < 95 => Call::Cancel { key: key() },
                 _ => Call::Pause {
@@ -562,6 +569,14 @@ impl Worker {
                 clientid: self.id as i64,
                 id: *id,
                 result: None,
+                requestid: None,
+            }),
+            Call::CompleteMany { ids } => WriteRequestJson::FinishMany(FinishManyRequestJson {
+                clientid: self.id as i64,
+                finishes: ids
+                    .iter()
+                    .map(|&id| FinishItemJson { id, result: None })
+                    .collect(),
                 requestid: None,
             }),
             Call::FailJob { id } => WriteRequestJson::Fail(FailRequestJson {
