@@ -6,9 +6,9 @@
 //! result (the job cycle); in `add` mode it only adds. Workers spread over the given URLs. The run stops after
 //! `--duration` seconds or `--max-cycles` cycles, whichever comes first.
 //!
-//! With `--batch N` (cycle and add modes), each request carries N tasks: one update adds
-//! N, one claim takes up to N (`count`), one update deletes what it took; the report
-//! then counts tasks per second as well as requests.
+//! With `--batch N`, each request carries N tasks: one update adds N, one claim takes up
+//! to N (`count`), one update deletes what it took (in job mode one `/finish/many`
+//! finishes them); the report then counts tasks per second as well as requests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +18,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
+use rpc::job::FinishItemJson;
+use rpc::job::FinishManyRequestJson;
 use rpc::job::FinishRequestJson;
 use rpc::worker::AddJson;
 use rpc::worker::ClaimRequestJson;
@@ -208,6 +210,21 @@ async fn worker(
         let id = claimed[0];
         let started = Instant::now();
         let (op, end): (_, WriteRequestJson) = match config.mode {
+            BenchMode::Job if claimed.len() > 1 => (
+                "finish",
+                FinishManyRequestJson {
+                    clientid: client_id,
+                    finishes: claimed
+                        .iter()
+                        .map(|&id| FinishItemJson {
+                            id,
+                            result: Some(serde_json::json!({ "ok": true })),
+                        })
+                        .collect(),
+                    requestid: None,
+                }
+                .into(),
+            ),
             BenchMode::Job => (
                 "finish",
                 FinishRequestJson {
@@ -272,9 +289,14 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
             "--rate: give a positive number of cycles per second".into(),
         ));
     }
-    if config.batch > 1 && !matches!(config.mode, BenchMode::Cycle | BenchMode::Add) {
+    if config.batch > 1
+        && !matches!(
+            config.mode,
+            BenchMode::Cycle | BenchMode::Add | BenchMode::Job
+        )
+    {
         return Err(BenchError::Usage(
-            "--batch applies to the cycle and add modes".into(),
+            "--batch applies to the cycle, job and add modes".into(),
         ));
     }
     let config = Arc::new(config);

@@ -132,8 +132,9 @@ enum Command {
         /// Group the benchmark's tasks go to.
         #[arg(long, default_value = "rota-bench")]
         group: String,
-        /// Tasks per request in the cycle and add modes: one update adds them, one claim
-        /// takes up to as many (`count`), one update deletes them (1 to 1 000).
+        /// Tasks per request in the cycle, job and add modes: one update adds them, one
+        /// claim takes up to as many (`count`), one update deletes them or one
+        /// `/finish/many` finishes them (1 to 1 000).
         #[arg(long, default_value_t = 1)]
         batch: u32,
         /// Cycles per second for all workers together (paced evenly), to measure latency

@@ -458,6 +458,43 @@ async fn bench_job_mode_runs_whole_job_cycles() {
     let jobs = listed["jobs"].as_array().expect("jobs");
     assert_eq!(jobs.len(), 12, "{listed}");
     assert!(jobs.iter().all(|j| j["result"]["ok"] == true), "{listed}");
+
+    // In batches: five jobs added, claimed and finished (/finish/many) per request.
+    let report = cluster
+        .rota(&[
+            "bench",
+            "--mode",
+            "job",
+            "--workers",
+            "1",
+            "--max-cycles",
+            "4",
+            "--batch",
+            "5",
+            "--group",
+            "bench-batch",
+        ])
+        .await;
+    let text = report.ok();
+    assert!(text.contains("job cycles: 4 in"), "{text}");
+    let listed = cluster
+        .rota(&[
+            "job",
+            "list",
+            "--group",
+            "bench-batch",
+            "--state",
+            "succeeded",
+            "--all",
+            "--json",
+        ])
+        .await
+        .json();
+    assert_eq!(
+        listed["jobs"].as_array().map(Vec::len),
+        Some(20),
+        "{listed}"
+    );
 }
 
 #[tokio::test]
