@@ -24,12 +24,9 @@ use store_sm::machine::TokenRecord;
 
 use crate::http::ApiError;
 use crate::node::SharedNode;
-use crate::relay::FORWARDED_HEADER;
 use crate::relay::Incoming;
-use crate::relay::relay_unread;
 use crate::relay::respond;
 use crate::service::Consistency;
-use crate::service::ServiceError;
 use crate::service::auth::Access;
 use crate::service::auth::Caller;
 use crate::service::auth::new_token;
@@ -37,6 +34,8 @@ use crate::worker_api::path_segment;
 use crate::worker_api::query_params;
 
 use rpc::auth::BOOTSTRAP_PATH;
+use rpc::auth::WHOAMI_PATH;
+use rpc::auth::WhoAmIJson;
 
 /// The token routes.
 pub fn routes() -> Router<SharedNode> {
@@ -44,6 +43,27 @@ pub fn routes() -> Router<SharedNode> {
         .route("/admin/tokens", get(get_tokens).post(post_token))
         .route("/admin/tokens/{id}", delete(delete_token))
         .route(BOOTSTRAP_PATH, post(post_bootstrap))
+        .route(WHOAMI_PATH, get(get_whoami))
+}
+
+/// `GET /auth/whoami`: the caller's token as this node knows it (any role). A node that
+/// has not applied a token asks the leader this.
+async fn get_whoami(incoming: Incoming) -> Response {
+    let json = match &incoming.caller {
+        Caller::Anyone => WhoAmIJson {
+            auth: false,
+            id: None,
+            role: None,
+            groups: Vec::new(),
+        },
+        Caller::Token { id, role, groups } => WhoAmIJson {
+            auth: true,
+            id: Some(id.clone()),
+            role: Some(role.to_string()),
+            groups: groups.clone(),
+        },
+    };
+    Json(json).into_response()
 }
 
 /// What a request to `path` needs of its caller. A node that belongs to no cluster yet
@@ -89,20 +109,11 @@ pub async fn check_token(
     let caller = if access == Access::Open {
         node.authenticate(header).unwrap_or(Caller::Anyone)
     } else {
-        match node.authenticate_confirmed(header).await {
+        let forwarded = request
+            .headers()
+            .contains_key(crate::relay::FORWARDED_HEADER);
+        match node.authenticate_confirmed(header, forwarded).await {
             Ok(caller) => caller,
-            // Only the leader can say that the cluster has no such token.
-            Err(ServiceError::NotLeader { leader_api })
-                if !request.headers().contains_key(FORWARDED_HEADER) =>
-            {
-                return relay_unread(&node, &leader_api, request).await;
-            }
-            Err(ServiceError::NotLeader { .. }) => {
-                return ApiError::unavailable(
-                    "leadership is moving and this node cannot check the token yet; retry shortly",
-                )
-                .into_response();
-            }
             Err(refused) => return ApiError::from(refused).into_response(),
         }
     };

@@ -327,6 +327,10 @@ fn auth_paths() -> Value {
         "503": error("no leader known; retry")
     });
     json!({
+        rpc::auth::WHOAMI_PATH: {"get": {"tags": ["auth"], "summary": "The token this request carries, as the cluster knows it (any role; never its secret)",
+            "responses": {"200": ok("the caller's token", ref_schema("WhoAmI")),
+                "401": error("no token, or an unknown or revoked one"),
+                "503": error("this node has not applied the token and no leader can be asked; retry")}}},
         "/admin/tokens": {
             "get": {"tags": ["auth"], "summary": "Every token (never its secret)",
                 "parameters": [consistency()],

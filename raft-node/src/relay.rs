@@ -144,28 +144,6 @@ pub async fn respond<T>(
     }
 }
 
-/// Relays `request` to the leader at `leader_api` before any handler has read it, given
-/// the longest wait any request may ask for: for a token this node has not applied yet,
-/// which the leader checks (the token check's only relay).
-pub async fn relay_unread(node: &Node, leader_api: &str, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
-    let limit = node.config.body_bytes_max;
-    let body = match read_body(&parts.headers, body, limit, BODY_READ_TIMEOUT).await {
-        Ok(body) => body,
-        Err(refused) => return refused.into_response(),
-    };
-    let incoming = Incoming {
-        method: parts.method,
-        uri: parts.uri,
-        headers: parts.headers,
-        body,
-        needs_request_id: false,
-        relay_timeout: FORWARD_TIMEOUT + Duration::from_millis(rpc::watch::WAIT_MS_MAX),
-        caller: Caller::Anyone,
-    };
-    relay(node, leader_api, incoming).await
-}
-
 /// Sends `incoming` to the leader at `leader_api` and returns its answer as is.
 async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
     let mut headers: Vec<(HeaderName, HeaderValue)> = incoming
@@ -203,6 +181,7 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
             for (name, value) in &answer.headers {
                 let relayed = name == header::CONTENT_TYPE
                     || name == header::RETRY_AFTER
+                    || name == header::WWW_AUTHENTICATE
                     || name.as_str().starts_with("x-rota-");
                 if relayed {
                     response.headers_mut().insert(name.clone(), value.clone());

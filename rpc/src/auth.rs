@@ -12,6 +12,27 @@ pub const TOKEN_ENV: &str = "ROTA_TOKEN";
 /// The path of the one-time bootstrap that makes a cluster's first admin token.
 pub const BOOTSTRAP_PATH: &str = "/admin/auth/bootstrap";
 
+/// The path where a caller learns which token it sends (and a node that has not applied
+/// a token asks the leader).
+pub const WHOAMI_PATH: &str = "/auth/whoami";
+
+/// `GET /auth/whoami`: the caller's token, never its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "WhoAmI")]
+pub struct WhoAmIJson {
+    /// Whether the node checks tokens at all (`false`: `--auth=off`, and nothing else is set).
+    pub auth: bool,
+    /// The token's public id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Its role: `worker`, `reader` or `admin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Group prefixes it is limited to; empty: every group.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
 /// `POST /admin/tokens`: a token to make. It takes no request id: its secret is made
 /// by the node and shown once, so a retry could not be answered with the first one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -105,6 +105,7 @@ pub fn answer_schemas() -> Map<String, Value> {
     add::<auth::TokenJson>(&mut generator);
     add::<auth::NewTokenJson>(&mut generator);
     add::<auth::TokenListJson>(&mut generator);
+    add::<auth::WhoAmIJson>(&mut generator);
     generator.take_definitions(true)
 }
 

@@ -118,6 +118,13 @@ fn index<'a>(history: &'a History, problems: &mut Vec<String>) -> JobHistory<'a>
             _ => continue,
         };
         for &id in ids {
+            // A refused finish of many ended only the tasks its refusal names (gone or
+            // cancelled); the others stayed held.
+            if let (Call::CompleteMany { .. }, Answer::Refused(errors)) = (&op.call, &op.result)
+                && !names_task(errors, id)
+            {
+                continue;
+            }
             jobs.ends.entry(id).or_default().push(op);
             if !finish || !matches!(op.result, Answer::Tasks(_)) {
                 continue;
@@ -131,6 +138,12 @@ fn index<'a>(history: &'a History, problems: &mut Vec<String>) -> JobHistory<'a>
         }
     }
     jobs
+}
+
+/// Whether a refusal's `errors` name task `id` (`... task 12 is not held ...`).
+pub fn names_task(errors: &[String], id: u64) -> bool {
+    let named = format!("task {id} ");
+    errors.iter().any(|e| e.contains(&named))
 }
 
 /// Whether some operation of `ops` may have taken effect strictly between `a` and `b`,

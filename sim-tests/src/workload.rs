@@ -618,6 +618,14 @@ impl Worker {
                 self.id
             ),
         };
+        // A refused finish of many finished none: the tasks its refusal does not name are
+        // still held, to be finished later.
+        if let (Call::CompleteMany { ids }, Answer::Refused(errors)) = (&call, &result) {
+            let still_held = ids
+                .iter()
+                .filter(|&&id| !crate::job_checks::names_task(errors, id));
+            self.owned_jobs.extend(still_held);
+        }
         if let (Call::Claim { .. } | Call::Renew { .. }, Answer::Tasks(tasks)) = (&call, &result) {
             if group == JOB_GROUP {
                 self.owned_jobs.extend(tasks.iter().map(|t| t.id));

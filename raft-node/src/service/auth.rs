@@ -23,10 +23,20 @@ use store_sm::machine::constants::TOKEN_ID_BYTES;
 
 use store_sm::state_machine::AppliedState;
 
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
+use axum::http::Method;
+use axum::http::header::AUTHORIZATION;
+use bytes::Bytes;
+use rpc::auth::WHOAMI_PATH;
+use rpc::auth::WhoAmIJson;
+
 use super::Consistency;
 use super::ServiceError;
+use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 use crate::random::random_bytes;
+use crate::relay::FORWARDED_HEADER;
 
 /// The prefix of every bearer token, so that a leaked one is recognisable.
 pub const TOKEN_PREFIX: &str = "rota_";
@@ -242,14 +252,15 @@ impl Node {
             .ok_or_else(|| unauthorized("the token is unknown or revoked"))?
     }
 
-    /// As [`Node::authenticate`], but a token this node does not know is looked up again
-    /// after a linearizable read on the leader, so that no node refuses a token the
-    /// cluster has made because it has not applied it yet (it restarted, lags or is new).
-    /// Elsewhere than on the leader that is [`ServiceError::NotLeader`], for the caller to
-    /// relay the request, or [`ServiceError::Unavailable`] when no leader is known.
+    /// As [`Node::authenticate`], but a token this node does not know is not refused on
+    /// its word: the leader looks it up after a linearizable read (a follower asks it,
+    /// `GET /auth/whoami`), so that no node refuses a token the cluster has made because it
+    /// has not applied it yet (it restarted, lags or is new). A request `forwarded` by
+    /// another node is not asked onwards: it gets 503 where no leader can answer.
     pub async fn authenticate_confirmed(
         &self,
         authorization: Option<&str>,
+        forwarded: bool,
     ) -> Result<Caller, ServiceError> {
         if self.config.auth == AuthMode::Off {
             return Ok(Caller::Anyone);
@@ -261,9 +272,70 @@ impl Node {
         if store_sm::planted::is_planted(store_sm::planted::Bug::LocalTokenCheck) {
             return Err(unauthorized("the token is unknown or revoked"));
         }
-        let view = self.read(Consistency::Linearizable).await?;
-        look_up(&view.state, id, &hash)
-            .ok_or_else(|| unauthorized("the token is unknown or revoked"))?
+        match self.read(Consistency::Linearizable).await {
+            Ok(view) => look_up(&view.state, id, &hash)
+                .ok_or_else(|| unauthorized("the token is unknown or revoked"))?,
+            Err(ServiceError::NotLeader { leader_api }) if !forwarded => {
+                self.ask_leader_who(&leader_api, authorization.unwrap_or_default())
+                    .await
+            }
+            Err(ServiceError::NotLeader { .. }) => Err(ServiceError::Unavailable(
+                "leadership is moving and this node cannot check the token yet; retry shortly"
+                    .into(),
+            )),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The caller the leader at `leader_api` finds for `authorization`.
+    async fn ask_leader_who(
+        &self,
+        leader_api: &str,
+        authorization: &str,
+    ) -> Result<Caller, ServiceError> {
+        let cannot = |why: String| {
+            ServiceError::Unavailable(format!(
+                "this node has not applied the token yet and {why}; retry shortly"
+            ))
+        };
+        let value = HeaderValue::from_str(authorization)
+            .map_err(|_| unauthorized("the Authorization header is not a bearer token"))?;
+        let headers = [
+            (AUTHORIZATION, value),
+            (
+                HeaderName::from_static(FORWARDED_HEADER),
+                HeaderValue::from(self.id()),
+            ),
+        ];
+        let answer = self
+            .client
+            .send(
+                leader_api,
+                Method::GET,
+                WHOAMI_PATH,
+                &headers,
+                Bytes::new(),
+                FORWARD_TIMEOUT,
+            )
+            .await
+            .map_err(|e| cannot(format!("the leader could not be asked ({e})")))?;
+        match answer.status.as_u16() {
+            200 => {
+                let who: WhoAmIJson = serde_json::from_slice(&answer.body)
+                    .map_err(|e| cannot(format!("the leader's answer is unreadable ({e})")))?;
+                let role = who.role.as_deref().and_then(Role::parse);
+                match (who.auth, who.id, role) {
+                    (true, Some(id), Some(role)) => Ok(Caller::Token {
+                        id,
+                        role,
+                        groups: who.groups,
+                    }),
+                    _ => Err(cannot("the leader does not check tokens".into())),
+                }
+            }
+            401 => Err(unauthorized("the token is unknown or revoked")),
+            status => Err(cannot(format!("the leader answered {status}"))),
+        }
     }
 
     /// Adds a token (the caller is an admin) and returns it with its bearer form.

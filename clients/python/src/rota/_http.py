@@ -140,12 +140,15 @@ class _Conn:
     ``http.client``, whose header parsing (the ``email`` package) and per-answer file
     objects cost more CPU than the rest of a small exchange."""
 
-    __slots__ = ("sock", "host", "buf")
+    __slots__ = ("sock", "host", "buf", "answered")
 
     def __init__(self, sock: socket.socket, host: str) -> None:
         self.sock = sock
         self.host = host
         self.buf = b""
+        # Whether any byte of the current exchange's answer came: only before the first
+        # may a failure mean the node had closed the idle connection (and a resend is safe).
+        self.answered = False
 
     def close(self) -> None:
         try:
@@ -155,8 +158,7 @@ class _Conn:
 
     def send(self, method: str, path: str, headers: Mapping[str, str], body: Optional[bytes]) -> None:
         """Writes the request in one system call: head and body together."""
-        if not path.startswith("/") or any(c in path for c in " \r\n\t"):
-            raise ValueError(f"not a request path: {path!r}")
+        self.answered = False
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}"]
         lines.extend(f"{name}: {value}" for name, value in headers.items())
         if body is not None or method in ("POST", "PUT"):
@@ -169,6 +171,7 @@ class _Conn:
         chunk = self.sock.recv(_RECV_BYTES)
         if not chunk:
             return False
+        self.answered = True
         self.buf += chunk
         return True
 
@@ -179,6 +182,7 @@ class _Conn:
             chunk = self.sock.recv(max(_RECV_BYTES, min(n - have, 1 << 20)))
             if not chunk:
                 raise _Malformed("the connection closed inside the body")
+            self.answered = True
             parts.append(chunk)
             have += len(chunk)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -204,7 +208,7 @@ class _Conn:
             if len(self.buf) > HEAD_BYTES_MAX:
                 raise _Malformed("an answer head longer than 64 KiB")
             if not self._fill():
-                if self.buf:
+                if self.answered:
                     raise _Malformed("the connection closed inside the answer's head")
                 raise _Closed("the node closed the connection without an answer")
         head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4:]
@@ -235,7 +239,7 @@ class _Conn:
             return status, headers, self._chunked(), will_close
         length = headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
+            if not (length.isascii() and length.isdigit()):
                 raise _Malformed(f"not a content length: {length[:20]!r}")
             return status, headers, self._take(int(length)), will_close
         parts = [self.buf]  # no length: the body runs to the end of the connection
@@ -251,16 +255,16 @@ class _Conn:
         chunks = []
         while True:
             size_text = self._line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _Malformed(f"not a chunk size: {size_text[:20]!r}") from None
+            if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
+                raise _Malformed(f"not a chunk size: {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 while self._line():  # trailers, up to the blank line
                     pass
                 return b"".join(chunks)
             chunks.append(self._take(size))
-            self._line()
+            if self._line():
+                raise _Malformed("a chunk longer than its size")
 
 
 class Pool:
@@ -330,6 +334,8 @@ class Pool:
         headers: Optional[Mapping[str, str]] = None,
     ) -> Response:
         """One exchange with ``node``; ``timeout`` bounds the connect and every read."""
+        if not path.startswith("/") or any(c in path for c in " \r\n\t"):
+            raise ValueError(f"not a request path: {path!r}")
         all_headers: Dict[str, str] = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if body is not None:
             all_headers["Content-Type"] = "application/json"
@@ -383,7 +389,9 @@ class Pool:
             conn.close()
             if cancel is not None and cancel.cancelled:
                 raise CancelledError() from e
-            raise _Stale(f"{node.addr}: connection closed: {_describe(e)}") from e
+            if not conn.answered:
+                raise _Stale(f"{node.addr}: connection closed: {_describe(e)}") from e
+            raise TransportError(f"{node.addr}: connection closed mid-answer: {_describe(e)}") from e
         except (OSError, _Malformed) as e:
             conn.close()
             if cancel is not None and cancel.cancelled:
