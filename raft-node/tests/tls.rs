@@ -331,8 +331,7 @@ async fn certificates_reload_on_sighup_under_load_without_a_failed_request() {
 
 /// A free `127.0.0.1` port, as `host:port`.
 fn free_port() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("bound").to_string()
+    common::free_addr().1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

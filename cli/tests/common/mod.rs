@@ -97,14 +97,30 @@ impl Fleet {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, FleetNode>> {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
+/// A free `127.0.0.1` port as `host:port`, never one this test process handed out before:
+/// a port bound and released here may come back from the next bind, and two nodes
+/// given one port fail to start (a listener is released before its node binds it).
+fn free_port() -> String {
+    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let addr = listener.local_addr().expect("bound");
+        if handed_out.insert(addr.port()) {
+            return addr.to_string();
+        }
+    }
+}
+
+#[allow(dead_code, reason = "not every test binary uses every helper")]
+impl Fleet {
     /// Starts node `id` (on fresh ports the first time, the same ones after) with its own
     /// data directory.
     pub fn start(&self, id: u64) {
-        let free = || {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-            listener.local_addr().expect("bound").to_string()
-        };
+        let free = free_port;
         let (api, raft) = {
             let mut nodes = self.lock();
             let node = nodes.entry(id).or_insert_with(|| FleetNode {

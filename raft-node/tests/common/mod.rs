@@ -68,10 +68,19 @@ pub struct TestCluster {
     extra_args: Vec<String>,
 }
 
-fn free_addr() -> (TcpListener, String) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let addr = listener.local_addr().expect("bound").to_string();
-    (listener, addr)
+/// A bound `127.0.0.1` listener on a port this test process never handed out before (a
+/// port released here may come back from the next bind), and its address.
+pub fn free_addr() -> (TcpListener, String) {
+    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let addr = listener.local_addr().expect("bound");
+        if handed_out.insert(addr.port()) {
+            return (listener, addr.to_string());
+        }
+    }
 }
 
 impl TestCluster {
