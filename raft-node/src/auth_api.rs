@@ -6,6 +6,8 @@ use axum::Router;
 use axum::extract::Path;
 use axum::extract::State;
 use axum::extract::rejection::PathRejection;
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
 use axum::http::Method;
 use axum::http::header::AUTHORIZATION;
 use axum::response::IntoResponse;
@@ -13,6 +15,7 @@ use axum::response::Response;
 use axum::routing::delete;
 use axum::routing::get;
 use axum::routing::post;
+use bytes::Bytes;
 use rpc::auth::BootstrapJson;
 use rpc::auth::NewTokenJson;
 use rpc::auth::TokenAddJson;
@@ -23,10 +26,13 @@ use store_sm::machine::Role;
 use store_sm::machine::TokenRecord;
 
 use crate::http::ApiError;
+use crate::node::FORWARD_TIMEOUT;
 use crate::node::SharedNode;
+use crate::relay::FORWARDED_HEADER;
 use crate::relay::Incoming;
 use crate::relay::respond;
 use crate::service::Consistency;
+use crate::service::ServiceError;
 use crate::service::auth::Access;
 use crate::service::auth::Caller;
 use crate::service::auth::new_token;
@@ -109,11 +115,15 @@ pub async fn check_token(
     let caller = if access == Access::Open {
         node.authenticate(header).unwrap_or(Caller::Anyone)
     } else {
-        let forwarded = request
-            .headers()
-            .contains_key(crate::relay::FORWARDED_HEADER);
+        let forwarded = request.headers().contains_key(FORWARDED_HEADER);
         match node.authenticate_confirmed(header, forwarded).await {
             Ok(caller) => caller,
+            Err(ServiceError::NotLeader { leader_api }) => {
+                match ask_leader_who(&node, &leader_api, header.unwrap_or_default()).await {
+                    Ok(caller) => caller,
+                    Err(refused) => return ApiError::from(refused).into_response(),
+                }
+            }
             Err(refused) => return ApiError::from(refused).into_response(),
         }
     };
@@ -127,6 +137,61 @@ pub async fn check_token(
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
+}
+
+/// The caller the leader at `leader_api` finds for `authorization`: for a token this node
+/// has not applied yet (the request is marked forwarded, so the leader asks no one).
+async fn ask_leader_who(
+    node: &SharedNode,
+    leader_api: &str,
+    authorization: &str,
+) -> Result<Caller, ServiceError> {
+    let cannot = |why: String| {
+        ServiceError::Unavailable(format!(
+            "this node has not applied the token yet and {why}; retry shortly"
+        ))
+    };
+    let value = HeaderValue::from_str(authorization).map_err(|_| {
+        ServiceError::Unauthorized("the Authorization header is not a bearer token".into())
+    })?;
+    let headers = [
+        (AUTHORIZATION, value),
+        (
+            HeaderName::from_static(FORWARDED_HEADER),
+            HeaderValue::from(node.id()),
+        ),
+    ];
+    let answer = node
+        .client
+        .send(
+            leader_api,
+            Method::GET,
+            WHOAMI_PATH,
+            &headers,
+            Bytes::new(),
+            FORWARD_TIMEOUT,
+        )
+        .await
+        .map_err(|e| cannot(format!("the leader could not be asked ({e})")))?;
+    match answer.status.as_u16() {
+        200 => {
+            let who: WhoAmIJson = serde_json::from_slice(&answer.body)
+                .map_err(|e| cannot(format!("the leader's answer is unreadable ({e})")))?;
+            let role = who.role.as_deref().and_then(Role::parse);
+            match (who.auth, who.id, role) {
+                (true, Some(id), Some(role)) => Ok(Caller::Token {
+                    id,
+                    role,
+                    groups: who.groups,
+                }),
+                _ => Err(cannot("the leader does not check tokens".into())),
+            }
+        }
+        401 => Err(ServiceError::Unauthorized(
+            "the token is unknown or revoked; send `Authorization: Bearer <token>` (rota: --token or ROTA_TOKEN)".into(),
+        )),
+        status => Err(cannot(format!("the leader answered {status}"))),
+    }
 }
 
 fn token_json(record: &TokenRecord) -> TokenJson {

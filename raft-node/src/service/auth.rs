@@ -23,20 +23,10 @@ use store_sm::machine::constants::TOKEN_ID_BYTES;
 
 use store_sm::state_machine::AppliedState;
 
-use axum::http::HeaderName;
-use axum::http::HeaderValue;
-use axum::http::Method;
-use axum::http::header::AUTHORIZATION;
-use bytes::Bytes;
-use rpc::auth::WHOAMI_PATH;
-use rpc::auth::WhoAmIJson;
-
 use super::Consistency;
 use super::ServiceError;
-use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 use crate::random::random_bytes;
-use crate::relay::FORWARDED_HEADER;
 
 /// The prefix of every bearer token, so that a leaked one is recognisable.
 pub const TOKEN_PREFIX: &str = "rota_";
@@ -253,10 +243,11 @@ impl Node {
     }
 
     /// As [`Node::authenticate`], but a token this node does not know is not refused on
-    /// its word: the leader looks it up after a linearizable read (a follower asks it,
-    /// `GET /auth/whoami`), so that no node refuses a token the cluster has made because it
+    /// its word: the leader looks it up after a linearizable read, and elsewhere the
+    /// answer is [`ServiceError::NotLeader`], for the caller to ask the leader (`GET
+    /// /auth/whoami`), so that no node refuses a token the cluster has made because it
     /// has not applied it yet (it restarted, lags or is new). A request `forwarded` by
-    /// another node is not asked onwards: it gets 503 where no leader can answer.
+    /// another node is not sent onwards: it gets 503 where no leader can answer.
     pub async fn authenticate_confirmed(
         &self,
         authorization: Option<&str>,
@@ -275,66 +266,13 @@ impl Node {
         match self.read(Consistency::Linearizable).await {
             Ok(view) => look_up(&view.state, id, &hash)
                 .ok_or_else(|| unauthorized("the token is unknown or revoked"))?,
-            Err(ServiceError::NotLeader { leader_api }) if !forwarded => {
-                self.ask_leader_who(&leader_api, authorization.unwrap_or_default())
-                    .await
-            }
+            // The caller (the HTTP layer) asks the leader who the token is.
+            Err(not_leader @ ServiceError::NotLeader { .. }) if !forwarded => Err(not_leader),
             Err(ServiceError::NotLeader { .. }) => Err(ServiceError::Unavailable(
                 "leadership is moving and this node cannot check the token yet; retry shortly"
                     .into(),
             )),
             Err(other) => Err(other),
-        }
-    }
-
-    /// The caller the leader at `leader_api` finds for `authorization`.
-    async fn ask_leader_who(
-        &self,
-        leader_api: &str,
-        authorization: &str,
-    ) -> Result<Caller, ServiceError> {
-        let cannot = |why: String| {
-            ServiceError::Unavailable(format!(
-                "this node has not applied the token yet and {why}; retry shortly"
-            ))
-        };
-        let value = HeaderValue::from_str(authorization)
-            .map_err(|_| unauthorized("the Authorization header is not a bearer token"))?;
-        let headers = [
-            (AUTHORIZATION, value),
-            (
-                HeaderName::from_static(FORWARDED_HEADER),
-                HeaderValue::from(self.id()),
-            ),
-        ];
-        let answer = self
-            .client
-            .send(
-                leader_api,
-                Method::GET,
-                WHOAMI_PATH,
-                &headers,
-                Bytes::new(),
-                FORWARD_TIMEOUT,
-            )
-            .await
-            .map_err(|e| cannot(format!("the leader could not be asked ({e})")))?;
-        match answer.status.as_u16() {
-            200 => {
-                let who: WhoAmIJson = serde_json::from_slice(&answer.body)
-                    .map_err(|e| cannot(format!("the leader's answer is unreadable ({e})")))?;
-                let role = who.role.as_deref().and_then(Role::parse);
-                match (who.auth, who.id, role) {
-                    (true, Some(id), Some(role)) => Ok(Caller::Token {
-                        id,
-                        role,
-                        groups: who.groups,
-                    }),
-                    _ => Err(cannot("the leader does not check tokens".into())),
-                }
-            }
-            401 => Err(unauthorized("the token is unknown or revoked")),
-            status => Err(cannot(format!("the leader answered {status}"))),
         }
     }
 
