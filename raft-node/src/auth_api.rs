@@ -36,6 +36,8 @@ use crate::service::ServiceError;
 use crate::service::auth::Access;
 use crate::service::auth::Caller;
 use crate::service::auth::new_token;
+use crate::service::auth::unauthorized;
+use crate::service::auth::unknown_token;
 use crate::worker_api::path_segment;
 use crate::worker_api::query_params;
 
@@ -151,9 +153,8 @@ async fn ask_leader_who(
             "this node has not applied the token yet and {why}; retry shortly"
         ))
     };
-    let value = HeaderValue::from_str(authorization).map_err(|_| {
-        ServiceError::Unauthorized("the Authorization header is not a bearer token".into())
-    })?;
+    let value = HeaderValue::from_str(authorization)
+        .map_err(|_| unauthorized("the Authorization header is not a bearer token"))?;
     let headers = [
         (AUTHORIZATION, value),
         (
@@ -187,9 +188,7 @@ async fn ask_leader_who(
                 _ => Err(cannot("the leader does not check tokens".into())),
             }
         }
-        401 => Err(ServiceError::Unauthorized(
-            "the token is unknown or revoked; send `Authorization: Bearer <token>` (rota: --token or ROTA_TOKEN)".into(),
-        )),
+        401 => Err(unknown_token()),
         status => Err(cannot(format!("the leader answered {status}"))),
     }
 }

@@ -110,7 +110,7 @@ async fn post_finish_many(
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let json: FinishManyRequestJson = parse_json(&incoming.body, FINISH_MANY_PATH)?;
-    let mut finishes: Vec<FinishItem> = finish_items(&json)
+    let finishes: Vec<FinishItem> = finish_items(&json)
         .map_err(ApiError::bad_request)?
         .into_iter()
         .map(|(id, result)| FinishItem { id, result })
@@ -118,15 +118,15 @@ async fn post_finish_many(
     let request_id = request_id(&incoming, json.requestid)?;
     // One task is logged as the single finish it is, which builds before /finish/many
     // decode too (a cluster in the middle of a rolling upgrade).
-    let request = match finishes.pop() {
-        Some(only) if finishes.is_empty() => Request::Finish(FinishRequest {
+    let request = match <[FinishItem; 1]>::try_from(finishes) {
+        Ok([only]) => Request::Finish(FinishRequest {
             client: json.clientid,
             id: only.id,
             result: only.result,
         }),
-        last => Request::FinishMany(FinishManyRequest {
+        Err(finishes) => Request::FinishMany(FinishManyRequest {
             client: json.clientid,
-            finishes: finishes.into_iter().chain(last).collect(),
+            finishes,
         }),
     };
     Ok(write(&node, incoming, request, request_id).await)

@@ -20,7 +20,6 @@ use store_sm::machine::TokenAddRequest;
 use store_sm::machine::TokenRecord;
 use store_sm::machine::TokenRevokeRequest;
 use store_sm::machine::constants::TOKEN_ID_BYTES;
-
 use store_sm::state_machine::AppliedState;
 
 use super::Consistency;
@@ -171,8 +170,13 @@ pub fn new_token(client: ClientId, name: String, role: Role, groups: Vec<String>
     }
 }
 
+/// The 401 of a token the cluster does not hold.
+pub fn unknown_token() -> ServiceError {
+    unauthorized("the token is unknown or revoked")
+}
+
 /// A 401 that says `why` and how to send a token.
-fn unauthorized(why: &str) -> ServiceError {
+pub fn unauthorized(why: &str) -> ServiceError {
     ServiceError::Unauthorized(format!(
         "{why}; send `Authorization: Bearer <token>` (rota: --token or ROTA_TOKEN)"
     ))
@@ -200,7 +204,7 @@ fn look_up(state: &AppliedState, id: &str, hash: &str) -> Option<Result<Caller, 
     Some(if equal_in_constant_time(&record.secret_hash, hash) {
         Ok(caller_of(record))
     } else {
-        Err(unauthorized("the token is unknown or revoked"))
+        Err(unknown_token())
     })
 }
 
@@ -239,7 +243,7 @@ impl Node {
         let (id, hash) = parse_authorization(authorization)?;
         self.state
             .read(|state| look_up(state, id, &hash))
-            .ok_or_else(|| unauthorized("the token is unknown or revoked"))?
+            .ok_or_else(unknown_token)?
     }
 
     /// As [`Node::authenticate`], but a token this node does not know is not refused on
@@ -261,11 +265,10 @@ impl Node {
             return known;
         }
         if store_sm::planted::is_planted(store_sm::planted::Bug::LocalTokenCheck) {
-            return Err(unauthorized("the token is unknown or revoked"));
+            return Err(unknown_token());
         }
         match self.read(Consistency::Linearizable).await {
-            Ok(view) => look_up(&view.state, id, &hash)
-                .ok_or_else(|| unauthorized("the token is unknown or revoked"))?,
+            Ok(view) => look_up(&view.state, id, &hash).ok_or_else(unknown_token)?,
             // The caller (the HTTP layer) asks the leader who the token is.
             Err(not_leader @ ServiceError::NotLeader { .. }) if !forwarded => Err(not_leader),
             Err(ServiceError::NotLeader { .. }) => Err(ServiceError::Unavailable(
