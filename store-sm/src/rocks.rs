@@ -14,6 +14,13 @@
 //! Meanwhile the leader already sends the entries to its followers, so its own fsync
 //! overlaps theirs. The other writes (vote, truncation, purge) wait for the writer, so
 //! they land after every append asked for before them.
+//!
+//! The commit index openraft saves is a restart hint (a lost one only means applying
+//! less before catching up), and it advances with every commit: writing it on its own
+//! would wake the writer and write RocksDB once more per commit. It waits instead, and
+//! rides in the writer's next batch, once every write queued before it is in that batch,
+//! so it never names an entry the store does not hold; an idle writer writes it after
+//! [`COMMITTED_IDLE_WRITE`], and a closing one before it stops.
 
 use std::fmt::Debug;
 use std::io;
@@ -24,8 +31,11 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::MutexGuard;
 use std::sync::PoisonError;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use openraft::LogState;
 use openraft::OptionalSend;
@@ -139,17 +149,35 @@ enum WriteOp {
     Other {
         work: Work,
         sync: bool,
-        done: Option<futures_channel::oneshot::Sender<io::Result<()>>>,
+        done: futures_channel::oneshot::Sender<io::Result<()>>,
     },
 }
 
 /// Appends that queued up, written together: their entries in one batch, one fsync.
 const GROUP_OPS_MAX: usize = 1024;
 
+/// How long a saved commit index waits for a batch to ride in before an idle writer
+/// writes it alone.
+pub const COMMITTED_IDLE_WRITE: Duration = Duration::from_millis(500);
+
+/// A commit index saved and not yet written: its encoded value, and how many writes had
+/// been queued when it was saved (it is written only after all of them).
+struct PendingCommitted {
+    value: Vec<u8>,
+    committed: Option<RotaLogId>,
+    after_ops: u64,
+}
+
+/// The newest commit index waiting for the writer, shared by the store and the thread.
+type CommittedSlot = Arc<Mutex<Option<PendingCommitted>>>;
+
 /// The writer thread and the queue to it; the thread ends (after the queue) when the
 /// last store handle is dropped.
 struct LogWriter {
     queue: Option<mpsc::Sender<WriteOp>>,
+    /// Writes queued so far; a saved commit index waits for every one of them.
+    queued: AtomicU64,
+    committed: CommittedSlot,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -161,11 +189,15 @@ impl LogWriter {
         tail: Arc<Mutex<LogTail>>,
     ) -> io::Result<Self> {
         let (queue, ops) = mpsc::channel();
+        let committed = CommittedSlot::default();
+        let slot = Arc::clone(&committed);
         let thread = std::thread::Builder::new()
             .name("rota-log-writer".into())
-            .spawn(move || write_loop(&db, sync, &stats, &tail, &ops))?;
+            .spawn(move || write_loop(&db, sync, &stats, &tail, &slot, &ops))?;
         Ok(Self {
             queue: Some(queue),
+            queued: AtomicU64::new(0),
+            committed,
             thread: Some(thread),
         })
     }
@@ -173,30 +205,38 @@ impl LogWriter {
     fn send(&self, op: WriteOp) -> io::Result<()> {
         let stopped = || io::Error::other("the log writer has stopped");
         let queue = self.queue.as_ref().ok_or_else(stopped)?;
-        queue.send(op).map_err(|_| stopped())
+        queue.send(op).map_err(|_| stopped())?;
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Leaves `committed` for the writer's next batch, after every write queued so far.
+    fn save_committed(&self, committed: Option<RotaLogId>) -> io::Result<()> {
+        let value = encode_value(&committed)?;
+        let after_ops = self.queued.load(Ordering::SeqCst);
+        *lock_slot(&self.committed) = Some(PendingCommitted {
+            value,
+            committed,
+            after_ops,
+        });
+        Ok(())
+    }
+
+    /// The commit index saved and not yet written, if any.
+    fn unwritten_committed(&self) -> Option<Option<RotaLogId>> {
+        lock_slot(&self.committed)
+            .as_ref()
+            .map(|pending| pending.committed)
     }
 
     /// Writes the batch `work` makes on the writer, after everything queued before it,
     /// and waits for it.
     async fn run(&self, work: Work, sync: bool) -> io::Result<()> {
         let (done, answer) = futures_channel::oneshot::channel();
-        self.send(WriteOp::Other {
-            work,
-            sync,
-            done: Some(done),
-        })?;
+        self.send(WriteOp::Other { work, sync, done })?;
         answer
             .await
             .map_err(|_| io::Error::other("the log writer stopped before the write"))?
-    }
-
-    /// Queues an unsynced write without waiting for it.
-    fn queue(&self, work: Work) -> io::Result<()> {
-        self.send(WriteOp::Other {
-            work,
-            sync: false,
-            done: None,
-        })
     }
 }
 
@@ -216,11 +256,26 @@ fn lock_tail(tail: &Mutex<LogTail>) -> MutexGuard<'_, LogTail> {
     tail.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+fn lock_slot(slot: &Mutex<Option<PendingCommitted>>) -> MutexGuard<'_, Option<PendingCommitted>> {
+    // A plain value, replaced whole: a panic elsewhere cannot leave it half-written.
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Takes the waiting commit index if every write queued before it has been received.
+fn take_committed(slot: &Mutex<Option<PendingCommitted>>, received: u64) -> Option<Vec<u8>> {
+    let mut pending = lock_slot(slot);
+    match pending.as_ref() {
+        Some(waiting) if waiting.after_ops <= received => pending.take().map(|p| p.value),
+        _ => None,
+    }
+}
+
 fn write_loop(
     db: &DB,
     sync: SyncMode,
     stats: &LogStats,
     tail: &Mutex<LogTail>,
+    committed: &Mutex<Option<PendingCommitted>>,
     ops: &mpsc::Receiver<WriteOp>,
 ) {
     let mut writer = Writer {
@@ -231,7 +286,16 @@ fn write_loop(
         failed: None,
     };
     let mut appends = Vec::new();
-    while let Ok(first) = ops.recv() {
+    let mut received: u64 = 0;
+    loop {
+        let first = match ops.recv_timeout(COMMITTED_IDLE_WRITE) {
+            Ok(op) => op,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                writer.write_committed(take_committed(committed, received));
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         let mut taken = vec![first];
         while taken.len() < GROUP_OPS_MAX {
             match ops.try_recv() {
@@ -239,20 +303,27 @@ fn write_loop(
                 Err(_) => break,
             }
         }
+        received += taken.len() as u64;
+        let ready = take_committed(committed, received);
         for op in taken {
             match op {
                 WriteOp::Append(append) => appends.push(append),
                 WriteOp::Other { work, sync, done } => {
-                    writer.write_appends(&mut appends);
+                    writer.write_appends(&mut appends, None);
                     let result = writer.run(work, sync);
-                    if let Some(done) = done {
-                        let _ = done.send(result);
-                    }
+                    let _ = done.send(result);
                 }
             }
         }
-        writer.write_appends(&mut appends);
+        if appends.is_empty() {
+            writer.write_committed(ready);
+        } else {
+            writer.write_appends(&mut appends, ready);
+        }
     }
+    // The store is closing: everything queued has been received, so the last commit
+    // index can be written whatever it waited for.
+    writer.write_committed(take_committed(committed, u64::MAX));
 }
 
 /// The writer thread's state: after one failed write it writes nothing more, so that a
@@ -293,8 +364,19 @@ impl Writer<'_> {
         result
     }
 
-    /// Writes the queued appends in one batch, then reports to each of them.
-    fn write_appends(&mut self, appends: &mut Vec<QueuedAppend>) {
+    /// Writes a waiting commit index on its own, unsynced (a hint: see the module).
+    fn write_committed(&mut self, committed: Option<Vec<u8>>) {
+        if let Some(value) = committed {
+            let _ = self.run(
+                Box::new(move |db| meta_batch(db, KEY_COMMITTED, value)),
+                false,
+            );
+        }
+    }
+
+    /// Writes the queued appends, and `committed` if given, in one batch, then reports to
+    /// each append.
+    fn write_appends(&mut self, appends: &mut Vec<QueuedAppend>, committed: Option<Vec<u8>>) {
         if appends.is_empty() {
             return;
         }
@@ -307,6 +389,9 @@ impl Writer<'_> {
                     batch.put_cf(logs, key, value);
                     count += 1;
                 }
+            }
+            if let Some(value) = committed {
+                batch.put_cf(column(self.db, CF_META)?, KEY_COMMITTED, value);
             }
             self.stats.record_append(count);
             write_batch(self.db, self.stats, batch, self.sync == SyncMode::Always)
@@ -517,13 +602,14 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
 
     async fn save_committed(&mut self, committed: Option<RotaLogId>) -> Result<(), io::Error> {
         // A restart hint; a lost one only means re-applying less before catching up, so
-        // nobody waits for it.
-        let value = encode_value(&committed)?;
-        self.writer
-            .queue(Box::new(move |db| meta_batch(db, KEY_COMMITTED, value)))
+        // nobody waits for it, and it rides in the writer's next batch (module docs).
+        self.writer.save_committed(committed)
     }
 
     async fn read_committed(&mut self) -> Result<Option<RotaLogId>, io::Error> {
+        if let Some(unwritten) = self.writer.unwritten_committed() {
+            return Ok(unwritten);
+        }
         Ok(self.get_meta::<Option<RotaLogId>>(KEY_COMMITTED)?.flatten())
     }
 
@@ -593,6 +679,63 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
 mod tests {
     use super::*;
 
+    fn stored_committed(store: &RocksLogStore) -> Option<Option<RotaLogId>> {
+        store
+            .get_meta(KEY_COMMITTED)
+            .expect("reads the commit index")
+    }
+
+    fn some_log_id(index: u64) -> Option<RotaLogId> {
+        Some(RotaLogId::new(
+            crate::raft_types::RotaLeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ))
+    }
+
+    #[test]
+    fn a_saved_commit_index_is_written_by_an_idle_writer_and_at_close() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = RocksLogStore::open(dir.path(), SyncMode::Always).expect("opens");
+        store.writer.save_committed(some_log_id(7)).expect("saves");
+        assert_eq!(store.writer.unwritten_committed(), Some(some_log_id(7)));
+
+        let deadline = std::time::Instant::now() + COMMITTED_IDLE_WRITE * 10;
+        while stored_committed(&store).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "an idle writer never wrote the commit index"
+            );
+            std::thread::sleep(COMMITTED_IDLE_WRITE / 10);
+        }
+        assert_eq!(stored_committed(&store), Some(some_log_id(7)));
+        assert_eq!(store.writer.unwritten_committed(), None);
+
+        // One saved just before the store closes is written as it closes.
+        store.writer.save_committed(some_log_id(9)).expect("saves");
+        drop(store);
+        let store = RocksLogStore::open(dir.path(), SyncMode::Always).expect("reopens");
+        assert_eq!(stored_committed(&store), Some(some_log_id(9)));
+    }
+
+    #[test]
+    fn a_commit_index_waits_for_the_writes_queued_before_it() {
+        let slot: Mutex<Option<PendingCommitted>> = Mutex::new(Some(PendingCommitted {
+            value: b"c".to_vec(),
+            committed: some_log_id(3),
+            after_ops: 5,
+        }));
+        assert_eq!(
+            take_committed(&slot, 4),
+            None,
+            "one write before it is still queued"
+        );
+        assert_eq!(take_committed(&slot, 5), Some(b"c".to_vec()));
+        assert_eq!(take_committed(&slot, 6), None, "taken once");
+    }
+
     #[test]
     fn after_a_failed_write_the_writer_writes_nothing_more() {
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -618,7 +761,7 @@ mod tests {
                 let _ = report.send(result.map_err(|e| e.to_string()));
             }),
         }];
-        writer.write_appends(&mut appends);
+        writer.write_appends(&mut appends, None);
         let answer = reported.recv().expect("the append is answered");
         assert!(answer.expect_err("refused").contains("disk on fire"));
         let logs = column(&store.db, CF_LOGS).expect("logs");

@@ -4,7 +4,9 @@
 //!
 //! With `SyncMode::Always` every acknowledged entry must be there. With
 //! `SyncMode::Never` the store must still open and be consistent: a contiguous log
-//! after the purge point, every entry decodable, the vote readable.
+//! after the purge point, every entry decodable, the vote readable. In both, the saved
+//! commit index never names an entry the store lost: the child saves each entry's id as
+//! committed before the entry is durable, the harshest order openraft could ask for.
 
 #![cfg(feature = "rocksdb")]
 
@@ -19,6 +21,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use common::TestTypes;
+use common::log_id;
 use common::normal;
 use common::workload_command;
 use openraft::RaftLogReader;
@@ -68,6 +71,9 @@ fn crash_child() {
             RaftLogStorage::<TestTypes>::append(&mut store, [entry], IOFlushed::signal(tx))
                 .await
                 .expect("append");
+            RaftLogStorage::<TestTypes>::save_committed(&mut store, Some(log_id(1, next)))
+                .await
+                .expect("commit index");
             rx.await.expect("callback").expect("durable");
             println!("acked {next}");
             next += 1;
@@ -135,6 +141,13 @@ async fn check_consistent(dir: &Path, sync: SyncMode) -> u64 {
         .await
         .expect("vote reads");
     assert!(vote.is_some(), "the vote survived");
+    let committed = RaftLogStorage::<TestTypes>::read_committed(&mut store)
+        .await
+        .expect("the commit index reads");
+    assert!(
+        committed.is_none_or(|c| c.index() <= last),
+        "the saved commit index {committed:?} is past the stored log's end {last}"
+    );
     last
 }
 
