@@ -193,16 +193,43 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, StartError> {
     // it: tools (`rota dev down`) find it through this file however it was started.
     write_pid_file(&config.data_dir).map_err(storage_error)?;
     let log_stats = log_store.stats();
+    let inline_appends = log_store.inline_appends();
     let snapshots = store_sm::snapshot_dir::SnapshotDir::open(config.data_dir.join("snapshots"))
         .map_err(storage_error)?;
-    start_on(
+    let running = start_on(
         config,
         log_store,
         NodeSnapshots::Dir(snapshots),
         Some(log_stats),
         clock::SystemClock,
     )
-    .await
+    .await?;
+    tokio::spawn(inline_appends_unless_leading(
+        running.node.raft.server_metrics(),
+        inline_appends,
+    ));
+    Ok(running)
+}
+
+/// Runs until Raft shuts down: lets the log store write appends on the node's thread
+/// while this node does not lead (see `store_sm::rocks`), since a follower answers an
+/// append only once it is durable, while a leader sends its entries on meanwhile.
+#[cfg(feature = "rocksdb")]
+async fn inline_appends_unless_leading(
+    mut server: openraft::type_config::alias::WatchReceiverOf<
+        NodeTypes,
+        openraft::metrics::RaftServerMetrics<NodeTypes>,
+    >,
+    inline: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use openraft::async_runtime::WatchReceiver;
+    loop {
+        let leading = server.borrow_watched().state == openraft::ServerState::Leader;
+        inline.store(!leading, std::sync::atomic::Ordering::Relaxed);
+        if server.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The file in a data directory that names the process serving it.

@@ -21,6 +21,19 @@
 //! rides in the writer's next batch, once every write queued before it is in that batch,
 //! so it never names an entry the store does not hold; an idle writer writes it after
 //! [`COMMITTED_IDLE_WRITE`], and a closing one before it stops.
+//!
+//! A follower's append is answered only once it is durable, so the hand-off to the
+//! writer thread and back buys it nothing and costs two thread wake-ups, which on a
+//! virtual machine are a large part of a lightly loaded follower's work. When told to
+//! ([`RocksLogStore::inline_appends`], which the node sets while it does not lead), an
+//! append finding the writer idle is written on the caller's thread instead, unless the
+//! last synced write took longer than [`INLINE_SYNC_MAX`] (a slow disk would hold up
+//! everything else the node's thread does) or the append carries more than
+//! [`INLINE_ENTRIES_MAX`] entries. A leader under load sends large appends, and there
+//! the hand-off pays: a follower that answers later lets the leader gather more commands
+//! into its next append (measured: inline writes of large appends cost 2-10% of the
+//! throughput at 64 workers, while small ones save 10% of a follower's CPU at 16). A
+//! leader never writes inline: its entries go to the followers while its own fsync runs.
 
 use std::fmt::Debug;
 use std::io;
@@ -31,6 +44,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::MutexGuard;
 use std::sync::PoisonError;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -160,6 +174,12 @@ const GROUP_OPS_MAX: usize = 1024;
 /// writes it alone.
 pub const COMMITTED_IDLE_WRITE: Duration = Duration::from_millis(500);
 
+/// An append is written on the caller's thread only while synced writes take less.
+pub const INLINE_SYNC_MAX: Duration = Duration::from_millis(2);
+
+/// An append of more entries than this always goes through the writer thread.
+pub const INLINE_ENTRIES_MAX: usize = 8;
+
 /// A commit index saved and not yet written: its encoded value, and how many writes had
 /// been queued when it was saved (it is written only after all of them).
 struct PendingCommitted {
@@ -177,7 +197,12 @@ struct LogWriter {
     queue: Option<mpsc::Sender<WriteOp>>,
     /// Writes queued so far; a saved commit index waits for every one of them.
     queued: AtomicU64,
+    /// Writes the thread has finished; equal to `queued` when it is idle.
+    finished: Arc<AtomicU64>,
     committed: CommittedSlot,
+    /// Whether an append may be written on the caller's thread (module docs).
+    inline: Arc<AtomicBool>,
+    writer: Arc<Mutex<Writer>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -190,16 +215,50 @@ impl LogWriter {
     ) -> io::Result<Self> {
         let (queue, ops) = mpsc::channel();
         let committed = CommittedSlot::default();
-        let slot = Arc::clone(&committed);
-        let thread = std::thread::Builder::new()
-            .name("rota-log-writer".into())
-            .spawn(move || write_loop(&db, sync, &stats, &tail, &slot, &ops))?;
+        let finished = Arc::new(AtomicU64::new(0));
+        let writer = Arc::new(Mutex::new(Writer::new(db, sync, stats, tail)));
+        let thread = {
+            let (slot, finished, writer) = (
+                Arc::clone(&committed),
+                Arc::clone(&finished),
+                Arc::clone(&writer),
+            );
+            std::thread::Builder::new()
+                .name("rota-log-writer".into())
+                .spawn(move || write_loop(&writer, &slot, &finished, &ops))?
+        };
         Ok(Self {
             queue: Some(queue),
             queued: AtomicU64::new(0),
+            finished,
             committed,
+            inline: Arc::default(),
+            writer,
             thread: Some(thread),
         })
+    }
+
+    /// Writes `append` on this thread if inline appends are on, it is small, the writer
+    /// thread has nothing queued or under way, and syncs are fast; otherwise hands it
+    /// back.
+    fn write_inline(&self, append: QueuedAppend) -> Result<(), QueuedAppend> {
+        if !self.inline.load(Ordering::Relaxed) || append.entries.len() > INLINE_ENTRIES_MAX {
+            return Err(append);
+        }
+        let queued = self.queued.load(Ordering::SeqCst);
+        if self.finished.load(Ordering::SeqCst) != queued {
+            return Err(append);
+        }
+        // Held by the thread while it writes; every write is in order behind the lock.
+        let Ok(mut writer) = self.writer.try_lock() else {
+            return Err(append);
+        };
+        if writer.last_sync_slow {
+            return Err(append);
+        }
+        let committed = take_committed(&self.committed, queued);
+        writer.write_appends(&mut vec![append], committed);
+        Ok(())
     }
 
     fn send(&self, op: WriteOp) -> io::Result<()> {
@@ -270,28 +329,24 @@ fn take_committed(slot: &Mutex<Option<PendingCommitted>>, received: u64) -> Opti
     }
 }
 
+fn lock_writer(writer: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
+    // Its state (the first failure, the last sync's speed) is whole after every method.
+    writer.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn write_loop(
-    db: &DB,
-    sync: SyncMode,
-    stats: &LogStats,
-    tail: &Mutex<LogTail>,
+    writer: &Mutex<Writer>,
     committed: &Mutex<Option<PendingCommitted>>,
+    finished: &AtomicU64,
     ops: &mpsc::Receiver<WriteOp>,
 ) {
-    let mut writer = Writer {
-        db,
-        sync,
-        stats,
-        tail,
-        failed: None,
-    };
     let mut appends = Vec::new();
     let mut received: u64 = 0;
     loop {
         let first = match ops.recv_timeout(COMMITTED_IDLE_WRITE) {
             Ok(op) => op,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                writer.write_committed(take_committed(committed, received));
+                lock_writer(writer).write_committed(take_committed(committed, received));
                 continue;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -305,6 +360,7 @@ fn write_loop(
         }
         received += taken.len() as u64;
         let ready = take_committed(committed, received);
+        let mut writer = lock_writer(writer);
         for op in taken {
             match op {
                 WriteOp::Append(append) => appends.push(append),
@@ -320,24 +376,39 @@ fn write_loop(
         } else {
             writer.write_appends(&mut appends, ready);
         }
+        drop(writer);
+        finished.store(received, Ordering::SeqCst);
     }
     // The store is closing: everything queued has been received, so the last commit
     // index can be written whatever it waited for.
-    writer.write_committed(take_committed(committed, u64::MAX));
+    lock_writer(writer).write_committed(take_committed(committed, u64::MAX));
 }
 
 /// The writer thread's state: after one failed write it writes nothing more, so that a
 /// write that fails and a later one that succeeds cannot leave a hole in the log; every
 /// later operation gets the first error, and openraft stops the node.
-struct Writer<'a> {
-    db: &'a DB,
+struct Writer {
+    db: Arc<DB>,
     sync: SyncMode,
-    stats: &'a LogStats,
-    tail: &'a Mutex<LogTail>,
+    stats: Arc<LogStats>,
+    tail: Arc<Mutex<LogTail>>,
     failed: Option<io::Error>,
+    /// Whether the last synced append took longer than [`INLINE_SYNC_MAX`].
+    last_sync_slow: bool,
 }
 
-impl Writer<'_> {
+impl Writer {
+    fn new(db: Arc<DB>, sync: SyncMode, stats: Arc<LogStats>, tail: Arc<Mutex<LogTail>>) -> Self {
+        Self {
+            db,
+            sync,
+            stats,
+            tail,
+            failed: None,
+            last_sync_slow: false,
+        }
+    }
+
     /// The first failure, if a write failed before.
     fn check(&self) -> io::Result<()> {
         match &self.failed {
@@ -359,7 +430,8 @@ impl Writer<'_> {
     /// Runs one write that is not an append.
     fn run(&mut self, work: Work, sync: bool) -> io::Result<()> {
         self.check()?;
-        let result = work(self.db).and_then(|batch| write_batch(self.db, self.stats, batch, sync));
+        let result =
+            work(&self.db).and_then(|batch| write_batch(&self.db, &self.stats, batch, sync));
         self.note(&result);
         result
     }
@@ -381,7 +453,7 @@ impl Writer<'_> {
             return;
         }
         let result = self.check().and_then(|()| {
-            let logs = column(self.db, CF_LOGS)?;
+            let logs = column(&self.db, CF_LOGS)?;
             let mut batch = WriteBatch::default();
             let mut count = 0;
             for append in appends.iter() {
@@ -391,16 +463,22 @@ impl Writer<'_> {
                 }
             }
             if let Some(value) = committed {
-                batch.put_cf(column(self.db, CF_META)?, KEY_COMMITTED, value);
+                batch.put_cf(column(&self.db, CF_META)?, KEY_COMMITTED, value);
             }
             self.stats.record_append(count);
-            write_batch(self.db, self.stats, batch, self.sync == SyncMode::Always)
+            let started = std::time::Instant::now();
+            let synced = self.sync == SyncMode::Always;
+            let written = write_batch(&self.db, &self.stats, batch, synced);
+            if synced {
+                self.last_sync_slow = started.elapsed() > INLINE_SYNC_MAX;
+            }
+            written
         });
         self.note(&result);
         if result.is_ok()
             && let Some(last) = appends.iter().map(|append| append.last).max()
         {
-            lock_tail(self.tail).mark_written(last);
+            lock_tail(&self.tail).mark_written(last);
         }
         for append in appends.drain(..) {
             (append.done)(result.as_ref().map(|_| ()).map_err(copy_error));
@@ -459,6 +537,13 @@ impl RocksLogStore {
     /// Write counters, shared with whoever watches them.
     pub fn stats(&self) -> Arc<LogStats> {
         Arc::clone(&self.stats)
+    }
+
+    /// The switch that lets appends be written on the caller's thread when the writer
+    /// is idle (module docs): on while this node does not lead, off while it does. It is
+    /// off when the store opens.
+    pub fn inline_appends(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.writer.inline)
     }
 
     fn sync_appends(&self) -> bool {
@@ -633,11 +718,15 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
             callback.io_completed(Ok(()));
             return Ok(());
         };
-        self.writer.send(WriteOp::Append(QueuedAppend {
+        let append = QueuedAppend {
             entries: encoded,
             last,
             done: Box::new(move |result| callback.io_completed(result)),
-        }))
+        };
+        match self.writer.write_inline(append) {
+            Ok(()) => Ok(()),
+            Err(append) => self.writer.send(WriteOp::Append(append)),
+        }
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<RotaLogId>) -> Result<(), io::Error> {
@@ -720,6 +809,80 @@ mod tests {
         assert_eq!(stored_committed(&store), Some(some_log_id(9)));
     }
 
+    /// An append whose report says which thread wrote it, and the receiving end.
+    fn traced_append(index: u64) -> (QueuedAppend, mpsc::Receiver<(io::Result<()>, String)>) {
+        let (report, reported) = mpsc::channel();
+        let append = QueuedAppend {
+            entries: vec![(index_key(index), b"entry".to_vec())],
+            last: index,
+            done: Box::new(move |result| {
+                let thread = std::thread::current().name().unwrap_or("").to_string();
+                let _ = report.send((result, thread));
+            }),
+        };
+        (append, reported)
+    }
+
+    #[test]
+    fn an_idle_writer_lets_a_follower_write_its_append_inline() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = RocksLogStore::open(dir.path(), SyncMode::Always).expect("opens");
+        let writer = &store.writer;
+        let here = std::thread::current().name().unwrap_or("").to_string();
+        let stored = |index| {
+            let logs = column(&store.db, CF_LOGS).expect("logs");
+            store
+                .db
+                .get_cf(logs, index_key(index))
+                .expect("reads")
+                .is_some()
+        };
+
+        // Off (a leader, or a store just opened): handed back for the writer thread.
+        let (append, _) = traced_append(1);
+        assert!(writer.write_inline(append).is_err(), "inline is off");
+
+        store.inline_appends().store(true, Ordering::Relaxed);
+        let (append, report) = traced_append(1);
+        assert!(
+            writer.write_inline(append).is_ok(),
+            "an idle writer: inline"
+        );
+        let (result, thread) = report.try_recv().expect("reported before returning");
+        assert!(result.is_ok());
+        assert_eq!(thread, here, "written on the caller's thread");
+        assert!(stored(1));
+
+        // A large append: the leader is busy, and a later answer lets it batch more.
+        let (mut append, _) = traced_append(2);
+        append.entries = (2..=2 + INLINE_ENTRIES_MAX as u64)
+            .map(|index| (index_key(index), b"entry".to_vec()))
+            .collect();
+        assert!(writer.write_inline(append).is_err(), "too many entries");
+
+        // A slow disk: the node's thread must not wait for it.
+        lock_writer(&writer.writer).last_sync_slow = true;
+        let (append, _) = traced_append(2);
+        assert!(writer.write_inline(append).is_err(), "syncs are slow");
+        lock_writer(&writer.writer).last_sync_slow = false;
+
+        // Something queued: the append goes behind it, to the writer thread.
+        let (queued, queued_report) = traced_append(2);
+        writer.send(WriteOp::Append(queued)).expect("queues");
+        let (append, report) = traced_append(3);
+        match writer.write_inline(append) {
+            // The thread was still at it: the append goes behind, through the queue.
+            Err(append) => writer.send(WriteOp::Append(append)).expect("queues"),
+            // The thread had already finished the first one: nothing is out of order.
+            Ok(()) => assert!(stored(2), "inline only after what was queued"),
+        }
+        let (result, thread) = queued_report.recv().expect("the queued one is reported");
+        assert!(result.is_ok());
+        assert_eq!(thread, "rota-log-writer");
+        assert!(report.recv().expect("reported").0.is_ok());
+        assert!(stored(2) && stored(3));
+    }
+
     #[test]
     fn a_commit_index_waits_for_the_writes_queued_before_it() {
         let slot: Mutex<Option<PendingCommitted>> = Mutex::new(Some(PendingCommitted {
@@ -740,15 +903,12 @@ mod tests {
     fn after_a_failed_write_the_writer_writes_nothing_more() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let store = RocksLogStore::open(dir.path(), SyncMode::Always).expect("opens");
-        let stats = LogStats::default();
-        let tail = Mutex::default();
-        let mut writer = Writer {
-            db: &store.db,
-            sync: SyncMode::Always,
-            stats: &stats,
-            tail: &tail,
-            failed: None,
-        };
+        let mut writer = Writer::new(
+            Arc::clone(&store.db),
+            SyncMode::Always,
+            Arc::default(),
+            Arc::default(),
+        );
         let failed = writer.run(Box::new(|_| Err(io::Error::other("disk on fire"))), true);
         assert!(failed.is_err());
 

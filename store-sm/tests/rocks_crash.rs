@@ -7,6 +7,8 @@
 //! after the purge point, every entry decodable, the vote readable. In both, the saved
 //! commit index never names an entry the store lost: the child saves each entry's id as
 //! committed before the entry is durable, the harshest order openraft could ask for.
+//! Every other round the child writes appends inline (on its own thread, as a follower
+//! does) instead of through the writer thread.
 
 #![cfg(feature = "rocksdb")]
 
@@ -34,6 +36,7 @@ use store_sm::rocks::RocksLogStore;
 
 const CHILD_DIR_ENV: &str = "ROTA_CRASH_CHILD_DIR";
 const CHILD_SYNC_ENV: &str = "ROTA_CRASH_CHILD_SYNC";
+const CHILD_INLINE_ENV: &str = "ROTA_CRASH_CHILD_INLINE";
 /// The child stops by itself after this long even if nobody kills it.
 const CHILD_RUN_MAX: Duration = Duration::from_secs(60);
 
@@ -56,6 +59,10 @@ fn crash_child() {
         .expect("runtime");
     runtime.block_on(async move {
         let mut store = RocksLogStore::open(Path::new(&dir), sync_mode(&sync)).expect("opens");
+        let inline = std::env::var(CHILD_INLINE_ENV).is_ok_and(|v| v == "1");
+        store
+            .inline_appends()
+            .store(inline, std::sync::atomic::Ordering::Relaxed);
         let state = RaftLogStorage::<TestTypes>::get_log_state(&mut store)
             .await
             .expect("state");
@@ -83,11 +90,12 @@ fn crash_child() {
 
 /// Starts the child on `dir`, kills it after it acknowledged `kill_after` entries and
 /// returns the last index it acknowledged.
-fn run_and_kill(dir: &Path, sync: &str, kill_after: u64) -> u64 {
+fn run_and_kill(dir: &Path, sync: &str, inline: bool, kill_after: u64) -> u64 {
     let mut child = Process::new(std::env::current_exe().expect("test binary"))
         .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_DIR_ENV, dir)
         .env(CHILD_SYNC_ENV, sync)
+        .env(CHILD_INLINE_ENV, if inline { "1" } else { "0" })
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -157,10 +165,11 @@ fn crash_rounds(sync: &str) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    for kill_after in [1, 40, 300, 900] {
-        let acked = run_and_kill(&path, sync, kill_after);
+    for (round, kill_after) in [1, 40, 300, 900].into_iter().enumerate() {
+        let inline = round % 2 == 1;
+        let acked = run_and_kill(&path, sync, inline, kill_after);
         let last = runtime.block_on(check_consistent(&path, sync_mode(sync)));
-        eprintln!("sync={sync}: killed after ack {acked}; store holds 1..={last}");
+        eprintln!("sync={sync} inline={inline}: killed after ack {acked}; store holds 1..={last}");
         if sync_mode(sync) == SyncMode::Always {
             assert!(
                 last >= acked,
