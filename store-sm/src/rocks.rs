@@ -15,12 +15,14 @@
 //! overlaps theirs. The other writes (vote, truncation, purge) wait for the writer, so
 //! they land after every append asked for before them.
 //!
-//! The commit index openraft saves is a restart hint (a lost one only means applying
-//! less before catching up), and it advances with every commit: writing it on its own
-//! would wake the writer and write RocksDB once more per commit. It waits instead, and
-//! rides in the writer's next batch, once every write queued before it is in that batch,
-//! so it never names an entry the store does not hold; an idle writer writes it after
-//! [`COMMITTED_IDLE_WRITE`], and a closing one before it stops.
+//! The commit index openraft saves is a restart hint: a node rebuilds its state up to it
+//! at start, so a lost one means a restarted node applies less (and its stale reads show
+//! older state) until the leader tells it the commit index again. It advances with every
+//! commit: writing it on its own would wake the writer and write RocksDB once more per
+//! commit. It waits instead, and rides in the writer's next batch, once every write
+//! queued before it is in that batch, so it never names an entry the store does not
+//! hold; an idle writer writes it after [`COMMITTED_IDLE_WRITE`], and a closing one
+//! before it stops. A process killed meanwhile loses at most that much of it.
 //!
 //! A follower's append is answered only once it is durable, so the hand-off to the
 //! writer thread and back buys it nothing and costs two thread wake-ups, which on a
@@ -33,7 +35,15 @@
 //! the hand-off pays: a follower that answers later lets the leader gather more commands
 //! into its next append (measured: inline writes of large appends cost 2-10% of the
 //! throughput at 64 workers, while small ones save 10% of a follower's CPU at 16). A
-//! leader never writes inline: its entries go to the followers while its own fsync runs.
+//! leader does not write inline: its entries go to the followers while its own fsync
+//! runs. (The switch follows openraft's server metrics, so a new leader's first appends
+//! may still be written inline; that costs time, not safety.) An inline write holds up
+//! the Raft core for one write: heartbeats and votes wait for at most that fsync, which
+//! is why a slow one turns inline writes off.
+//!
+//! The counters that decide "the writer is idle" and "every write before this commit
+//! index is received" assume one caller at a time, which openraft guarantees: only its
+//! core task appends, truncates, purges and saves.
 
 use std::fmt::Debug;
 use std::io;
@@ -172,7 +182,7 @@ const GROUP_OPS_MAX: usize = 1024;
 
 /// How long a saved commit index waits for a batch to ride in before an idle writer
 /// writes it alone.
-pub const COMMITTED_IDLE_WRITE: Duration = Duration::from_millis(500);
+pub const COMMITTED_IDLE_WRITE: Duration = Duration::from_millis(50);
 
 /// An append is written on the caller's thread only while synced writes take less.
 pub const INLINE_SYNC_MAX: Duration = Duration::from_millis(2);
