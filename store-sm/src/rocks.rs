@@ -140,18 +140,25 @@ fn copy_error(error: &io::Error) -> io::Error {
     io::Error::new(error.kind(), error.to_string())
 }
 
-/// Writes `batch`, synced or not, counting synced writes and their latency.
-fn write_batch(db: &DB, stats: &LogStats, batch: WriteBatch, sync: bool) -> io::Result<()> {
+/// Writes `batch`, synced or not, counting synced writes and their latency; answers how
+/// long a synced write took.
+fn write_batch(
+    db: &DB,
+    stats: &LogStats,
+    batch: WriteBatch,
+    sync: bool,
+) -> io::Result<Option<Duration>> {
     let mut options = WriteOptions::default();
     options.set_sync(sync);
     let started = std::time::Instant::now();
-    let result = db
-        .write_opt(batch, &options)
-        .map_err(rocks_error("writing"));
-    if sync {
-        stats.record_sync(started.elapsed());
+    db.write_opt(batch, &options)
+        .map_err(rocks_error("writing"))?;
+    if !sync {
+        return Ok(None);
     }
-    result
+    let took = started.elapsed();
+    stats.record_sync(took);
+    Ok(Some(took))
 }
 
 type AppendDone = Box<dyn FnOnce(io::Result<()>) + Send>;
@@ -440,8 +447,8 @@ impl Writer {
     /// Runs one write that is not an append.
     fn run(&mut self, work: Work, sync: bool) -> io::Result<()> {
         self.check()?;
-        let result =
-            work(&self.db).and_then(|batch| write_batch(&self.db, &self.stats, batch, sync));
+        let result = work(&self.db)
+            .and_then(|batch| write_batch(&self.db, &self.stats, batch, sync).map(drop));
         self.note(&result);
         result
     }
@@ -476,13 +483,11 @@ impl Writer {
                 batch.put_cf(column(&self.db, CF_META)?, KEY_COMMITTED, value);
             }
             self.stats.record_append(count);
-            let started = std::time::Instant::now();
             let synced = self.sync == SyncMode::Always;
-            let written = write_batch(&self.db, &self.stats, batch, synced);
-            if synced {
-                self.last_sync_slow = started.elapsed() > INLINE_SYNC_MAX;
+            if let Some(took) = write_batch(&self.db, &self.stats, batch, synced)? {
+                self.last_sync_slow = took > INLINE_SYNC_MAX;
             }
-            written
+            Ok(())
         });
         self.note(&result);
         if result.is_ok()
@@ -652,7 +657,7 @@ fn check_format(db: &DB, stats: &LogStats, path: &Path) -> io::Result<()> {
                 ));
             }
             let batch = meta_batch(db, KEY_FORMAT, encode_value(&LOG_FORMAT_VERSION)?)?;
-            write_batch(db, stats, batch, true)
+            write_batch(db, stats, batch, true).map(drop)
         }
     }
 }
@@ -696,8 +701,8 @@ impl<C: RotaConfig> RaftLogStorage<C> for RocksLogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<RotaLogId>) -> Result<(), io::Error> {
-        // A restart hint; a lost one only means re-applying less before catching up, so
-        // nobody waits for it, and it rides in the writer's next batch (module docs).
+        // A restart hint: nobody waits for it, and it rides in the writer's next batch
+        // (module docs say what a lost one costs).
         self.writer.save_committed(committed)
     }
 
