@@ -299,8 +299,14 @@ def test_group_page_lists_tasks_and_jobs_like_the_api(cluster, mixed, browser):
     browser.find("#key-search").send_keys("w")
     browser.click("#key-search-go")
     wait_until("the search", lambda: [r.get_attribute("data-key") for r in browser.find_all("#job-table tbody tr")] == ["w1", "w2"])
+    # A field cleared without an input event (as autofill or a script's clear() do) must
+    # stay cleared through the page's once-a-second refresh, or the next search would
+    # carry the old text ("ws1"): wait past one refresh, then type.
     browser.find("#key-search").clear()
+    time.sleep(1.5)
+    assert browser.find("#key-search").get_attribute("value") == ""
     browser.find("#key-search").send_keys("s1")
+    wait_until("the typed search", lambda: browser.find("#key-search").get_attribute("value") == "s1")
     browser.click("#key-search-go")
     wait_until("s1", lambda: [r.get_attribute("data-key") for r in browser.find_all("#job-table tbody tr")] == ["s1"])
     browser.click('#job-table tr[data-key="s1"]')

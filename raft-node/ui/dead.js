@@ -43,7 +43,7 @@ export function DeadPage({ config, query }) {
         e.preventDefault();
         if (typed.trim()) setQuery({ group: typed.trim() }, false);
       }}>
-        <input type="search" id="dead-group" placeholder="another group" value=${typed} onInput=${(e) => setTyped(e.target.value)} />
+        <input type="search" id="dead-group" placeholder="another group" value=${typed} onInput=${(e) => setTyped(e.target.value)} onChange=${(e) => setTyped(e.target.value)} />
         <button type="submit" class="btn btn-small">Show</button>
       </form>
     </div>

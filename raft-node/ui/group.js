@@ -234,12 +234,15 @@ export function GroupPage({ config, name, query }) {
 function KeySearch({ value, onSearch }) {
   const [text, setText] = useState(value);
   useEffect(() => setText(value), [value]);
+  // A value set without an input event (autofill, a script's clear()) still fires
+  // change; without it the next re-render (one a second) would put the old text back.
+  const keep = (e) => setText(e.target.value);
   const submit = (e) => {
     e.preventDefault();
     onSearch(text.trim());
   };
   return html`<form class="search" onSubmit=${submit} role="search">
-    <input type="search" id="key-search" placeholder="job key or prefix" value=${text} onInput=${(e) => setText(e.target.value)} />
+    <input type="search" id="key-search" placeholder="job key or prefix" value=${text} onInput=${keep} onChange=${keep} />
     <button type="submit" class="btn btn-small" id="key-search-go">Search</button>
     ${value ? html`<button type="button" class="btn btn-small" onClick=${() => onSearch("")}>Clear</button>` : null}
   </form>`;
