@@ -70,6 +70,9 @@ pub struct BenchConfig {
     /// Cycles per second for all workers together, spread evenly; `None`: as fast as
     /// they go. A paced run measures latency at a chosen load (say half the peak).
     pub rate: Option<f64>,
+    /// Whether the workers share one HTTP/2 connection per node instead of each holding
+    /// its own HTTP/1.1 connection.
+    pub http2: bool,
 }
 
 /// Why a run could not be made.
@@ -302,9 +305,18 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
     let cycles = Arc::new(AtomicU64::new(0));
-    let clients = (0..config.workers)
+    let mut clients = (0..config.workers)
         .map(|i| bench_client(&config.addrs, 1_000_000 + i as i64, None))
         .collect::<Result<Vec<_>, _>>()?;
+    if config.http2 {
+        let mut rest = clients.split_off(1);
+        let first = clients.remove(0).with_http2(true);
+        rest = rest
+            .into_iter()
+            .map(|c| c.sharing_connections_of(&first))
+            .collect();
+        clients = std::iter::once(first).chain(rest).collect();
+    }
     let started = Instant::now();
     let handles: Vec<_> = clients
         .into_iter()

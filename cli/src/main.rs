@@ -141,6 +141,11 @@ enum Command {
         /// at a chosen load; as fast as possible when absent.
         #[arg(long)]
         rate: Option<f64>,
+        /// The HTTP version the workers speak: 2 shares one connection per node among
+        /// all workers (HTTP/2 without TLS is sent with prior knowledge); 1 gives each
+        /// worker its own HTTP/1.1 connection.
+        #[arg(long, default_value = "1", value_parser = ["1", "2"])]
+        http: String,
     },
 }
 
@@ -1679,6 +1684,7 @@ fn main() -> ExitCode {
                 group,
                 batch,
                 rate,
+                http,
             } => {
                 let config = cli::bench::BenchConfig {
                     addrs: cli::nodes::addresses(&url)?,
@@ -1689,6 +1695,7 @@ fn main() -> ExitCode {
                     group,
                     batch,
                     rate,
+                    http2: http == "2",
                 };
                 let report = match config.mode {
                     cli::bench::BenchMode::Wake => cli::bench_wait::wake(config).await?,

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use crate::config::ConnectionLimits;
 use crate::hyper_errors::JsonErrorIo;
+use crate::idle::Activity;
 use crate::rate_limit::ConnectionLimit;
 use crate::tls::Listener;
 use crate::tls::NodeTls;
@@ -48,6 +49,16 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// body limit, 1 MiB by default); a body still arriving then gets 408 and the
 /// connection closes.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection may go without a request in progress (HTTP/1.1 keep-alive or
+/// HTTP/2 alike, and one that never says which it speaks) before the node closes it.
+pub const CONNECTION_IDLE_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
+
+/// The shortest wait between two looks at a connection's idleness.
+const IDLE_CHECK_MIN: Duration = Duration::from_millis(100);
+
+/// Requests one HTTP/2 connection may have open at once.
+pub const HTTP2_STREAMS_MAX: u32 = 256;
 
 /// After answering 413 early, how much more of the body the node reads and throws away,
 /// so that a client that sends its whole body before reading (Python's `urllib`, for
@@ -226,24 +237,47 @@ async fn serve_connection<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
+    let activity = Activity::new();
+    let tracked = Arc::clone(&activity);
+    let router = router.layer(axum::middleware::from_fn(move |request, next| {
+        Arc::clone(&tracked).track(request, next)
+    }));
     let service = TowerToHyperService::new(router);
-    let connection = hyper::server::conn::http1::Builder::new()
+    let mut builder = hyper_util::server::conn::auto::Builder::new(rpc::client::TaskExecutor);
+    builder
+        .http1()
         .timer(crate::runtime::HyperTimer)
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(JsonErrorIo::new(stream)), service);
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(crate::runtime::HyperTimer)
+        .max_concurrent_streams(HTTP2_STREAMS_MAX);
+    let connection = builder.serve_connection(TokioIo::new(JsonErrorIo::new(stream)), service);
     tokio::pin!(connection);
-    tokio::select! {
-        biased;
-        _ = shutdown.changed() => connection.as_mut().graceful_shutdown(),
-        result = connection.as_mut() => {
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+    loop {
+        let idle_left = CONNECTION_IDLE_TIMEOUT.saturating_sub(activity.idle_for());
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
             }
-            return;
+            _ = tokio::time::sleep(idle_left.max(IDLE_CHECK_MIN)) => {
+                if activity.idle_for() >= CONNECTION_IDLE_TIMEOUT {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    break;
+                }
+            }
         }
     }
-    let _ = connection.await;
+    connection.as_mut().graceful_shutdown();
+    // An HTTP/2 peer must answer the closing ping before the connection ends; one that
+    // never does is cut off.
+    let _ = tokio::time::timeout(CONNECTION_IDLE_TIMEOUT, connection).await;
 }
 
 /// An answer other than 200, with a JSON body that says what to do.

@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod hyper_errors;
+pub mod idle;
 pub mod job_api;
 pub mod json;
 pub mod metrics;

@@ -384,3 +384,57 @@ async fn one_peer_holding_idle_connections_trickling_headers_and_churning_does_n
         "connections over the per-peer limit were answered 503: {answered}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_say_nothing_or_stall_in_http2_are_closed() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_ready(&[1]).await;
+    let addr = cluster.api(1).to_string();
+    // An empty HTTP/2 SETTINGS frame: length 0, type 4, no flags, stream 0.
+    let settings = [0u8, 0, 0, 4, 0, 0, 0, 0, 0];
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let idle_http2: Vec<u8> = preface.iter().chain(settings.iter()).copied().collect();
+    let openings: Vec<(&str, Vec<u8>)> = vec![
+        ("nothing at all", Vec::new()),
+        ("half the HTTP/2 preface", preface[..12].to_vec()),
+        ("an HTTP/2 connection without a request", idle_http2),
+    ];
+    let started = std::time::Instant::now();
+    let closers: Vec<_> = openings
+        .into_iter()
+        .map(|(what, bytes)| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(&addr).expect("connect");
+                stream.write_all(&bytes).expect("send");
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(30)))
+                    .expect("timeout");
+                // Whatever the node says (HTTP/2 settings, a GOAWAY), it ends with a close.
+                let mut buf = [0u8; 1024];
+                loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) => return (what, true),
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                            return (what, true);
+                        }
+                        Err(_) => return (what, false),
+                    }
+                }
+            })
+        })
+        .collect();
+    for closer in closers {
+        let (what, closed) = closer.join().expect("a reader ends");
+        assert!(
+            closed,
+            "a connection that sent {what} was still open after 30 s"
+        );
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "not closed before the idle deadline: {:?}",
+        started.elapsed()
+    );
+}

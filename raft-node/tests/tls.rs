@@ -142,6 +142,20 @@ async fn only_tls_from_the_cluster_ca_and_members_is_served() {
         .await
         .expect("an answer");
     assert_eq!(answer.status, 200, "{:?}", answer.body);
+    // HTTP/2 over TLS (prior knowledge, as `rota bench --http 2` speaks it) is served too.
+    let answer = client(&pki.ca, None)
+        .with_http2(true)
+        .send(
+            cluster.api(leader),
+            Method::POST,
+            "/update",
+            &[],
+            one_add("g"),
+            CALL_TIMEOUT,
+        )
+        .await
+        .expect("an answer over HTTP/2");
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
     cluster.wait_converged(&[1, 2, 3]).await;
 
     // Plain HTTP gets no HTTP answer.

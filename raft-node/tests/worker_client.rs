@@ -353,3 +353,82 @@ async fn run_worker_finishes_every_task_with_its_concurrency_and_stops_when_told
         "ran {most} at once, over the concurrency of 4"
     );
 }
+
+/// Established TCP connections of this machine whose far end is `addr` (`host:port`):
+/// the test process's own, since nodes reach each other's API ports only to relay.
+fn connections_to(addr: &str) -> usize {
+    let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    let port = format!("{:04X}", port.expect("a port"));
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|row| {
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            fields.len() > 3 && fields[2].ends_with(&format!(":{port}")) && fields[3] == "01"
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn workers_sharing_one_http2_connection_each_get_their_own_tasks() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let first = client(&cluster, &[1, 2, 3], 100).with_http2(true);
+    let mut workers: Vec<WorkerClient> = (1..16)
+        .map(|i| client(&cluster, &[1, 2, 3], 100 + i).sharing_connections_of(&first))
+        .collect();
+    workers.push(first);
+    let workers = std::sync::Arc::new(workers);
+    // The harness's own (HTTP/1.1) connections, which the workers do not use.
+    let before = connections_to(cluster.api(leader));
+
+    // Every worker adds, claims and deletes ten tasks, all at once over the shared
+    // connection: each claim gets a task no other worker holds.
+    let rounds = (0..workers.len()).map(|i| {
+        let workers = workers.clone();
+        tokio::spawn(async move {
+            let worker = &workers[i];
+            let mut claimed = Vec::new();
+            for n in 0..10 {
+                worker
+                    .add("shared", &format!("{i}-{n}"))
+                    .await
+                    .expect("added");
+                let task = worker
+                    .claim("shared", Duration::from_secs(60))
+                    .await
+                    .expect("answered")
+                    .expect("a task");
+                assert_eq!(task.ownerid, worker.client_id());
+                claimed.push(task.data.clone());
+                worker.delete(task.id).await.expect("deleted");
+            }
+            claimed
+        })
+    });
+    let mut all = Vec::new();
+    for round in rounds {
+        all.extend(round.await.expect("a worker"));
+    }
+    let after = connections_to(cluster.api(leader));
+    assert!(
+        after <= before + 1,
+        "sixteen workers wrote to the leader over one HTTP/2 connection: {before} connections before, {after} after"
+    );
+    all.sort();
+    let claims = all.len();
+    all.dedup();
+    assert_eq!((claims, all.len()), (160, 160), "no task claimed twice");
+    let left: Vec<serde_json::Value> = cluster
+        .get_json(leader, "/group/shared")
+        .await
+        .expect("the group");
+    assert!(left.is_empty(), "every task was deleted: {left:?}");
+}

@@ -20,7 +20,6 @@ use hyper::Method;
 use hyper::Request;
 use hyper::StatusCode;
 use hyper::body::Frame;
-use hyper::client::conn::http1::SendRequest;
 use hyper::header::HeaderMap;
 pub use hyper::header::HeaderName;
 pub use hyper::header::HeaderValue;
@@ -156,7 +155,61 @@ impl HttpResponse {
 }
 
 /// A connection ready to send requests.
-type Sender = SendRequest<RequestBody>;
+enum Sender {
+    /// HTTP/1.1: one request at a time; pooled while idle.
+    One(hyper::client::conn::http1::SendRequest<RequestBody>),
+    /// HTTP/2: any number of requests at once; one per address, shared.
+    Two(hyper::client::conn::http2::SendRequest<RequestBody>),
+}
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::One(_) => "Sender::One",
+            Self::Two(_) => "Sender::Two",
+        })
+    }
+}
+
+impl Sender {
+    fn is_ready(&self) -> bool {
+        match self {
+            Self::One(sender) => sender.is_ready(),
+            Self::Two(sender) => sender.is_ready(),
+        }
+    }
+
+    async fn send(
+        &mut self,
+        request: Request<RequestBody>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        match self {
+            Self::One(sender) => {
+                sender.ready().await?;
+                sender.send_request(request).await
+            }
+            Self::Two(sender) => {
+                sender.ready().await?;
+                sender.send_request(request).await
+            }
+        }
+    }
+}
+
+/// hyper's executor on the workspace's tasks (real tokio, or the simulator's; hyper-util's
+/// `TokioExecutor` reaches for real tokio), for HTTP/2's background work and streams.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TaskExecutor;
+
+impl<F> hyper::rt::Executor<F> for TaskExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        tokio::spawn(future);
+    }
+}
 
 /// A request body: one buffer (sent with a length) or a stream of chunks.
 type RequestBody = BoxBody<Bytes, std::io::Error>;
@@ -188,6 +241,12 @@ pub struct HttpClient {
     authorization: Option<HeaderValue>,
     /// TLS for every connection, when the nodes serve it.
     tls: Option<Arc<crate::tls::ClientTls>>,
+    /// Whether to speak HTTP/2 (prior knowledge): one connection per address carries
+    /// every concurrent request.
+    http2: bool,
+    /// Held while an HTTP/2 connection is made, so that callers arriving together share
+    /// one connection instead of each making their own.
+    dialing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl HttpClient {
@@ -217,6 +276,13 @@ impl HttpClient {
         self
     }
 
+    /// This client, speaking HTTP/2 to every node (one shared connection per address)
+    /// instead of HTTP/1.1 (a connection per request in flight).
+    pub fn with_http2(mut self, http2: bool) -> Self {
+        self.http2 = http2;
+        self
+    }
+
     /// Adds this client's `Authorization` to `builder` unless `headers` set one.
     fn authorize(
         &self,
@@ -239,18 +305,68 @@ impl HttpClient {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let senders = idle.get_mut(addr)?;
         while let Some(sender) = senders.pop() {
-            if sender.is_ready() {
-                return Some(sender);
+            if !sender.is_ready() {
+                continue;
             }
+            if let Sender::Two(shared) = &sender {
+                // Shared, not taken: it stays for every other caller.
+                let taken = Sender::Two(shared.clone());
+                senders.push(sender);
+                return Some(taken);
+            }
+            return Some(sender);
         }
         None
     }
 
     fn put_idle(&self, addr: &str, sender: Sender) {
+        if let Sender::Two(_) = sender {
+            return;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let senders = idle.entry(addr.to_string()).or_default();
         if senders.len() < IDLE_PER_ADDRESS_MAX {
             senders.push(sender);
+        }
+    }
+
+    /// Drops the shared HTTP/2 connection to `addr` after it failed, so that the next
+    /// caller makes a new one.
+    fn forget_shared(&self, addr: &str) {
+        if self.http2 {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.remove(addr);
+        }
+    }
+
+    /// A connection to `addr`: for HTTP/2 the shared one if another caller made it
+    /// meanwhile, else a new one.
+    async fn shared_or_new(&self, addr: &str) -> Result<Sender, ClientError> {
+        if !self.http2 {
+            return self.connect(addr).await;
+        }
+        let _dialing = self.dialing.lock().await;
+        match self.take_idle(addr) {
+            Some(shared) => Ok(shared),
+            None => self.connect(addr).await,
+        }
+    }
+
+    /// The request target: the path for HTTP/1.1, the whole URI for HTTP/2, whose
+    /// requests must name their scheme and authority.
+    fn uri(&self, addr: &str, path_and_query: &str) -> String {
+        match (self.http2, self.tls.is_some()) {
+            (false, _) => path_and_query.to_string(),
+            (true, false) => format!("http://{addr}{path_and_query}"),
+            (true, true) => format!("https://{addr}{path_and_query}"),
+        }
+    }
+
+    /// Shares a new HTTP/2 connection with every later caller, in place of a closed one.
+    fn share(&self, addr: &str, sender: &Sender) {
+        if let Sender::Two(shared) = sender {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.insert(addr.to_string(), vec![Sender::Two(shared.clone())]);
         }
     }
 
@@ -264,7 +380,7 @@ impl HttpClient {
         // Small request/response pairs: waiting to coalesce only adds latency.
         let _ = stream.set_nodelay(true);
         match &self.tls {
-            None => Self::handshake(addr, stream).await,
+            None => self.handshake(addr, stream).await,
             Some(tls) => {
                 let name = crate::tls::server_name(addr).map_err(|e| ClientError::Connect {
                     addr: addr.to_string(),
@@ -278,26 +394,40 @@ impl HttpClient {
                         )),
                     }
                 })?;
-                Self::handshake(addr, stream).await
+                self.handshake(addr, stream).await
             }
         }
     }
 
-    /// An HTTP/1.1 connection over `stream`, its driver spawned.
-    async fn handshake<S>(addr: &str, stream: S) -> Result<Sender, ClientError>
+    /// An HTTP/1.1 or HTTP/2 connection over `stream`, its driver spawned.
+    async fn handshake<S>(&self, addr: &str, stream: S) -> Result<Sender, ClientError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ClientError::Http {
-                addr: addr.to_string(),
-                message: e.to_string(),
-            })?;
-        tokio::spawn(async move {
-            // Ends when the peer closes or the sender is dropped.
-            let _ = connection.await;
-        });
+        let http_error = |e: hyper::Error| ClientError::Http {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        };
+        let io = TokioIo::new(stream);
+        let sender = if self.http2 {
+            let (sender, connection) = hyper::client::conn::http2::handshake(TaskExecutor, io)
+                .await
+                .map_err(http_error)?;
+            // Ends when the peer closes or every sender is dropped.
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Sender::Two(sender)
+        } else {
+            let (sender, connection) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(http_error)?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Sender::One(sender)
+        };
+        self.share(addr, &sender);
         Ok(sender)
     }
 
@@ -312,11 +442,7 @@ impl HttpClient {
             addr: addr.to_string(),
             message: e.to_string(),
         };
-        sender.ready().await.map_err(|e| http_error(&e))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| http_error(&e))?;
+        let response = sender.send(request).await.map_err(|e| http_error(&e))?;
         let (parts, body) = response.into_parts();
         let body = Limited::new(body, body_max)
             .collect()
@@ -385,17 +511,13 @@ impl HttpClient {
             let mut sender = self.connect(addr).await?;
             let builder = Request::builder()
                 .method(Method::GET)
-                .uri(path_and_query)
+                .uri(self.uri(addr, path_and_query))
                 .header(hyper::header::HOST, addr);
             let request = self
                 .authorize(builder, &[])
                 .body(request_body(&[Bytes::new()]))
                 .map_err(|e| http_error(&e))?;
-            sender.ready().await.map_err(|e| http_error(&e))?;
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| http_error(&e))?;
+            let response = sender.send(request).await.map_err(|e| http_error(&e))?;
             let (parts, mut body) = response.into_parts();
             if !parts.status.is_success() {
                 let error_body = Limited::new(body, ERROR_BODY_BYTES_MAX)
@@ -470,7 +592,7 @@ impl HttpClient {
         let build = || {
             let mut builder = Request::builder()
                 .method(method.clone())
-                .uri(path_and_query)
+                .uri(self.uri(addr, path_and_query))
                 .header(hyper::header::HOST, addr);
             for (name, value) in headers {
                 builder = builder.header(name, value);
@@ -489,15 +611,21 @@ impl HttpClient {
                     .await
                 {
                     Ok(response) => return Ok(response),
-                    Err(ClientError::Http { .. }) => {}
+                    Err(ClientError::Http { .. }) => self.forget_shared(addr),
                     Err(other) => return Err(other),
                 }
             }
-            let sender = self.connect(addr).await?;
+            let sender = self.shared_or_new(addr).await?;
             self.exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
                 .await
         };
-        within(addr, timeout, attempt).await
+        let result = within(addr, timeout, attempt).await;
+        if let Err(ClientError::Timeout { .. }) = result {
+            // The peer may be gone without a word (a partition): the next call dials anew
+            // rather than queueing behind a connection that answers nothing.
+            self.forget_shared(addr);
+        }
+        result
     }
 
     /// `GET path` within `timeout`.

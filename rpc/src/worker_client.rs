@@ -185,6 +185,20 @@ impl WorkerClient {
         self
     }
 
+    /// The same client, speaking HTTP/2 (one connection per node carries every request
+    /// in flight) instead of HTTP/1.1 (a connection per request in flight).
+    pub fn with_http2(mut self, http2: bool) -> Self {
+        self.http = self.http.with_http2(http2);
+        self
+    }
+
+    /// The same client, sending over `other`'s connections (and its token, TLS and HTTP
+    /// version): many clients in one process then share one HTTP/2 connection per node.
+    pub fn sharing_connections_of(mut self, other: &WorkerClient) -> Self {
+        self.http = other.http.clone();
+        self
+    }
+
     /// The same client, but one that never asks who leads: it starts at node `first`
     /// (modulo their number) and moves on to the next node after a failure. Test
     /// workloads use it to send through every node, relays included, as clients that
