@@ -54,8 +54,10 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 alike, and one that never says which it speaks) before the node closes it.
 pub const CONNECTION_IDLE_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
 
-/// The shortest wait between two looks at a connection's idleness.
-const IDLE_CHECK_MIN: Duration = Duration::from_millis(100);
+/// Looks at a connection's requests per [`CONNECTION_IDLE_TIMEOUT`]: it is closed after
+/// this many quiet looks in a row, so between the timeout and a quarter more after its
+/// last request.
+const IDLE_LOOKS: u32 = 4;
 
 /// Requests one HTTP/2 connection may have open at once.
 pub const HTTP2_STREAMS_MAX: u32 = 256;
@@ -239,8 +241,12 @@ async fn serve_connection<S>(
 {
     let activity = Activity::new();
     let tracked = Arc::clone(&activity);
-    let router = router.layer(axum::middleware::from_fn(move |request, next| {
-        Arc::clone(&tracked).track(request, next)
+    let router = router.layer(tower::util::MapFutureLayer::new(move |answer| {
+        let in_progress = tracked.begin();
+        async move {
+            let response: Result<Response, std::convert::Infallible> = answer.await;
+            response.map(|response| Activity::until_sent(response, in_progress))
+        }
     }));
     let service = TowerToHyperService::new(router);
     let mut builder = hyper_util::server::conn::auto::Builder::new(rpc::client::TaskExecutor);
@@ -255,8 +261,9 @@ async fn serve_connection<S>(
         .max_concurrent_streams(HTTP2_STREAMS_MAX);
     let connection = builder.serve_connection(TokioIo::new(JsonErrorIo::new(stream)), service);
     tokio::pin!(connection);
+    let mut last = activity.look();
+    let mut quiet_looks = 0;
     loop {
-        let idle_left = CONNECTION_IDLE_TIMEOUT.saturating_sub(activity.idle_for());
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
@@ -266,8 +273,11 @@ async fn serve_connection<S>(
                 }
                 return;
             }
-            _ = tokio::time::sleep(idle_left.max(IDLE_CHECK_MIN)) => {
-                if activity.idle_for() >= CONNECTION_IDLE_TIMEOUT {
+            _ = tokio::time::sleep(CONNECTION_IDLE_TIMEOUT / IDLE_LOOKS) => {
+                let now = activity.look();
+                quiet_looks = if now.quiet_since(last) { quiet_looks + 1 } else { 0 };
+                last = now;
+                if quiet_looks >= IDLE_LOOKS {
                     tracing::debug!(%peer, "closing an idle connection");
                     break;
                 }

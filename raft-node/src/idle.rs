@@ -4,61 +4,70 @@
 //! hyper bounds an idle HTTP/1.1 connection by its header-read deadline, but not an
 //! HTTP/2 connection, nor one that never sends enough bytes to tell which version it
 //! speaks. Counting requests from their start to the end of their answer's body (a
-//! server-sent event stream included) gives one rule for both versions.
+//! server-sent event stream included) gives one rule for both versions; the connection
+//! looks at the count every [`crate::http::CONNECTION_IDLE_TIMEOUT`] / 4.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::task::Context;
 use std::task::Poll;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::body::HttpBody;
-use axum::extract::Request;
-use axum::middleware::Next;
 use axum::response::Response;
 use bytes::Bytes;
-use tokio::time::Instant;
 
-/// One connection's requests in progress and when the last one ended.
-#[derive(Debug)]
+/// One connection's requests in progress, and a count of every start and end, so that
+/// a look now and then can tell that nothing happened in between without reading a
+/// clock per request.
+#[derive(Debug, Default)]
 pub struct Activity {
     open: AtomicUsize,
-    last: Mutex<Instant>,
+    events: AtomicU64,
+}
+
+/// What a look at a connection's [`Activity`] saw, to compare with the next look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Look {
+    open: usize,
+    events: u64,
+}
+
+impl Look {
+    /// Whether the connection had no request in progress at either look and none began
+    /// or ended between them.
+    pub fn quiet_since(self, earlier: Look) -> bool {
+        self.open == 0 && earlier.open == 0 && self.events == earlier.events
+    }
 }
 
 impl Activity {
-    /// A connection that starts now, with nothing in progress.
+    /// A connection with nothing in progress.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self {
-            open: AtomicUsize::new(0),
-            last: Mutex::new(Instant::now()),
-        })
+        Arc::default()
     }
 
-    /// How long the connection has had no request in progress (zero while it has one).
-    pub fn idle_for(&self) -> Duration {
-        if self.open.load(Ordering::Acquire) > 0 {
-            return Duration::ZERO;
+    /// What is in progress now.
+    pub fn look(&self) -> Look {
+        Look {
+            open: self.open.load(Ordering::Acquire),
+            events: self.events.load(Ordering::Acquire),
         }
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
     }
 
-    fn begin(self: &Arc<Self>) -> InProgress {
+    /// Counts a request as in progress until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InProgress {
+        self.events.fetch_add(1, Ordering::AcqRel);
         self.open.fetch_add(1, Ordering::AcqRel);
         InProgress(Arc::clone(self))
     }
 
-    /// Middleware: counts `request` as in progress until its answer's body is done.
-    pub async fn track(self: Arc<Self>, request: Request, next: Next) -> Response {
-        let in_progress = self.begin();
-        next.run(request).await.map(|body| {
+    /// `response`, its body holding `in_progress` until it is sent or dropped.
+    pub fn until_sent(response: Response, in_progress: InProgress) -> Response {
+        response.map(|body| {
             Body::new(Tracked {
                 body,
                 _in_progress: in_progress,
@@ -68,11 +77,12 @@ impl Activity {
 }
 
 /// A request in progress; dropping it ends it.
-struct InProgress(Arc<Activity>);
+#[derive(Debug)]
+pub struct InProgress(Arc<Activity>);
 
 impl Drop for InProgress {
     fn drop(&mut self) {
-        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.events.fetch_add(1, Ordering::AcqRel);
         self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -107,23 +117,21 @@ impl HttpBody for Tracked {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_is_idle_only_between_requests_and_their_bodies() {
+    #[test]
+    fn a_connection_is_quiet_only_without_requests_between_two_looks() {
         let activity = Activity::new();
-        tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(activity.idle_for(), Duration::from_secs(3));
+        let start = activity.look();
+        assert!(activity.look().quiet_since(start), "nothing happened");
         let first = activity.begin();
-        let second = activity.begin();
-        tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(activity.idle_for(), Duration::ZERO, "two in progress");
+        let busy = activity.look();
+        assert!(!busy.quiet_since(start), "a request began");
+        assert!(!activity.look().quiet_since(busy), "one is in progress");
         drop(first);
-        assert_eq!(activity.idle_for(), Duration::ZERO, "one still in progress");
-        drop(second);
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(
-            activity.idle_for(),
-            Duration::from_secs(2),
-            "from the last end"
-        );
+        let ended = activity.look();
+        assert!(!ended.quiet_since(busy), "it ended in between");
+        assert!(activity.look().quiet_since(ended), "quiet since it ended");
+        // A request that began and ended between two looks is seen too.
+        drop(activity.begin());
+        assert!(!activity.look().quiet_since(ended));
     }
 }
