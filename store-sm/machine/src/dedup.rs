@@ -30,11 +30,20 @@ pub struct DedupEntry {
     bytes: usize,
 }
 
+/// What eviction needs of an entry, kept in arrival order so that deciding whether the
+/// oldest entry goes costs no lookup by key (a comparison of request ids) per insert.
+#[derive(Clone, Debug)]
+struct Arrival {
+    key: DedupKey,
+    applied_at: LogTime,
+    bytes: usize,
+}
+
 /// The dedup table. Cloning is O(1) (persistent maps), so snapshots share it.
 #[derive(Clone, Debug, Default)]
 pub struct DedupTable {
     by_key: OrdMap<DedupKey, DedupEntry>,
-    by_seq: OrdMap<u64, DedupKey>,
+    by_seq: OrdMap<u64, Arrival>,
     next_seq: u64,
     bytes: usize,
 }
@@ -83,27 +92,30 @@ impl DedupTable {
             self.by_seq.remove(&previous.seq);
             self.bytes -= previous.bytes;
         }
-        self.by_seq.insert(seq, key);
+        self.by_seq.insert(
+            seq,
+            Arrival {
+                key,
+                applied_at,
+                bytes,
+            },
+        );
         self.bytes += bytes;
         self.evict(applied_at);
     }
 
     /// Drops entries beyond the count and byte limits, and those older than the window.
     pub fn evict(&mut self, now: LogTime) {
-        while let Some((seq, key)) = self.by_seq.get_min().cloned() {
-            let Some(entry) = self.by_key.get(&key) else {
-                debug_assert!(false, "dedup order names a missing key");
-                self.by_seq.remove(&seq);
-                continue;
-            };
-            let too_old = now.millis_since(entry.applied_at) > DEDUP_WINDOW_MS;
+        while let Some(&(seq, ref oldest)) = self.by_seq.get_min() {
+            let too_old = now.millis_since(oldest.applied_at) > DEDUP_WINDOW_MS;
             let too_many = self.by_key.len() > DEDUP_ENTRIES_MAX;
             let too_big = self.bytes > DEDUP_BYTES_MAX;
             if !(too_old || too_many || too_big) {
                 break;
             }
-            self.bytes -= entry.bytes;
-            self.by_key.remove(&key);
+            self.bytes -= oldest.bytes;
+            let removed = self.by_key.remove(&oldest.key);
+            debug_assert!(removed.is_some(), "dedup order names a missing key");
             self.by_seq.remove(&seq);
         }
     }
@@ -120,9 +132,9 @@ impl DedupTable {
 
     /// Entries oldest first: the order a snapshot stores and a restore re-inserts.
     pub fn iter_oldest_first(&self) -> impl Iterator<Item = (&DedupKey, &DedupEntry)> + '_ {
-        self.by_seq.iter().filter_map(|(_, key)| {
-            let entry = self.by_key.get(key)?;
-            Some((key, entry))
+        self.by_seq.iter().filter_map(|(_, arrival)| {
+            let entry = self.by_key.get(&arrival.key)?;
+            Some((&arrival.key, entry))
         })
     }
 }
