@@ -82,8 +82,20 @@ fn line(name: &str, samples: &mut [u64]) -> String {
     )
 }
 
+/// The waiting modes spread their waiters over the nodes, each on a connection of its
+/// own; sharing one would put every blocking claim behind one connection's stream limit.
+fn refuse_http2(config: &BenchConfig) -> Result<(), BenchError> {
+    if config.http2 {
+        return Err(BenchError::Usage(
+            "--http 2 applies to the cycle, job and add modes".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The wake-up latency bench. See the module documentation.
 pub async fn wake(config: BenchConfig) -> Result<String, BenchError> {
+    refuse_http2(&config)?;
     let adder = bench_client(&config.addrs, 1_999_999, None)?;
     let until = Instant::now() + config.duration;
     let (got_tx, mut got) = mpsc::unbounded_channel();
@@ -168,6 +180,7 @@ async fn waiting_claims(client: &HttpClient, addrs: &[String]) -> u64 {
 
 /// The idle cost bench. See the module documentation.
 pub async fn idle(config: BenchConfig) -> Result<String, BenchError> {
+    refuse_http2(&config)?;
     let client = crate::http_client();
     let until = Instant::now() + PARK_TIME + config.duration;
     let waiters = spawn_waiters(&config, None, until)?;

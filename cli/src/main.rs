@@ -142,8 +142,9 @@ enum Command {
         #[arg(long)]
         rate: Option<f64>,
         /// The HTTP version the workers speak: 2 shares one connection per node among
-        /// all workers (HTTP/2 without TLS is sent with prior knowledge); 1 gives each
-        /// worker its own HTTP/1.1 connection.
+        /// all workers (HTTP/2 with prior knowledge, with or without TLS; the node's
+        /// per-connection rate limit then covers them together); 1 gives each worker its
+        /// own HTTP/1.1 connection. Cycle, job and add modes.
         #[arg(long, default_value = "1", value_parser = ["1", "2"])]
         http: String,
     },

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use crate::config::ConnectionLimits;
 use crate::hyper_errors::JsonErrorIo;
 use crate::idle::Activity;
+use crate::idle::Counted;
 use crate::rate_limit::ConnectionLimit;
 use crate::tls::Listener;
 use crate::tls::NodeTls;
@@ -59,8 +60,10 @@ pub const CONNECTION_IDLE_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
 /// last request.
 const IDLE_LOOKS: u32 = 4;
 
-/// Requests one HTTP/2 connection may have open at once.
-pub const HTTP2_STREAMS_MAX: u32 = 256;
+/// Requests one HTTP/2 connection may have open at once; a client's further requests
+/// wait on its side. It bounds what one connection may hold, as one request does for an
+/// HTTP/1.1 connection: at most this many bodies of the body limit.
+pub const HTTP2_STREAMS_MAX: u32 = 128;
 
 /// After answering 413 early, how much more of the body the node reads and throws away,
 /// so that a client that sends its whole body before reading (Python's `urllib`, for
@@ -240,15 +243,7 @@ async fn serve_connection<S>(
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let activity = Activity::new();
-    let tracked = Arc::clone(&activity);
-    let router = router.layer(tower::util::MapFutureLayer::new(move |answer| {
-        let in_progress = tracked.begin();
-        async move {
-            let response: Result<Response, std::convert::Infallible> = answer.await;
-            response.map(|response| Activity::until_sent(response, in_progress))
-        }
-    }));
-    let service = TowerToHyperService::new(router);
+    let service = Counted::new(TowerToHyperService::new(router), Arc::clone(&activity));
     let mut builder = hyper_util::server::conn::auto::Builder::new(rpc::client::TaskExecutor);
     builder
         .http1()

@@ -158,15 +158,19 @@ impl HttpResponse {
 enum Sender {
     /// HTTP/1.1: one request at a time; pooled while idle.
     One(hyper::client::conn::http1::SendRequest<RequestBody>),
-    /// HTTP/2: any number of requests at once; one per address, shared.
-    Two(hyper::client::conn::http2::SendRequest<RequestBody>),
+    /// HTTP/2: any number of requests at once; one per address, shared. The token tells
+    /// this connection from a later one to the same address.
+    Two(
+        hyper::client::conn::http2::SendRequest<RequestBody>,
+        Arc<()>,
+    ),
 }
 
 impl std::fmt::Debug for Sender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::One(_) => "Sender::One",
-            Self::Two(_) => "Sender::Two",
+            Self::Two(..) => "Sender::Two",
         })
     }
 }
@@ -175,7 +179,7 @@ impl Sender {
     fn is_ready(&self) -> bool {
         match self {
             Self::One(sender) => sender.is_ready(),
-            Self::Two(sender) => sender.is_ready(),
+            Self::Two(sender, _) => sender.is_ready(),
         }
     }
 
@@ -188,7 +192,7 @@ impl Sender {
                 sender.ready().await?;
                 sender.send_request(request).await
             }
-            Self::Two(sender) => {
+            Self::Two(sender, _) => {
                 sender.ready().await?;
                 sender.send_request(request).await
             }
@@ -244,9 +248,10 @@ pub struct HttpClient {
     /// Whether to speak HTTP/2 (prior knowledge): one connection per address carries
     /// every concurrent request.
     http2: bool,
-    /// Held while an HTTP/2 connection is made, so that callers arriving together share
-    /// one connection instead of each making their own.
-    dialing: Arc<tokio::sync::Mutex<()>>,
+    /// Per address, held while an HTTP/2 connection to it is made, so that callers
+    /// arriving together share one connection instead of each making their own (one
+    /// entry per address ever dialled: a cluster's nodes).
+    dialing: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl HttpClient {
@@ -308,9 +313,9 @@ impl HttpClient {
             if !sender.is_ready() {
                 continue;
             }
-            if let Sender::Two(shared) = &sender {
+            if let Sender::Two(shared, token) = &sender {
                 // Shared, not taken: it stays for every other caller.
-                let taken = Sender::Two(shared.clone());
+                let taken = Sender::Two(shared.clone(), Arc::clone(token));
                 senders.push(sender);
                 return Some(taken);
             }
@@ -320,7 +325,7 @@ impl HttpClient {
     }
 
     fn put_idle(&self, addr: &str, sender: Sender) {
-        if let Sender::Two(_) = sender {
+        if let Sender::Two(..) = sender {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -330,11 +335,20 @@ impl HttpClient {
         }
     }
 
-    /// Drops the shared HTTP/2 connection to `addr` after it failed, so that the next
-    /// caller makes a new one.
-    fn forget_shared(&self, addr: &str) {
-        if self.http2 {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+    /// Drops the shared HTTP/2 connection to `addr` that failed (`token`), so that the
+    /// next caller makes a new one; a newer connection another caller made meanwhile
+    /// stays.
+    fn forget_shared(&self, addr: &str, token: Option<&Arc<()>>) {
+        let Some(token) = token else {
+            return;
+        };
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let failed = idle.get(addr).is_some_and(|senders| {
+            senders
+                .iter()
+                .any(|s| matches!(s, Sender::Two(_, t) if Arc::ptr_eq(t, token)))
+        });
+        if failed {
             idle.remove(addr);
         }
     }
@@ -345,9 +359,14 @@ impl HttpClient {
         if !self.http2 {
             return self.connect(addr).await;
         }
-        let _dialing = self.dialing.lock().await;
+        let lock = {
+            let mut dialing = self.dialing.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(dialing.entry(addr.to_string()).or_default())
+        };
+        let _dialing = lock.lock().await;
         match self.take_idle(addr) {
             Some(shared) => Ok(shared),
+            // Shared by the handshake.
             None => self.connect(addr).await,
         }
     }
@@ -364,9 +383,12 @@ impl HttpClient {
 
     /// Shares a new HTTP/2 connection with every later caller, in place of a closed one.
     fn share(&self, addr: &str, sender: &Sender) {
-        if let Sender::Two(shared) = sender {
+        if let Sender::Two(shared, token) = sender {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            idle.insert(addr.to_string(), vec![Sender::Two(shared.clone())]);
+            idle.insert(
+                addr.to_string(),
+                vec![Sender::Two(shared.clone(), Arc::clone(token))],
+            );
         }
     }
 
@@ -417,7 +439,7 @@ impl HttpClient {
             tokio::spawn(async move {
                 let _ = connection.await;
             });
-            Sender::Two(sender)
+            Sender::Two(sender, Arc::new(()))
         } else {
             let (sender, connection) = hyper::client::conn::http1::handshake(io)
                 .await
@@ -604,18 +626,30 @@ impl HttpClient {
                     message: e.to_string(),
                 })
         };
+        // The shared HTTP/2 connection in use, to forget if it fails or hangs.
+        let in_use: Mutex<Option<Arc<()>>> = Mutex::new(None);
+        let using = |sender: &Sender| {
+            if let Sender::Two(_, token) = sender {
+                *in_use.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(token));
+            }
+        };
         let attempt = async {
             if let Some(sender) = self.take_idle(addr) {
+                using(&sender);
                 match self
                     .exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
                     .await
                 {
                     Ok(response) => return Ok(response),
-                    Err(ClientError::Http { .. }) => self.forget_shared(addr),
+                    Err(ClientError::Http { .. }) => {
+                        let failed = in_use.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        self.forget_shared(addr, failed.as_ref());
+                    }
                     Err(other) => return Err(other),
                 }
             }
             let sender = self.shared_or_new(addr).await?;
+            using(&sender);
             self.exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
                 .await
         };
@@ -623,7 +657,8 @@ impl HttpClient {
         if let Err(ClientError::Timeout { .. }) = result {
             // The peer may be gone without a word (a partition): the next call dials anew
             // rather than queueing behind a connection that answers nothing.
-            self.forget_shared(addr);
+            let hung = in_use.lock().unwrap_or_else(|p| p.into_inner()).take();
+            self.forget_shared(addr, hung.as_ref());
         }
         result
     }
