@@ -305,17 +305,14 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
     let cycles = Arc::new(AtomicU64::new(0));
-    let mut clients = (0..config.workers)
-        .map(|i| bench_client(&config.addrs, 1_000_000 + i as i64, None))
-        .collect::<Result<Vec<_>, _>>()?;
-    if config.http2 {
-        let mut rest = clients.split_off(1);
-        let first = clients.remove(0).with_http2(true);
-        rest = rest
-            .into_iter()
-            .map(|c| c.sharing_connections_of(&first))
-            .collect();
-        clients = std::iter::once(first).chain(rest).collect();
+    let mut clients: Vec<WorkerClient> = Vec::new();
+    for i in 0..config.workers {
+        let client = bench_client(&config.addrs, 1_000_000 + i as i64, None)?;
+        clients.push(match clients.first() {
+            // Every worker on the first one's HTTP/2 connections.
+            Some(first) if config.http2 => client.sharing_connections_of(first),
+            _ => client.with_http2(config.http2),
+        });
     }
     let started = Instant::now();
     let handles: Vec<_> = clients

@@ -364,11 +364,12 @@ impl HttpClient {
             Arc::clone(dialing.entry(addr.to_string()).or_default())
         };
         let _dialing = lock.lock().await;
-        match self.take_idle(addr) {
-            Some(shared) => Ok(shared),
-            // Shared by the handshake.
-            None => self.connect(addr).await,
+        if let Some(shared) = self.take_idle(addr) {
+            return Ok(shared);
         }
+        let sender = self.connect(addr).await?;
+        self.share(addr, &sender);
+        Ok(sender)
     }
 
     /// The request target: the path for HTTP/1.1, the whole URI for HTTP/2, whose
@@ -381,7 +382,8 @@ impl HttpClient {
         }
     }
 
-    /// Shares a new HTTP/2 connection with every later caller, in place of a closed one.
+    /// Shares a new HTTP/2 connection with every later caller, in place of a closed one
+    /// (a download's connection of its own is not shared).
     fn share(&self, addr: &str, sender: &Sender) {
         if let Sender::Two(shared, token) = sender {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -449,7 +451,6 @@ impl HttpClient {
             });
             Sender::One(sender)
         };
-        self.share(addr, &sender);
         Ok(sender)
     }
 

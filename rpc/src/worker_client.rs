@@ -194,9 +194,10 @@ impl WorkerClient {
 
     /// The same client, sending over `other`'s connections (and its token, TLS and HTTP
     /// version): many clients in one process then share one HTTP/2 connection per node.
-    /// A node serves at most 128 requests of one connection at once (the rest wait in
-    /// the client) and applies its per-connection rate limit to them together, so keep
-    /// long blocking claims of many workers on connections of their own.
+    /// A node serves a bounded number of one connection's requests at once (the rest
+    /// wait in the client; docs/operations.md) and applies its per-connection rate limit
+    /// to them together, so keep long blocking claims of many workers on connections of
+    /// their own.
     pub fn sharing_connections_of(mut self, other: &WorkerClient) -> Self {
         self.http = other.http.clone();
         self

@@ -27,7 +27,6 @@ pub struct DedupEntry {
     /// fingerprints: any request under the id gets the outcome then).
     pub fingerprint: Option<u64>,
     seq: u64,
-    bytes: usize,
 }
 
 /// What eviction needs of an entry, kept in arrival order so that deciding whether the
@@ -85,12 +84,12 @@ impl DedupTable {
             outcome,
             fingerprint,
             seq,
-            bytes,
         };
         if let Some(previous) = self.by_key.insert(key.clone(), entry) {
             // Callers check `get` first; replacing keeps the table consistent regardless.
-            self.by_seq.remove(&previous.seq);
-            self.bytes -= previous.bytes;
+            if let Some(arrival) = self.by_seq.remove(&previous.seq) {
+                self.bytes -= arrival.bytes;
+            }
         }
         self.by_seq.insert(
             seq,
