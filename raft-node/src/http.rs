@@ -33,9 +33,10 @@ use tokio::sync::Semaphore;
 use tokio::sync::watch;
 
 use crate::config::ConnectionLimits;
+use crate::connection::ConnectionRules;
+use crate::connection::ConnectionService;
 use crate::hyper_errors::JsonErrorIo;
 use crate::idle::Activity;
-use crate::idle::Counted;
 use crate::rate_limit::ConnectionLimit;
 use crate::tls::Listener;
 use crate::tls::NodeTls;
@@ -156,7 +157,9 @@ pub type ListenerTls = Option<(Arc<NodeTls>, Listener)>;
 /// Serves `router` on `listener` until `shutdown` turns true, holding at most `limits`
 /// connections open, over TLS when `tls` is given (a client that does not finish its
 /// handshake within [`HEADER_READ_TIMEOUT`] is cut off), each connection sending at
-/// most `requests_per_connection` requests a second (0: no limit).
+/// most `requests_per_connection` requests a second (0: no limit), and, with
+/// `require_host`, each HTTP/1.1 request carrying exactly one Host header (RFC 9112,
+/// section 3.2).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -164,6 +167,7 @@ pub async fn serve(
     limits: ConnectionLimits,
     tls: ListenerTls,
     requests_per_connection: u32,
+    require_host: bool,
 ) {
     let gate = ConnectionGate::new(limits);
     loop {
@@ -192,20 +196,18 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let router = match ConnectionLimit::new(requests_per_connection) {
-            Some(limit) => router
-                .clone()
-                .layer(axum::middleware::from_fn(move |request, next| {
-                    limit.clone().check(request, next)
-                })),
-            None => router.clone(),
+        let rules = ConnectionRules {
+            limit: ConnectionLimit::new(requests_per_connection),
+            require_host,
+            peer_certificate: None,
         };
+        let router = router.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             let _admitted = admitted;
             let Some((tls, listener)) = tls else {
-                serve_connection(stream, router, shutdown, peer).await;
+                serve_connection(stream, router, rules, shutdown, peer).await;
                 return;
             };
             let acceptor = tls.acceptor(listener);
@@ -227,8 +229,11 @@ pub async fn serve(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .map(|cert| Arc::new(cert.clone().into_owned()));
-            let router = router.layer(axum::Extension(PeerCertificate(certificate)));
-            serve_connection(stream, router, shutdown, peer).await;
+            let rules = ConnectionRules {
+                peer_certificate: Some(PeerCertificate(certificate)),
+                ..rules
+            };
+            serve_connection(stream, router, rules, shutdown, peer).await;
         });
     }
 }
@@ -237,13 +242,18 @@ pub async fn serve(
 async fn serve_connection<S>(
     stream: S,
     router: Router,
+    rules: ConnectionRules,
     mut shutdown: watch::Receiver<bool>,
     peer: std::net::SocketAddr,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let activity = Activity::new();
-    let service = Counted::new(TowerToHyperService::new(router), Arc::clone(&activity));
+    let service = ConnectionService::new(
+        TowerToHyperService::new(router),
+        Arc::clone(&activity),
+        rules,
+    );
     let mut builder = hyper_util::server::conn::auto::Builder::new(rpc::client::TaskExecutor);
     builder
         .http1()
@@ -506,30 +516,6 @@ async fn linger(mut body: Body, declared: Option<u64>) {
         }
     };
     let _ = tokio::time::timeout(LINGER_TIMEOUT, drain).await;
-}
-
-/// Refuses an HTTP/1.1 request without exactly one `Host` header (RFC 9112, section 3.2).
-pub async fn require_host(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let hosts = request
-        .headers()
-        .get_all(axum::http::header::HOST)
-        .iter()
-        .count();
-    if request.version() == axum::http::Version::HTTP_11 && hosts != 1 {
-        let problem = if hosts == 0 {
-            "has no Host header"
-        } else {
-            "has more than one Host header"
-        };
-        return ApiError::bad_request(format!(
-            "the request {problem}; an HTTP/1.1 request needs exactly one (RFC 9112)"
-        ))
-        .into_response();
-    }
-    next.run(request).await
 }
 
 /// The answer to paths no route has.

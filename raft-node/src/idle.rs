@@ -76,44 +76,6 @@ impl Activity {
     }
 }
 
-/// A hyper service that counts each request in [`Activity`] from the moment hyper hands
-/// it over, in the connection's own task (so that the connection's idle check never
-/// misses a request whose handler has not run yet), until its answer's body ends.
-#[derive(Clone, Debug)]
-pub struct Counted<S> {
-    inner: S,
-    activity: Arc<Activity>,
-}
-
-impl<S> Counted<S> {
-    /// `inner`, counted in `activity`.
-    pub fn new(inner: S, activity: Arc<Activity>) -> Self {
-        Self { inner, activity }
-    }
-}
-
-impl<S, R> hyper::service::Service<R> for Counted<S>
-where
-    S: hyper::service::Service<R, Response = Response, Error = std::convert::Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Response;
-    type Error = std::convert::Infallible;
-    type Future = Pin<
-        Box<dyn std::future::Future<Output = Result<Response, std::convert::Infallible>> + Send>,
-    >;
-
-    fn call(&self, request: R) -> Self::Future {
-        let in_progress = self.activity.begin();
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            answer
-                .await
-                .map(|response| Activity::until_sent(response, in_progress))
-        })
-    }
-}
-
 /// A request in progress; dropping it ends it.
 #[derive(Debug)]
 pub struct InProgress(Arc<Activity>);

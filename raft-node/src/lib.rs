@@ -10,6 +10,7 @@ pub mod admin_api;
 pub mod auth_api;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod http;
 pub mod hyper_errors;
 pub mod idle;
@@ -149,11 +150,7 @@ pub fn api_router(node: SharedNode) -> Router {
             node.clone(),
             auth_api::check_token,
         ))
-        .layer(axum::middleware::from_fn(http::require_host))
-        .layer(axum::middleware::from_fn_with_state(
-            node.http_metrics.clone(),
-            metrics::track,
-        ))
+        .layer(metrics::TrackLayer::new(node.http_metrics.clone()))
         .with_state(node)
 }
 
@@ -337,6 +334,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             node.config.connection_limits,
             node_tls.clone().map(|t| (t, tls::Listener::Api)),
             node.config.rate_limit_per_connection,
+            true,
         )),
         tokio::spawn(http::serve(
             raft_listener,
@@ -346,6 +344,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             node_tls.clone().map(|t| (t, tls::Listener::Raft)),
             // Nodes are few and trusted, and replication must never be held back.
             0,
+            false,
         )),
     ];
     let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));

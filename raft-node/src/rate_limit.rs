@@ -73,24 +73,21 @@ impl ConnectionLimit {
         })
     }
 
-    /// The middleware that applies it.
-    pub async fn check(
-        self,
-        request: axum::extract::Request,
-        next: axum::middleware::Next,
-    ) -> Response {
+    /// Takes one request's token: the 429 answer when the connection is over its rate,
+    /// `None` when the request may go on.
+    pub fn refusal(&self) -> Option<Response> {
         let allowed = self
             .bucket
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(Instant::now());
-        if !allowed {
-            return too_many(format!(
-                "this connection sends more than {} requests a second (--rate-limit-per-connection); slow down, or spread the work over more connections",
-                self.rate
-            ));
+        if allowed {
+            return None;
         }
-        next.run(request).await
+        Some(too_many(format!(
+            "this connection sends more than {} requests a second (--rate-limit-per-connection); slow down, or spread the work over more connections",
+            self.rate
+        )))
     }
 }
 

@@ -13,7 +13,7 @@ use store_sm::log_stats::LogStatsSnapshot;
 use store_sm::log_stats::SYNC_BUCKETS_US;
 
 pub use self::requests::LATENCY_BUCKETS_S;
-pub use self::requests::track;
+pub use self::requests::TrackLayer;
 use self::text::counter;
 use self::text::escape;
 use self::text::gauge;

@@ -7,11 +7,17 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Context;
+use std::task::Poll;
+
 use axum::extract::MatchedPath;
 use axum::extract::Request;
-use axum::extract::State;
-use axum::middleware::Next;
+use axum::http::Method;
 use axum::response::Response;
+use tower::Layer;
+use tower::Service;
 
 use super::text::escape;
 use super::text::header;
@@ -33,13 +39,29 @@ struct EndpointStats {
 /// the number of series stays bounded).
 #[derive(Debug, Default)]
 pub struct HttpMetrics {
-    endpoints: Mutex<BTreeMap<String, EndpointStats>>,
+    endpoints: Mutex<Endpoints>,
+}
+
+/// The series by `"METHOD /pattern"`, and a buffer to spell a request's key in, so that
+/// recording a request allocates nothing once its endpoint has been seen.
+#[derive(Debug, Default)]
+struct Endpoints {
+    by_key: BTreeMap<String, EndpointStats>,
+    key: String,
 }
 
 impl HttpMetrics {
-    fn record(&self, endpoint: String, status: u16, seconds: f64) {
+    fn record(&self, method: &Method, endpoint: Option<&str>, status: u16, seconds: f64) {
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
-        let stats = endpoints.entry(endpoint).or_default();
+        let Endpoints { by_key, key } = &mut *endpoints;
+        key.clear();
+        key.push_str(method.as_str());
+        key.push(' ');
+        key.push_str(endpoint.unwrap_or("unmatched"));
+        let stats = match by_key.get_mut(key.as_str()) {
+            Some(stats) => stats,
+            None => by_key.entry(key.clone()).or_default(),
+        };
         *stats.by_status.entry(status).or_default() += 1;
         stats.count += 1;
         stats.sum_s += seconds;
@@ -49,30 +71,107 @@ impl HttpMetrics {
     }
 }
 
-/// Middleware that records every request of the router it wraps.
-pub async fn track(
-    State(metrics): State<Arc<HttpMetrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let endpoint = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let method = request.method().clone();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    metrics.record(
-        format!("{method} {endpoint}"),
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
+/// The layer that records every request of the routes it wraps (a hand-written tower
+/// layer: `axum::middleware::from_fn` boxes a clone of the inner service and a future
+/// per request, which cost the leader about 1 us per command).
+#[derive(Clone, Debug)]
+pub struct TrackLayer(Arc<HttpMetrics>);
+
+impl TrackLayer {
+    /// Records into `metrics`.
+    pub fn new(metrics: Arc<HttpMetrics>) -> Self {
+        Self(metrics)
+    }
+}
+
+impl<S> Layer<S> for TrackLayer {
+    type Service = Track<S>;
+
+    fn layer(&self, inner: S) -> Track<S> {
+        Track {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
+    }
+}
+
+/// A route's service, recorded by [`TrackLayer`].
+#[derive(Clone, Debug)]
+pub struct Track<S> {
+    inner: S,
+    metrics: Arc<HttpMetrics>,
+}
+
+impl<S> Service<Request> for Track<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = TrackFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let endpoint = request.extensions().get::<MatchedPath>().cloned();
+        let method = request.method().clone();
+        TrackFuture {
+            answer: self.inner.call(request),
+            record: Some(Pending {
+                metrics: Arc::clone(&self.metrics),
+                method,
+                endpoint,
+                started: Instant::now(),
+            }),
+        }
+    }
+}
+
+/// What a request's record needs once its answer is ready.
+#[derive(Debug)]
+struct Pending {
+    metrics: Arc<HttpMetrics>,
+    method: Method,
+    endpoint: Option<MatchedPath>,
+    started: Instant,
+}
+
+pin_project_lite::pin_project! {
+    /// A route's answer, recorded when it is ready.
+    pub struct TrackFuture<F> {
+        #[pin]
+        answer: F,
+        record: Option<Pending>,
+    }
+}
+
+impl<F, E> Future for TrackFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.answer.poll(cx));
+        if let (Ok(response), Some(pending)) = (&answer, this.record.take()) {
+            pending.metrics.record(
+                &pending.method,
+                pending.endpoint.as_ref().map(MatchedPath::as_str),
+                response.status().as_u16(),
+                pending.started.elapsed().as_secs_f64(),
+            );
+        }
+        Poll::Ready(answer)
+    }
 }
 
 /// Requests answered and their latency, per endpoint.
 pub fn render(out: &mut String, metrics: &HttpMetrics) {
     let endpoints = metrics.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+    let endpoints = &endpoints.by_key;
     header(
         out,
         "rota_http_requests_total",
