@@ -1,6 +1,12 @@
 //! The token check in front of every API route, and the token endpoints
 //! (`/admin/tokens`, `/admin/auth/bootstrap`): thin adapters over `service::auth`.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Context;
+use std::task::Poll;
+
 use axum::Json;
 use axum::Router;
 use axum::extract::Path;
@@ -16,6 +22,7 @@ use axum::routing::delete;
 use axum::routing::get;
 use axum::routing::post;
 use bytes::Bytes;
+use futures_util::future::Either;
 use rpc::auth::BootstrapJson;
 use rpc::auth::NewTokenJson;
 use rpc::auth::TokenAddJson;
@@ -24,6 +31,8 @@ use rpc::auth::TokenListJson;
 use rpc::auth::check_token_add;
 use store_sm::machine::Role;
 use store_sm::machine::TokenRecord;
+use tower::Layer;
+use tower::Service;
 
 use crate::http::ApiError;
 use crate::node::FORWARD_TIMEOUT;
@@ -97,48 +106,148 @@ fn access_needed(
     }
 }
 
-/// Finds the caller of every request, refuses it (401, 403) unless its role allows
-/// the route, and hands it to the handler (`Incoming::caller`).
-pub async fn check_token(
-    State(node): State<SharedNode>,
+/// The layer that finds the caller of every request, refuses it (401, 403) unless its
+/// role allows the route, and hands it to the handler (`Incoming::caller`). A hand-written
+/// tower layer: a caller known at once (authentication off, or a token this node has
+/// applied) costs no allocation; only a token this node has not seen waits, boxed.
+#[derive(Clone)]
+pub struct TokenCheckLayer(SharedNode);
+
+impl TokenCheckLayer {
+    /// Checks tokens against `node`.
+    pub fn new(node: SharedNode) -> Self {
+        Self(node)
+    }
+}
+
+impl<S> Layer<S> for TokenCheckLayer {
+    type Service = TokenCheck<S>;
+
+    fn layer(&self, inner: S) -> TokenCheck<S> {
+        TokenCheck {
+            inner,
+            node: self.0.clone(),
+        }
+    }
+}
+
+/// A route's service behind [`TokenCheckLayer`].
+#[derive(Clone)]
+pub struct TokenCheck<S> {
+    inner: S,
+    node: SharedNode,
+}
+
+type Answered = std::future::Ready<Result<Response, Infallible>>;
+type Waited = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+impl<S> Service<axum::extract::Request> for TokenCheck<S>
+where
+    S: Service<axum::extract::Request, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<Either<Answered, S::Future>, Waited>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: axum::extract::Request) -> Self::Future {
+        let node = &self.node;
+        let access = access_needed(
+            request.method(),
+            request.uri().path(),
+            node.config.metrics_open,
+            || node.is_blank(),
+        );
+        let header = request
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|value| value.to_str().unwrap_or("(not text)"));
+        let known = if access == Access::Open {
+            Some(Ok(node.authenticate(header).unwrap_or(Caller::Anyone)))
+        } else {
+            node.authenticate_known(header)
+        };
+        let answered =
+            |response: Response| Either::Left(Either::Left(std::future::ready(Ok(response))));
+        match known {
+            Some(Ok(caller)) => {
+                if let Some(refused) = refusal(node, &caller, access) {
+                    return answered(refused);
+                }
+                request.extensions_mut().insert(caller);
+                Either::Left(Either::Right(self.inner.call(request)))
+            }
+            Some(Err(refused)) => answered(ApiError::from(refused).into_response()),
+            None => {
+                // `poll_ready` readied `self.inner`: the wait takes it, a clone stays.
+                let ready = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, ready);
+                Either::Right(Box::pin(confirm_then_call(
+                    node.clone(),
+                    access,
+                    inner,
+                    request,
+                )))
+            }
+        }
+    }
+}
+
+/// The answer that refuses `caller`'s request: its role may not make it, or its token is
+/// over its rate; `None` when it may go on.
+fn refusal(node: &SharedNode, caller: &Caller, access: Access) -> Option<Response> {
+    if let Err(refused) = caller.may(access) {
+        return Some(ApiError::from(refused).into_response());
+    }
+    if let Caller::Token { id, .. } = caller
+        && let Err(why) = node.token_limits.check(id)
+    {
+        return Some(crate::rate_limit::too_many(why));
+    }
+    None
+}
+
+/// For a token this node has not applied: confirms it (a linearizable read on the
+/// leader, else asks the leader), then calls `inner` with the caller.
+async fn confirm_then_call<S>(
+    node: SharedNode,
+    access: Access,
+    mut inner: S,
     mut request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let access = access_needed(
-        request.method(),
-        request.uri().path(),
-        node.config.metrics_open,
-        || node.is_blank(),
-    );
+) -> Result<Response, Infallible>
+where
+    S: Service<axum::extract::Request, Response = Response, Error = Infallible>,
+{
     let header = request
         .headers()
         .get(AUTHORIZATION)
-        .map(|value| value.to_str().unwrap_or("(not text)"));
-    let caller = if access == Access::Open {
-        node.authenticate(header).unwrap_or(Caller::Anyone)
-    } else {
-        let forwarded = request.headers().contains_key(FORWARDED_HEADER);
-        match node.authenticate_confirmed(header, forwarded).await {
-            Ok(caller) => caller,
-            Err(ServiceError::NotLeader { leader_api }) => {
-                match ask_leader_who(&node, &leader_api, header.unwrap_or_default()).await {
-                    Ok(caller) => caller,
-                    Err(refused) => return ApiError::from(refused).into_response(),
-                }
-            }
-            Err(refused) => return ApiError::from(refused).into_response(),
-        }
-    };
-    if let Err(refused) = caller.may(access) {
-        return ApiError::from(refused).into_response();
-    }
-    if let Caller::Token { id, .. } = &caller
-        && let Err(why) = node.token_limits.check(id)
+        .map(|value| value.to_str().unwrap_or("(not text)").to_owned());
+    let forwarded = request.headers().contains_key(FORWARDED_HEADER);
+    let caller = match node
+        .authenticate_confirmed(header.as_deref(), forwarded)
+        .await
     {
-        return crate::rate_limit::too_many(why);
+        Ok(caller) => caller,
+        Err(ServiceError::NotLeader { leader_api }) => {
+            match ask_leader_who(&node, &leader_api, header.as_deref().unwrap_or_default()).await {
+                Ok(caller) => caller,
+                Err(refused) => return Ok(ApiError::from(refused).into_response()),
+            }
+        }
+        Err(refused) => return Ok(ApiError::from(refused).into_response()),
+    };
+    if let Some(refused) = refusal(&node, &caller, access) {
+        return Ok(refused);
     }
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    inner.call(request).await
 }
 
 /// The caller the leader at `leader_api` finds for `authorization`: for a token this node

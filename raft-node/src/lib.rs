@@ -146,10 +146,7 @@ pub fn api_router(node: SharedNode) -> Router {
         .route("/openapi.json", axum::routing::get(openapi::get_openapi))
         .fallback(http::not_found_fallback)
         .method_not_allowed_fallback(http::method_not_allowed_fallback)
-        .layer(axum::middleware::from_fn_with_state(
-            node.clone(),
-            auth_api::check_token,
-        ))
+        .layer(auth_api::TokenCheckLayer::new(node.clone()))
         .layer(metrics::TrackLayer::new(node.http_metrics.clone()))
         .with_state(node)
 }
