@@ -165,10 +165,7 @@ where
             node.config.metrics_open,
             || node.is_blank(),
         );
-        let header = request
-            .headers()
-            .get(AUTHORIZATION)
-            .map(|value| value.to_str().unwrap_or("(not text)"));
+        let header = authorization(&request);
         let known = if access == Access::Open {
             Some(Ok(node.authenticate(header).unwrap_or(Caller::Anyone)))
         } else {
@@ -200,6 +197,14 @@ where
     }
 }
 
+/// The request's Authorization header, as text (a header that is not text is no token).
+fn authorization(request: &axum::extract::Request) -> Option<&str> {
+    request
+        .headers()
+        .get(AUTHORIZATION)
+        .map(|value| value.to_str().unwrap_or("(not text)"))
+}
+
 /// The answer that refuses `caller`'s request: its role may not make it, or its token is
 /// over its rate; `None` when it may go on.
 fn refusal(node: &SharedNode, caller: &Caller, access: Access) -> Option<Response> {
@@ -225,10 +230,7 @@ async fn confirm_then_call<S>(
 where
     S: Service<axum::extract::Request, Response = Response, Error = Infallible>,
 {
-    let header = request
-        .headers()
-        .get(AUTHORIZATION)
-        .map(|value| value.to_str().unwrap_or("(not text)").to_owned());
+    let header = authorization(&request).map(str::to_owned);
     let forwarded = request.headers().contains_key(FORWARDED_HEADER);
     let caller = match node
         .authenticate_confirmed(header.as_deref(), forwarded)

@@ -14,7 +14,7 @@ use axum::http::header::HOST;
 use axum::response::IntoResponse;
 use axum::response::Response;
 
-use crate::http::ApiError;
+use crate::api_error::ApiError;
 use crate::idle::Activity;
 use crate::rate_limit::ConnectionLimit;
 use crate::tls::PeerCertificate;

@@ -7,6 +7,7 @@
 //! one log append, which the RocksDB store writes and syncs once.
 
 pub mod admin_api;
+pub mod api_error;
 pub mod auth_api;
 pub mod clock;
 pub mod config;

@@ -12,7 +12,7 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use tokio::time::Instant;
 
-use crate::http::ApiError;
+use crate::api_error::ApiError;
 
 /// A token bucket: `rate` requests a second, bursts of up to `rate`.
 #[derive(Debug)]

@@ -23,7 +23,9 @@ use rcgen::ExtendedKeyUsagePurpose;
 use rcgen::IsCa;
 use rcgen::Issuer;
 use rcgen::KeyPair;
+use rpc::client::ClientError;
 use rpc::client::HttpClient;
+use rpc::client::HttpResponse;
 use rpc::tls::ClientTls;
 use rpc::tls::ClientTlsFiles;
 use rpc::worker::UpdateRequestJson;
@@ -120,6 +122,24 @@ fn one_add(group: &str) -> bytes::Bytes {
     serde_json::to_vec(&request).expect("json").into()
 }
 
+/// `client` posts one add in `group` to the node at `addr`.
+async fn post_one_add(
+    client: &HttpClient,
+    addr: &str,
+    group: &str,
+) -> Result<HttpResponse, ClientError> {
+    client
+        .send(
+            addr,
+            Method::POST,
+            "/update",
+            &[],
+            one_add(group),
+            CALL_TIMEOUT,
+        )
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_tls_from_the_cluster_ca_and_members_is_served() {
     let pki = pki();
@@ -129,32 +149,18 @@ async fn only_tls_from_the_cluster_ca_and_members_is_served() {
     let follower = if leader == 1 { 2 } else { 1 };
 
     // Writes through a follower: relayed to the leader over TLS, replicated over TLS.
-    let answer = cluster
-        .client
-        .send(
-            cluster.api(follower),
-            Method::POST,
-            "/update",
-            &[],
-            one_add("g"),
-            CALL_TIMEOUT,
-        )
+    let answer = post_one_add(&cluster.client, cluster.api(follower), "g")
         .await
         .expect("an answer");
     assert_eq!(answer.status, 200, "{:?}", answer.body);
     // HTTP/2 over TLS (prior knowledge, as `rota bench --http 2` speaks it) is served too.
-    let answer = client(&pki.ca, None)
-        .with_http2(true)
-        .send(
-            cluster.api(leader),
-            Method::POST,
-            "/update",
-            &[],
-            one_add("g"),
-            CALL_TIMEOUT,
-        )
-        .await
-        .expect("an answer over HTTP/2");
+    let answer = post_one_add(
+        &client(&pki.ca, None).with_http2(true),
+        cluster.api(leader),
+        "g",
+    )
+    .await
+    .expect("an answer over HTTP/2");
     assert_eq!(answer.status, 200, "{:?}", answer.body);
     cluster.wait_converged(&[1, 2, 3]).await;
 
@@ -276,17 +282,7 @@ async fn certificates_reload_on_sighup_under_load_without_a_failed_request() {
                     cluster.client.clone()
                 };
                 let via = cluster.api(1 + (w % 3));
-                match client
-                    .send(
-                        via,
-                        Method::POST,
-                        "/update",
-                        &[],
-                        one_add("reload"),
-                        CALL_TIMEOUT,
-                    )
-                    .await
-                {
+                match post_one_add(&client, via, "reload").await {
                     Ok(answer) if answer.status == 200 => {
                         done.fetch_add(1, Ordering::Relaxed);
                     }
@@ -354,16 +350,7 @@ async fn a_node_with_a_certificate_of_another_ca_cannot_join() {
     let cluster = start(&pki);
     cluster.wait_ready(&[1, 2, 3]).await;
     let leader = cluster.wait_leader(&[1, 2, 3]).await;
-    let answer = cluster
-        .client
-        .send(
-            cluster.api(leader),
-            Method::POST,
-            "/update",
-            &[],
-            one_add("g"),
-            CALL_TIMEOUT,
-        )
+    let answer = post_one_add(&cluster.client, cluster.api(leader), "g")
         .await
         .expect("an answer");
     assert_eq!(answer.status, 200, "{:?}", answer.body);
@@ -433,16 +420,7 @@ async fn a_node_with_a_certificate_of_another_ca_cannot_join() {
     );
 
     // The cluster goes on serving.
-    let answer = cluster
-        .client
-        .send(
-            cluster.api(leader),
-            Method::POST,
-            "/update",
-            &[],
-            one_add("g"),
-            CALL_TIMEOUT,
-        )
+    let answer = post_one_add(&cluster.client, cluster.api(leader), "g")
         .await
         .expect("an answer");
     assert_eq!(answer.status, 200, "{:?}", answer.body);

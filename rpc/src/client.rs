@@ -176,6 +176,15 @@ impl std::fmt::Debug for Sender {
 }
 
 impl Sender {
+    /// Another handle on the same HTTP/2 connection, for another caller; `None` for an
+    /// HTTP/1.1 connection, which serves one caller at a time.
+    fn another_handle(&self) -> Option<Sender> {
+        match self {
+            Self::One(_) => None,
+            Self::Two(sender, token) => Some(Self::Two(sender.clone(), Arc::clone(token))),
+        }
+    }
+
     fn is_ready(&self) -> bool {
         match self {
             Self::One(sender) => sender.is_ready(),
@@ -313,11 +322,10 @@ impl HttpClient {
             if !sender.is_ready() {
                 continue;
             }
-            if let Sender::Two(shared, token) = &sender {
+            if let Some(handle) = sender.another_handle() {
                 // Shared, not taken: it stays for every other caller.
-                let taken = Sender::Two(shared.clone(), Arc::clone(token));
                 senders.push(sender);
-                return Some(taken);
+                return Some(handle);
             }
             return Some(sender);
         }
@@ -385,12 +393,9 @@ impl HttpClient {
     /// Shares a new HTTP/2 connection with every later caller, in place of a closed one
     /// (a download's connection of its own is not shared).
     fn share(&self, addr: &str, sender: &Sender) {
-        if let Sender::Two(shared, token) = sender {
+        if let Some(handle) = sender.another_handle() {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            idle.insert(
-                addr.to_string(),
-                vec![Sender::Two(shared.clone(), Arc::clone(token))],
-            );
+            idle.insert(addr.to_string(), vec![handle]);
         }
     }
 
