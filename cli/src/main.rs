@@ -3,6 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The allocator: see the note on `tikv-jemallocator` in Cargo.toml.
+#[cfg(not(madsim))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::time::Duration;
 
 use clap::Parser;

@@ -6,6 +6,11 @@ use raft_node::config::LogFormat;
 use raft_node::config::NodeConfig;
 use tracing_subscriber::EnvFilter;
 
+/// The allocator: see the note on `tikv-jemallocator` in Cargo.toml.
+#[cfg(not(madsim))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("ROTA_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
