@@ -19,7 +19,7 @@ use std::time::Duration;
 use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
-use store_sm::machine::TaskMachine;
+use store_sm::state_machine::StateReader;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -32,9 +32,11 @@ use crate::waiting::claims::ProposalResult;
 use crate::waiting::grant_claims;
 
 /// What an earlier proposal under this request id claimed (or why it was refused), if
-/// `machine` remembers one; an error if the id was used for a different request.
+/// the state applied now remembers one; an error if the id was used for a different
+/// request. The live state, not a view: it is at least as new as any view taken before,
+/// and a view's copy of the dedup table has no index to look the id up by.
 fn remembered_claim(
-    machine: &TaskMachine,
+    state: &StateReader,
     claim: &ClaimManyRequest,
     request_id: Option<&str>,
 ) -> Result<Option<Arc<Outcome>>, ServiceError> {
@@ -42,7 +44,10 @@ fn remembered_claim(
         return Ok(None);
     };
     let request = claim.to_request(false);
-    let remembered = machine.remembered(claim.claim.client, request_id, &request);
+    let remembered = state.read(|s| {
+        s.machine
+            .remembered(claim.claim.client, request_id, &request)
+    });
     remembered.map(Node::outcome_or_reused_id).transpose()
 }
 
@@ -80,8 +85,7 @@ impl Node {
         // and waits in vain may answer empty as of now.
         let view = self.read(Consistency::Linearizable).await?;
         let slot = self.waiters.enter(WaitKind::Claim)?;
-        if let Some(outcome) = remembered_claim(&view.state.machine, &claim, request_id.as_deref())?
-        {
+        if let Some(outcome) = remembered_claim(&self.state, &claim, request_id.as_deref())? {
             return Ok(outcome);
         }
         if let Some(outcome) = self.joined_claim(&claim, request_id.as_deref()).await? {
@@ -213,8 +217,9 @@ impl Node {
         if let Some(outcome) = self.joined_claim(claim, request_id).await? {
             return Ok(outcome);
         }
-        let view = self.read(Consistency::Linearizable).await?;
-        Ok(remembered_claim(&view.state.machine, claim, request_id)?.unwrap_or_else(empty))
+        // A linearizable read first, so that the state looked at holds every committed entry.
+        self.read(Consistency::Linearizable).await?;
+        Ok(remembered_claim(&self.state, claim, request_id)?.unwrap_or_else(empty))
     }
 
     /// Grants `group`'s blocking claims what is claimable now, by this node's clock.
