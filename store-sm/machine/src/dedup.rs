@@ -281,12 +281,7 @@ mod tests {
     fn walks_oldest_first_and_a_replaced_key_moves_to_the_end() {
         let mut table = DedupTable::default();
         for id in ["a", "b", "c"] {
-            table.insert(
-                key(1, id),
-                LogTime::EPOCH,
-                Arc::new(Outcome::Tasks(vec![])),
-                Some(1),
-            );
+            remember(&mut table, key(1, id));
         }
         let bytes = table.bytes;
         table.insert(
@@ -309,34 +304,24 @@ mod tests {
         );
     }
 
+    /// Remembers an empty outcome under `k` at the epoch.
+    fn remember(table: &mut DedupTable, k: DedupKey) {
+        table.insert(k, LogTime::EPOCH, Arc::new(Outcome::Tasks(vec![])), Some(1));
+    }
+
     #[test]
     fn a_clone_answers_without_an_index_and_changes_apart_from_the_original() {
         let mut table = DedupTable::default();
         for id in ["a", "b", "c"] {
-            table.insert(
-                key(1, id),
-                LogTime::EPOCH,
-                Arc::new(Outcome::Tasks(vec![])),
-                Some(1),
-            );
+            remember(&mut table, key(1, id));
         }
         let mut copy = table.clone();
         assert!(copy.index.is_none(), "a clone does not copy the index");
         assert!(copy.get(&key(1, "b")).is_some());
         assert!(copy.get(&key(1, "z")).is_none());
 
-        copy.insert(
-            key(1, "d"),
-            LogTime::EPOCH,
-            Arc::new(Outcome::Tasks(vec![])),
-            Some(1),
-        );
-        table.insert(
-            key(2, "e"),
-            LogTime::EPOCH,
-            Arc::new(Outcome::Tasks(vec![])),
-            Some(1),
-        );
+        remember(&mut copy, key(1, "d"));
+        remember(&mut table, key(2, "e"));
         assert!(copy.get(&key(1, "d")).is_some());
         assert!(table.get(&key(1, "d")).is_none());
         assert!(copy.get(&key(2, "e")).is_none());
