@@ -16,10 +16,24 @@ use axum::response::Response;
 
 use crate::api_error::ApiError;
 use crate::idle::Activity;
+use crate::metrics::requests::HttpMetrics;
 use crate::rate_limit::ConnectionLimit;
 use crate::tls::PeerCertificate;
 
-/// The checks one listener makes of every request before routing it.
+/// What one listener asks of every request before routing it, the same for each of
+/// its connections.
+#[derive(Clone, Debug, Default)]
+pub struct ListenerRules {
+    /// Requests a second one connection may send (0: no limit).
+    pub requests_per_connection: u32,
+    /// Whether an HTTP/1.1 request must carry exactly one Host header (RFC 9112).
+    pub require_host: bool,
+    /// Where a request refused before routing is counted (as endpoint `METHOD
+    /// unrouted`), if anywhere.
+    pub metrics: Option<Arc<HttpMetrics>>,
+}
+
+/// The checks one connection makes of every request before routing it.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectionRules {
     /// The connection's request rate limit, if any.
@@ -28,6 +42,20 @@ pub struct ConnectionRules {
     pub require_host: bool,
     /// The client certificate the connection's TLS handshake presented, if TLS is on.
     pub peer_certificate: Option<PeerCertificate>,
+    /// Where refusals are counted.
+    pub metrics: Option<Arc<HttpMetrics>>,
+}
+
+impl ConnectionRules {
+    /// A new connection's rules under `listener`'s: a bucket of its own, no certificate yet.
+    pub fn for_connection(listener: &ListenerRules) -> Self {
+        Self {
+            limit: ConnectionLimit::new(listener.requests_per_connection),
+            require_host: listener.require_host,
+            peer_certificate: None,
+            metrics: listener.metrics.clone(),
+        }
+    }
 }
 
 /// A hyper service for one connection: [`ConnectionRules`] and activity, then `inner`.
@@ -88,6 +116,9 @@ where
     fn call(&self, mut request: Request<B>) -> Self::Future {
         let in_progress = self.activity.begin();
         if let Some(refused) = self.refusal(&request) {
+            if let Some(metrics) = &self.rules.metrics {
+                metrics.record_unrouted(request.method(), refused.status().as_u16());
+            }
             return Box::pin(std::future::ready(Ok(Activity::until_sent(
                 refused,
                 in_progress,

@@ -31,9 +31,9 @@ pub use crate::api_error::ApiError;
 use crate::config::ConnectionLimits;
 use crate::connection::ConnectionRules;
 use crate::connection::ConnectionService;
+use crate::connection::ListenerRules;
 use crate::hyper_errors::JsonErrorIo;
 use crate::idle::Activity;
-use crate::rate_limit::ConnectionLimit;
 use crate::tls::Listener;
 use crate::tls::NodeTls;
 use crate::tls::PeerCertificate;
@@ -150,18 +150,17 @@ pub type ListenerTls = Option<(Arc<NodeTls>, Listener)>;
 
 /// Serves `router` on `listener` until `shutdown` turns true, holding at most `limits`
 /// connections open, over TLS when `tls` is given (a client that does not finish its
-/// handshake within [`HEADER_READ_TIMEOUT`] is cut off), each connection sending at
-/// most `requests_per_connection` requests a second (0: no limit), and, with
-/// `require_host`, each HTTP/1.1 request carrying exactly one Host header (RFC 9112,
-/// section 3.2).
+/// handshake within [`HEADER_READ_TIMEOUT`] is cut off), and holding every request to
+/// `rules` before routing it: each connection sending at most so many requests a second,
+/// and each HTTP/1.1 request carrying exactly one Host header (RFC 9112, section 3.2) if
+/// asked.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     mut shutdown: watch::Receiver<bool>,
     limits: ConnectionLimits,
     tls: ListenerTls,
-    requests_per_connection: u32,
-    require_host: bool,
+    rules: ListenerRules,
 ) {
     let gate = ConnectionGate::new(limits);
     loop {
@@ -190,11 +189,7 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let rules = ConnectionRules {
-            limit: ConnectionLimit::new(requests_per_connection),
-            require_host,
-            peer_certificate: None,
-        };
+        let rules = ConnectionRules::for_connection(&rules);
         let router = router.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();

@@ -52,6 +52,7 @@ use tokio::task::JoinHandle;
 use crate::clock::LogClock;
 use crate::clock::WallClock;
 use crate::config::NodeConfig;
+use crate::connection::ListenerRules;
 use crate::network::Network;
 use crate::node::Node;
 use crate::node::NodeStorage;
@@ -331,8 +332,11 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             shutdown_rx.clone(),
             node.config.connection_limits,
             node_tls.clone().map(|t| (t, tls::Listener::Api)),
-            node.config.rate_limit_per_connection,
-            true,
+            ListenerRules {
+                requests_per_connection: node.config.rate_limit_per_connection,
+                require_host: true,
+                metrics: Some(node.http_metrics.clone()),
+            },
         )),
         tokio::spawn(http::serve(
             raft_listener,
@@ -341,8 +345,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
             node.config.connection_limits,
             node_tls.clone().map(|t| (t, tls::Listener::Raft)),
             // Nodes are few and trusted, and replication must never be held back.
-            0,
-            false,
+            ListenerRules::default(),
         )),
     ];
     let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));

@@ -99,6 +99,16 @@ async fn malformed_requests_get_json_errors() {
         answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
         "{answer}"
     );
+    // The request without a Host header was refused before routing, and counted so.
+    let metrics = raw_exchange(
+        &addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        read_for,
+    );
+    assert!(
+        metrics.contains("rota_http_requests_total{endpoint=\"GET unrouted\",status=\"400\"} 1"),
+        "{metrics}"
+    );
     // The node serves on.
     assert!(cluster.status(1).await.is_some());
 }

@@ -86,6 +86,15 @@ async fn a_connection_over_its_rate_gets_429_and_others_are_served() {
     // A new connection has a bucket of its own.
     let fresh = get(&cluster, &HttpClient::new(), "/health", None).await;
     assert_eq!(fresh.status, 200);
+    // The refusals, made before routing, are counted apart from every route.
+    let metrics = get(&cluster, &HttpClient::new(), "/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    let counted =
+        format!("rota_http_requests_total{{endpoint=\"GET unrouted\",status=\"429\"}} {refused}");
+    assert!(
+        metrics.lines().any(|l| l == counted),
+        "{counted} in:\n{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

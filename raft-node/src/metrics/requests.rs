@@ -51,6 +51,12 @@ struct Endpoints {
 }
 
 impl HttpMetrics {
+    /// Counts a request refused before routing (over its connection's rate limit, or
+    /// without exactly one Host header), as endpoint `METHOD unrouted`, answered at once.
+    pub fn record_unrouted(&self, method: &Method, status: u16) {
+        self.record(method, Some("unrouted"), status, 0.0);
+    }
+
     fn record(&self, method: &Method, endpoint: Option<&str>, status: u16, seconds: f64) {
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
         let Endpoints { by_key, key } = &mut *endpoints;
