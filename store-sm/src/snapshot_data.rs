@@ -18,8 +18,8 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
 /// A snapshot's bytes; cheap to clone.
 #[derive(Clone, Debug)]
 pub enum SnapshotData {
-    /// Held in memory.
-    Memory(Arc<[u8]>),
+    /// Held in memory (a `Bytes` made from the encoder's buffer without a copy).
+    Memory(Bytes),
     /// A region of an open file whose contents no one changes any more (a file is
     /// replaced by renaming another over its name, so this handle keeps reading it).
     File(Arc<FileRegion>),
@@ -49,12 +49,12 @@ impl FileRegion {
 
 impl From<Vec<u8>> for SnapshotData {
     fn from(bytes: Vec<u8>) -> Self {
-        Self::Memory(bytes.into())
+        Self::Memory(Bytes::from(bytes))
     }
 }
 
-impl From<Arc<[u8]>> for SnapshotData {
-    fn from(bytes: Arc<[u8]>) -> Self {
+impl From<Bytes> for SnapshotData {
+    fn from(bytes: Bytes) -> Self {
         Self::Memory(bytes)
     }
 }
@@ -81,9 +81,7 @@ impl SnapshotData {
             return Ok(Bytes::new());
         }
         match self {
-            Self::Memory(bytes) => {
-                Ok(Bytes::from_owner(bytes.clone()).slice(offset as usize..end as usize))
-            }
+            Self::Memory(bytes) => Ok(bytes.slice(offset as usize..end as usize)),
             Self::File(region) => {
                 let mut buf = vec![0; (end - offset) as usize];
                 region
@@ -111,7 +109,7 @@ impl SnapshotData {
 
     /// Every byte, in one buffer: for decoding, which needs them all. A region is read
     /// into a buffer of its exact size; memory is shared, not copied.
-    pub fn load(&self) -> io::Result<Arc<[u8]>> {
+    pub fn load(&self) -> io::Result<Bytes> {
         match self {
             Self::Memory(bytes) => Ok(bytes.clone()),
             Self::File(region) => {
@@ -119,7 +117,7 @@ impl SnapshotData {
                     .map_err(|_| io::Error::other("snapshot larger than this machine's memory"))?;
                 let mut buf = vec![0; len];
                 region.file.read_exact_at(&mut buf, region.offset)?;
-                Ok(buf.into())
+                Ok(Bytes::from(buf))
             }
         }
     }

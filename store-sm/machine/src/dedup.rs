@@ -186,6 +186,12 @@ impl DedupTable {
         }
     }
 
+    /// Roughly what the remembered outcomes take in memory, in bytes (what the byte
+    /// limit counts).
+    pub fn approximate_bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Number of remembered outcomes.
     pub fn len(&self) -> usize {
         self.live
