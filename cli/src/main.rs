@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// The allocator: see the note on `tikv-jemallocator` in Cargo.toml.
+/// The allocator: see the note on `tikv-jemallocator` in the workspace's Cargo.toml.
 #[cfg(not(madsim))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -33,27 +33,25 @@ pub struct ListenerRules {
     pub metrics: Option<Arc<HttpMetrics>>,
 }
 
-/// The checks one connection makes of every request before routing it.
+/// The checks one connection makes of every request before routing it: its listener's,
+/// with a rate-limit bucket of its own and its TLS client certificate.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectionRules {
+    /// What the listener asks of every request.
+    pub listener: ListenerRules,
     /// The connection's request rate limit, if any.
     pub limit: Option<ConnectionLimit>,
-    /// Whether an HTTP/1.1 request must carry exactly one Host header (RFC 9112).
-    pub require_host: bool,
     /// The client certificate the connection's TLS handshake presented, if TLS is on.
     pub peer_certificate: Option<PeerCertificate>,
-    /// Where refusals are counted.
-    pub metrics: Option<Arc<HttpMetrics>>,
 }
 
 impl ConnectionRules {
     /// A new connection's rules under `listener`'s: a bucket of its own, no certificate yet.
     pub fn for_connection(listener: &ListenerRules) -> Self {
         Self {
+            listener: listener.clone(),
             limit: ConnectionLimit::new(listener.requests_per_connection),
-            require_host: listener.require_host,
             peer_certificate: None,
-            metrics: listener.metrics.clone(),
         }
     }
 }
@@ -81,7 +79,7 @@ impl<S> ConnectionService<S> {
         if let Some(too_many) = self.rules.limit.as_ref().and_then(ConnectionLimit::refusal) {
             return Some(too_many);
         }
-        if self.rules.require_host && request.version() == Version::HTTP_11 {
+        if self.rules.listener.require_host && request.version() == Version::HTTP_11 {
             let hosts = request.headers().get_all(HOST).iter().count();
             if hosts != 1 {
                 let problem = if hosts == 0 {
@@ -116,7 +114,7 @@ where
     fn call(&self, mut request: Request<B>) -> Self::Future {
         let in_progress = self.activity.begin();
         if let Some(refused) = self.refusal(&request) {
-            if let Some(metrics) = &self.rules.metrics {
+            if let Some(metrics) = &self.rules.listener.metrics {
                 metrics.record_unrouted(request.method(), refused.status().as_u16());
             }
             return Box::pin(std::future::ready(Ok(Activity::until_sent(

@@ -6,7 +6,7 @@ use raft_node::config::LogFormat;
 use raft_node::config::NodeConfig;
 use tracing_subscriber::EnvFilter;
 
-/// The allocator: see the note on `tikv-jemallocator` in Cargo.toml.
+/// The allocator: see the note on `tikv-jemallocator` in the workspace's Cargo.toml.
 #[cfg(not(madsim))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
