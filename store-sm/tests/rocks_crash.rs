@@ -8,7 +8,9 @@
 //! commit index never names an entry the store lost: the child saves each entry's id as
 //! committed before the entry is durable, the harshest order openraft could ask for.
 //! Every other round the child writes appends inline (on its own thread, as a follower
-//! does) instead of through the writer thread.
+//! does) instead of through the writer thread. The store runs with a WAL limit of a few
+//! KiB, so the kills land in WAL files that RocksDB recycles (overwrites in place): after
+//! a crash, recovery must stop at the new records' end, not replay the file's stale tail.
 
 #![cfg(feature = "rocksdb")]
 
@@ -39,6 +41,21 @@ const CHILD_SYNC_ENV: &str = "ROTA_CRASH_CHILD_SYNC";
 const CHILD_INLINE_ENV: &str = "ROTA_CRASH_CHILD_INLINE";
 /// The child stops by itself after this long even if nobody kills it.
 const CHILD_RUN_MAX: Duration = Duration::from_secs(60);
+/// A WAL limit that a few dozen entries pass, so that files are recycled many times.
+const CRASH_WAL_BYTES: u64 = 16 << 10;
+
+fn open_store(dir: &Path, sync: SyncMode) -> std::io::Result<RocksLogStore> {
+    RocksLogStore::open_with_wal_limit(dir, sync, CRASH_WAL_BYTES)
+}
+
+/// Whether RocksDB's info logs in `dir` say it reused a recycled WAL file.
+fn reused_a_wal_file(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .expect("lists the store")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("LOG"))
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|log| log.contains("reusing log")))
+}
 
 fn sync_mode(name: &str) -> SyncMode {
     if name == "never" {
@@ -58,7 +75,7 @@ fn crash_child() {
         .build()
         .expect("runtime");
     runtime.block_on(async move {
-        let mut store = RocksLogStore::open(Path::new(&dir), sync_mode(&sync)).expect("opens");
+        let mut store = open_store(Path::new(&dir), sync_mode(&sync)).expect("opens");
         let inline = std::env::var(CHILD_INLINE_ENV).is_ok_and(|v| v == "1");
         store
             .inline_appends()
@@ -125,7 +142,7 @@ fn run_and_kill(dir: &Path, sync: &str, inline: bool, kill_after: u64) -> u64 {
 
 /// Reopens the store and checks it is consistent; returns its last log index.
 async fn check_consistent(dir: &Path, sync: SyncMode) -> u64 {
-    let mut store = RocksLogStore::open(dir, sync).expect("reopens after the crash");
+    let mut store = open_store(dir, sync).expect("reopens after the crash");
     let state = RaftLogStorage::<TestTypes>::get_log_state(&mut store)
         .await
         .expect("state");
@@ -177,6 +194,10 @@ fn crash_rounds(sync: &str) {
             );
         }
     }
+    assert!(
+        reused_a_wal_file(&path),
+        "RocksDB never reused a WAL file, so the crashes did not test recycling"
+    );
 }
 
 #[test]
