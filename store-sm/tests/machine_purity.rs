@@ -5,7 +5,6 @@
 //! is async.
 
 use std::fs;
-use std::path::Path;
 use std::path::PathBuf;
 
 /// The only crates the machine may depend on (dev-dependencies aside).
@@ -29,8 +28,17 @@ const FORBIDDEN: &[&str] = &[
     "planted",
 ];
 
+/// This package's directory as `cargo test` names it when it runs the test, so that a
+/// test binary built from a clone at another path (a shared target directory keeps it
+/// when the sources are the same) reads this clone's files; the path it was built at
+/// otherwise.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
+}
+
 fn machine_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("machine")
+    manifest_dir().join("machine")
 }
 
 #[test]
