@@ -654,7 +654,10 @@ impl HttpClient {
                     Err(other) => return Err(other),
                 }
             }
-            let sender = self.shared_or_new(addr).await?;
+            // Boxed: dialing (TCP, TLS, the HTTP handshake) is a future of several KiB,
+            // which would otherwise be part of this one and be copied with it on every
+            // request, although a request seldom dials.
+            let sender = Box::pin(self.shared_or_new(addr)).await?;
             using(&sender);
             self.exchange(addr, sender, build()?, RESPONSE_BYTES_MAX)
                 .await

@@ -337,9 +337,9 @@ impl WorkerClient {
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
             round += 1;
-            // Leadership may have moved: ask before the next round.
+            // Leadership may have moved: ask before the next round. (Boxed, as below.)
             if !self.spread {
-                self.find_leader().await;
+                Box::pin(self.find_leader()).await;
             }
         }
     }
@@ -372,7 +372,10 @@ impl WorkerClient {
         give_up: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TaskJson>, WorkerError> {
         if !self.asked_for_leader.swap(true, Ordering::Relaxed) {
-            self.find_leader().await;
+            // Boxed: asking the nodes who leads is a future of several KiB, which would
+            // otherwise be part of every write's and copied with it, for a question
+            // asked once.
+            Box::pin(self.find_leader()).await;
         }
         let request = request.into().with_request_id(request_id.clone());
         let timeout = self.call_timeout + request.wait();
