@@ -134,7 +134,10 @@ pub async fn respond<T>(
     match result {
         Ok(value) => ok(value),
         Err(ServiceError::NotLeader { leader_api }) if !incoming.is_forwarded() => {
-            relay(node, &leader_api, incoming).await
+            // Boxed: a relay is an HTTP exchange, a future of some KiB that would
+            // otherwise be part of every request's future and be copied with it, on a
+            // leader that never relays.
+            Box::pin(relay(node, &leader_api, incoming)).await
         }
         Err(ServiceError::NotLeader { .. }) => ApiError::unavailable(
             "leadership is moving; retry shortly (with the same requestid for writes)",

@@ -407,12 +407,24 @@ async fn post_claim(
         let request = claim.to_request(false);
         return Ok(write(&node, incoming, request, request_id).await);
     }
+    Ok(Box::pin(claim_waiting(&node, incoming, claim, request_id, wait_ms)).await)
+}
+
+/// A claim that waits up to `wait_ms` for a task. Boxed by its caller: its future is
+/// larger than a plain claim's, which would otherwise carry it (and copy it) too.
+async fn claim_waiting(
+    node: &SharedNode,
+    incoming: Incoming,
+    claim: ClaimManyRequest,
+    request_id: Option<String>,
+    wait_ms: u64,
+) -> Response {
     let wait = Duration::from_millis(wait_ms);
     let caller = incoming.caller.clone();
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
     let outcome = node.claim_waiting(claim, request_id, wait, &caller).await;
-    Ok(respond(&node, incoming, outcome, |outcome| {
+    respond(node, incoming, outcome, |outcome| {
         Json(outcome_json(&outcome)).into_response()
     })
-    .await)
+    .await
 }
