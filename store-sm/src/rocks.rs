@@ -44,9 +44,10 @@
 //! The write-ahead log is kept small and its files are reused: once the WAL passes
 //! [`WAL_BYTES_MAX`], RocksDB flushes the memtables that hold its oldest file, and up to
 //! [`WAL_FILES_RECYCLED`] obsolete files are overwritten in place instead of deleted. An
-//! append to a fresh file grows it, so every `fdatasync` also commits the file's new size
-//! to the filesystem journal; an overwrite of a file already written does not (a probe
-//! on this project's machines: 90-116 us against 150-186 us per sync, docs/performance.md).
+//! append to a fresh file grows it, so every `fdatasync` also writes the file's new size
+//! (its inode, or a journal commit on a journaled filesystem) after the data; an
+//! overwrite of a file already written does not (a probe on this project's machines:
+//! 90-116 us against 150-186 us per sync, docs/performance.md).
 //! RocksDB recycles only files that it retired itself, so a store writes and retires two
 //! WAL files when it opens ([`prepare_recycled_wal_files`]): a new or restarted node
 //! starts on a recycled file rather than after 10 s or more of load. The cap also
