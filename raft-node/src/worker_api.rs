@@ -1,6 +1,7 @@
 //! The worker API (SPEC section 2): the seed's endpoints, fields and answers.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -32,6 +33,7 @@ use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::OnConflict;
+use store_sm::machine::Outcome;
 use store_sm::machine::Request;
 use store_sm::machine::UpdateRequest;
 use store_sm::machine::UpdateTask;
@@ -352,6 +354,11 @@ fn job_update_request(json: UpdateRequestJson) -> UpdateRequest {
 
 /// Applies a write, or relays it to the leader with its request id (one the relay makes
 /// up if the client sent none, so that the relay's own retries apply once).
+/// A write's outcome as the seed answers it: `{"tasks":[...]}` or `{"errors":[...]}`.
+fn outcome_response(outcome: Arc<Outcome>) -> Response {
+    Json(outcome_json(&outcome)).into_response()
+}
+
 pub(crate) async fn write(
     node: &SharedNode,
     incoming: Incoming,
@@ -361,10 +368,7 @@ pub(crate) async fn write(
     let request = incoming.caller.limit(request);
     let incoming = incoming.write_with(request_id.as_deref());
     let outcome = node.write(request, request_id).await;
-    respond(node, incoming, outcome, |outcome| {
-        Json(outcome_json(&outcome)).into_response()
-    })
-    .await
+    respond(node, incoming, outcome, outcome_response).await
 }
 
 async fn post_update(
@@ -423,8 +427,5 @@ async fn claim_waiting(
     let caller = incoming.caller.clone();
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
     let outcome = node.claim_waiting(claim, request_id, wait, &caller).await;
-    respond(node, incoming, outcome, |outcome| {
-        Json(outcome_json(&outcome)).into_response()
-    })
-    .await
+    respond(node, incoming, outcome, outcome_response).await
 }

@@ -1,21 +1,14 @@
 //! Architecture invariants of the node's request path: the service layer knows no HTTP,
 //! and the HTTP adapters reach Raft only through the service.
 
+mod common;
+
 use std::fs;
 use std::path::PathBuf;
 
-/// This package's directory as `cargo test` names it when it runs the test, so that a
-/// test binary built from a clone at another path (a shared target directory keeps it
-/// when the sources are the same) reads this clone's files; the path it was built at
-/// otherwise.
-fn manifest_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
-}
-
 /// The Rust files of `src/<dir>` (or the one file `src/<dir>.rs`).
 fn sources(entries: &[&str]) -> Vec<PathBuf> {
-    let src = manifest_dir().join("src");
+    let src = common::manifest_dir().join("src");
     let mut files = Vec::new();
     for entry in entries {
         let path = src.join(entry);

@@ -8,17 +8,8 @@ use bytes::Bytes;
 use common::TestCluster;
 use hyper::Method;
 
-/// This package's directory as `cargo test` names it when it runs the test, so that a
-/// test binary built from a clone at another path (a shared target directory keeps it
-/// when the sources are the same) reads this clone's files; the path it was built at
-/// otherwise.
-fn manifest_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
-}
-
 fn checked_in_path() -> std::path::PathBuf {
-    manifest_dir().join("../openapi.json")
+    common::manifest_dir().join("../openapi.json")
 }
 
 #[test]

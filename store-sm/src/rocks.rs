@@ -558,10 +558,7 @@ impl RocksLogStore {
         let stats = Arc::<LogStats>::default();
         check_format(&db, &stats, path)?;
         prepare_recycled_wal_files(&db, wal_bytes_max).map_err(|e| {
-            io::Error::other(format!(
-                "preparing the Raft log's WAL files at {}: {e}",
-                path.display()
-            ))
+            io::Error::new(e.kind(), format!("the Raft log at {}: {e}", path.display()))
         })?;
         let tail = Arc::<Mutex<LogTail>>::default();
         let writer =
@@ -673,7 +670,6 @@ fn get_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> io::Result<O
         .transpose()
 }
 
-/// Checks the layout version, writing it into a new, empty store.
 /// Key of the filler that [`prepare_recycled_wal_files`] writes and deletes at once, in
 /// the default column family, which holds nothing else.
 const KEY_WAL_FILLER: &[u8] = b"wal_filler";
@@ -689,27 +685,27 @@ const WAL_FILES_PREPARED: usize = 2;
 /// same write, and retires each with a flush of every column family. Synced, so that the
 /// files' blocks are allocated on disk before they are overwritten. About 90 ms and 16
 /// MiB written at every open, measured on this project's machines.
-fn prepare_recycled_wal_files(db: &DB, wal_bytes_max: u64) -> Result<(), rocksdb::Error> {
+fn prepare_recycled_wal_files(db: &DB, wal_bytes_max: u64) -> io::Result<()> {
     let filler = vec![0u8; usize::try_from(wal_bytes_max.min(WAL_BYTES_MAX)).unwrap_or(0)];
     let mut synced = WriteOptions::default();
     synced.set_sync(true);
-    let families: Vec<&ColumnFamily> = [CF_META, CF_LOGS]
-        .iter()
-        .filter_map(|name| db.cf_handle(name))
-        .collect();
+    let families = [column(db, CF_META)?, column(db, CF_LOGS)?];
+    let preparing = "preparing recycled WAL files";
     for _ in 0..WAL_FILES_PREPARED {
         let mut batch = WriteBatch::default();
         batch.put(KEY_WAL_FILLER, &filler);
         batch.delete(KEY_WAL_FILLER);
-        db.write_opt(batch, &synced)?;
-        db.flush()?;
-        for family in &families {
-            db.flush_cf(*family)?;
+        db.write_opt(batch, &synced)
+            .map_err(rocks_error(preparing))?;
+        db.flush().map_err(rocks_error(preparing))?;
+        for family in families {
+            db.flush_cf(family).map_err(rocks_error(preparing))?;
         }
     }
     Ok(())
 }
 
+/// Checks the layout version, writing it into a new, empty store.
 fn check_format(db: &DB, stats: &LogStats, path: &Path) -> io::Result<()> {
     match get_meta::<u32>(db, KEY_FORMAT)? {
         Some(LOG_FORMAT_VERSION) => Ok(()),

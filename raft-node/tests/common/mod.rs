@@ -374,3 +374,12 @@ impl Drop for TestCluster {
         }
     }
 }
+
+/// This package's directory as `cargo test` names it when it runs the test, so that a
+/// test binary built from a clone at another path (a shared target directory keeps it
+/// when the sources are the same) reads this clone's files; the path it was built at
+/// otherwise.
+pub fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
+}
