@@ -50,6 +50,17 @@ pub enum BenchMode {
     Add,
 }
 
+/// Whether workers share an HTTP/2 connection per node when `--http` is not given: when
+/// there is more than one of them in a mode that sends one request after another. Many
+/// workers' requests on one connection arrive, commit and answer together, which costs
+/// every process far fewer system calls and wake-ups than a connection each
+/// (docs/performance.md, session 17); one worker has nothing to share, and HTTP/2's
+/// framing and extra task hop only add to its latency. The waiting modes hold blocking
+/// claims, which keep connections of their own.
+pub fn shares_http2_by_default(workers: u64, mode: BenchMode) -> bool {
+    workers > 1 && matches!(mode, BenchMode::Cycle | BenchMode::Job | BenchMode::Add)
+}
+
 /// A benchmark run's settings.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {

@@ -147,10 +147,11 @@ enum Command {
         #[arg(long)]
         rate: Option<f64>,
         /// The HTTP version the workers speak: 2 shares one connection per node among
-        /// all workers (HTTP/2 with prior knowledge, with or without TLS; the node's
-        /// per-connection rate limit then covers them together); 1 gives each worker its
-        /// own HTTP/1.1 connection. Cycle, job and add modes.
-        #[arg(long, default_value = "1", value_parser = ["1", "2"])]
+        /// all workers (HTTP/2 with prior knowledge, with or without TLS), 1 gives each
+        /// worker its own HTTP/1.1 connection (cycle, job and add modes). auto: 2 for
+        /// more than one worker in those modes, whose requests then travel together
+        /// (fewer system calls and wake-ups on every side), else 1.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "1", "2"])]
         http: String,
     },
 }
@@ -1701,7 +1702,11 @@ fn main() -> ExitCode {
                     group,
                     batch,
                     rate,
-                    http2: http == "2",
+                    http2: match http.as_str() {
+                        "1" => false,
+                        "2" => true,
+                        _ => cli::bench::shares_http2_by_default(workers, mode),
+                    },
                 };
                 let report = match config.mode {
                     cli::bench::BenchMode::Wake => cli::bench_wait::wake(config).await?,

@@ -24,7 +24,8 @@ use crate::tls::PeerCertificate;
 /// its connections.
 #[derive(Clone, Debug, Default)]
 pub struct ListenerRules {
-    /// Requests a second one connection may send (0: no limit).
+    /// Requests a second one connection may send for each request it has had in progress
+    /// at once (0: no limit).
     pub requests_per_connection: u32,
     /// Whether an HTTP/1.1 request must carry exactly one Host header (RFC 9112).
     pub require_host: bool,
@@ -76,7 +77,13 @@ impl<S> ConnectionService<S> {
 
     /// The answer that refuses `request` before it is routed, if a rule does.
     fn refusal<B>(&self, request: &Request<B>) -> Option<Response> {
-        if let Some(too_many) = self.rules.limit.as_ref().and_then(ConnectionLimit::refusal) {
+        let in_progress = self.activity.in_progress();
+        if let Some(too_many) = self
+            .rules
+            .limit
+            .as_ref()
+            .and_then(|limit| limit.refusal(in_progress))
+        {
             return Some(too_many);
         }
         if self.rules.listener.require_host && request.version() == Version::HTTP_11 {

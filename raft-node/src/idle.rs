@@ -50,6 +50,11 @@ impl Activity {
         Arc::default()
     }
 
+    /// How many requests are in progress now.
+    pub fn in_progress(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
     /// What is in progress now.
     pub fn look(&self) -> Look {
         Look {

@@ -97,6 +97,54 @@ async fn a_connection_over_its_rate_gets_429_and_others_are_served() {
     );
 }
 
+/// How many of `count` health checks, sent one after another through `client`, node 1
+/// served.
+async fn served_of(cluster: &TestCluster, client: &HttpClient, count: usize) -> usize {
+    let mut served = 0;
+    for _ in 0..count {
+        let answer = get(cluster, client, "/health", None).await;
+        match answer.status.as_u16() {
+            200 => served += 1,
+            429 => assert_too_many(&answer),
+            other => panic!("health answered {other}"),
+        }
+    }
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_gets_the_rate_for_each_request_in_progress() {
+    let cluster = TestCluster::start_with(1, "always", &["--rate-limit-per-connection=20"]);
+    cluster.wait_ready(&[1]).await;
+    let client = HttpClient::new().with_http2(true);
+    // Nine watches of a quiet group, held on the one shared connection: with a health
+    // check, ten requests are in progress, so the connection may send 200 a second (and
+    // keeps that rate after they end: it is the most it had in progress at once).
+    let watches: Vec<_> = (0..9)
+        .map(|_| {
+            let client = client.clone();
+            let api = cluster.api(1).to_string();
+            tokio::spawn(async move {
+                client
+                    .get(&api, "/watch?group=quiet&wait_ms=4000", CALL_TIMEOUT)
+                    .await
+                    .map(|answer| answer.status.as_u16())
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let busy = served_of(&cluster, &client, 150).await;
+    assert_eq!(busy, 150, "ten in progress: ten times the rate");
+    for watch in watches {
+        let status = watch.await.expect("joined").expect("the watch answered");
+        assert_eq!(status, 200);
+    }
+    // A new HTTP/2 connection that sends one request at a time is held to the rate, as
+    // an HTTP/1.1 connection is.
+    let alone = served_of(&cluster, &HttpClient::new().with_http2(true), 150).await;
+    assert!((20..=40).contains(&alone), "{alone} of 150 served");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_over_its_rate_gets_429_on_any_connection_and_others_are_served() {
     let cluster = TestCluster::start_with(

@@ -195,9 +195,8 @@ impl WorkerClient {
     /// The same client, sending over `other`'s connections (and its token, TLS and HTTP
     /// version): many clients in one process then share one HTTP/2 connection per node.
     /// A node serves a bounded number of one connection's requests at once (the rest
-    /// wait in the client; docs/operations.md) and applies its per-connection rate limit
-    /// to them together, so keep long blocking claims of many workers on connections of
-    /// their own.
+    /// wait in the client; docs/operations.md), so keep long blocking claims of many
+    /// workers on connections of their own.
     pub fn sharing_connections_of(mut self, other: &WorkerClient) -> Self {
         self.http = other.http.clone();
         self
