@@ -7,10 +7,14 @@
 //! - [`state_machine`]: openraft's state machine around the task machine.
 //! - [`memory`]: a log and snapshot store in memory with a crash model (tests, simulation).
 //! - [`snapshot_dir`]: snapshot persistence in a directory (production).
+//! - `background` (not in the simulation build): snapshot builds on a thread of their
+//!   own at the lowest CPU priority.
 //! - [`planted`]: known bugs the simulation plants to test its checkers (feature `planted-bugs`).
 //! - `rocks` (feature `rocksdb`): the RocksDB log store (production), with `log_tail`,
 //!   the newest entries it keeps in memory.
 
+#[cfg(not(madsim))]
+pub mod background;
 pub mod codec;
 pub mod log_stats;
 #[cfg(feature = "rocksdb")]

@@ -193,11 +193,17 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftSnapshotBuilder<C> for TaskSnaps
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<RotaSnapshot, io::Error> {
-        // Encoding and the fsync take seconds for millions of tasks: on a blocking thread,
-        // so that the node's async thread keeps serving and heartbeating meanwhile.
+        // Encoding and the fsync take seconds for millions of tasks: on another thread,
+        // so that the node's async thread keeps serving and heartbeating meanwhile, and
+        // at the lowest priority, so that it takes only the CPU that requests leave.
+        // The simulation has no threads: its runtime runs the build inline.
         let view = self.view.clone();
         let persistence = self.persistence.clone();
-        C::AsyncRuntime::spawn_blocking(move || build_and_save(&view, &persistence)).await?
+        let build = move || build_and_save(&view, &persistence);
+        #[cfg(not(madsim))]
+        return crate::background::run_at_low_priority("rota-snapshot", build).await?;
+        #[cfg(madsim)]
+        return C::AsyncRuntime::spawn_blocking(build).await?;
     }
 }
 
