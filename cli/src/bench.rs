@@ -317,10 +317,12 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     let stop = Arc::new(AtomicBool::new(false));
     let cycles = Arc::new(AtomicU64::new(0));
     let mut clients: Vec<WorkerClient> = Vec::new();
-    for i in 0..config.workers {
+    // HTTP/2: each group of as many workers as a node serves at once on one connection
+    // shares the connections of its first; more in one group would only wait in line.
+    let group = rpc::client::HTTP2_STREAMS_MAX as usize;
+    for i in 0..config.workers as usize {
         let client = bench_client(&config.addrs, 1_000_000 + i as i64, None)?;
-        clients.push(match clients.first() {
-            // Every worker on the first one's HTTP/2 connections.
+        clients.push(match clients.get(i - i % group) {
             Some(first) if config.http2 => client.sharing_connections_of(first),
             _ => client.with_http2(config.http2),
         });

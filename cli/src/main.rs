@@ -147,7 +147,8 @@ enum Command {
         #[arg(long)]
         rate: Option<f64>,
         /// The HTTP version the workers speak: 2 shares one connection per node among
-        /// all workers (HTTP/2 with prior knowledge, with or without TLS), 1 gives each
+        /// each 128 workers (HTTP/2 with prior knowledge, with or without TLS; a node
+        /// serves 128 requests of one connection at once), 1 gives each
         /// worker its own HTTP/1.1 connection (cycle, job and add modes). auto: 2 for
         /// more than one worker in those modes, whose requests then travel together
         /// (fewer system calls and wake-ups on every side), else 1.

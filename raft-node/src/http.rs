@@ -55,10 +55,9 @@ pub const CONNECTION_IDLE_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
 /// last request.
 const IDLE_LOOKS: u32 = 4;
 
-/// Requests one HTTP/2 connection may have open at once; a client's further requests
-/// wait on its side. It bounds what one connection may hold, as one request does for an
-/// HTTP/1.1 connection: at most this many bodies of the body limit.
-pub const HTTP2_STREAMS_MAX: u32 = 128;
+/// Requests one HTTP/2 connection may have open at once (stated in rpc, which the
+/// clients that size their shared connections by it read too).
+pub const HTTP2_STREAMS_MAX: u32 = rpc::client::HTTP2_STREAMS_MAX;
 
 /// After answering 413 early, how much more of the body the node reads and throws away,
 /// so that a client that sends its whole body before reading (Python's `urllib`, for

@@ -36,6 +36,13 @@ pub use hyper::Method as HttpMethod;
 /// Idle connections kept per address; more are closed after use.
 pub const IDLE_PER_ADDRESS_MAX: usize = 32;
 
+/// Requests a node serves at once on one HTTP/2 connection; a client's further requests
+/// on it wait on the client's side. It bounds what one connection may hold, as one
+/// request does for an HTTP/1.1 connection: at most this many bodies of the body limit.
+/// The node sets it (raft-node's `http::HTTP2_STREAMS_MAX`); clients that share
+/// connections among many callers size their groups by it.
+pub const HTTP2_STREAMS_MAX: u32 = 128;
+
 /// Largest response body read by default.
 pub const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
