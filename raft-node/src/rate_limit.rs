@@ -4,12 +4,12 @@
 //! `Retry-After` and changes nothing; 0 turns a limit off.
 //!
 //! A connection's rate is per request it has had in progress at once: an HTTP/1.1
-//! connection has one at a time, while one HTTP/2 connection may carry the requests of a
-//! whole process's workers at once. Counting an HTTP/2 connection like a single HTTP/1.1 one held back
-//! exactly the clients that share a connection, the cheaper way to send many requests
-//! (docs/performance.md, session 17); counted this way, it gets what the same requests
-//! on as many HTTP/1.1 connections would, and a runaway loop of one request after
-//! another is held to the rate either way.
+//! connection has one at a time, while one HTTP/2 connection may carry the requests of
+//! a whole process's workers at once. Counting an HTTP/2 connection like a single
+//! HTTP/1.1 one held back exactly the clients that share a connection, the cheaper way
+//! to send many requests (docs/performance.md, session 17). Counted this way, it gets
+//! what the same requests would get on as many HTTP/1.1 connections, and a connection
+//! that sends one request after another is held to the rate either way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
