@@ -193,8 +193,8 @@ pub struct Flags {
     /// The cluster's CA certificate bundle (PEM).
     #[arg(long, env = "ROTA_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
-    /// Requests a second one API connection may send for each request it has had in
-    /// progress at once (bursts of as many); more get 429.
+    /// Requests a second one API connection may send for each request it had in progress
+    /// at once over the last 10 s (at most 128 counted; bursts of as many); more get 429.
     /// 0: no limit.
     #[arg(long, env = "ROTA_RATE_LIMIT_PER_CONNECTION")]
     pub rate_limit_per_connection: Option<u32>,
@@ -344,8 +344,8 @@ pub struct NodeConfig {
     pub metrics_open: bool,
     /// TLS material; `None`: plain HTTP (`--tls=off`).
     pub tls: Option<TlsFiles>,
-    /// Requests a second per API connection and request it has had in progress at once;
-    /// 0: no limit.
+    /// Requests a second per API connection and request it had in progress at once over
+    /// the last 10 s; 0: no limit.
     pub rate_limit_per_connection: u32,
     /// Requests a second per token on this node; 0: no limit.
     pub rate_limit_per_token: u32,

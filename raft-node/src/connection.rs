@@ -24,8 +24,8 @@ use crate::tls::PeerCertificate;
 /// its connections.
 #[derive(Clone, Debug, Default)]
 pub struct ListenerRules {
-    /// Requests a second one connection may send for each request it has had in progress
-    /// at once (0: no limit).
+    /// Requests a second one connection may send for each request it had in progress at
+    /// once lately (`rate_limit::IN_PROGRESS_MEMORY`; 0: no limit).
     pub requests_per_connection: u32,
     /// Whether an HTTP/1.1 request must carry exactly one Host header (RFC 9112).
     pub require_host: bool,
@@ -77,7 +77,8 @@ impl<S> ConnectionService<S> {
 
     /// The answer that refuses `request` before it is routed, if a rule does.
     fn refusal<B>(&self, request: &Request<B>) -> Option<Response> {
-        let in_progress = self.activity.in_progress();
+        // This request and the admitted ones already in progress.
+        let in_progress = self.activity.admitted_in_progress() + 1;
         if let Some(too_many) = self
             .rules
             .limit
@@ -119,7 +120,7 @@ where
     type Future = Answer;
 
     fn call(&self, mut request: Request<B>) -> Self::Future {
-        let in_progress = self.activity.begin();
+        let mut in_progress = self.activity.begin();
         if let Some(refused) = self.refusal(&request) {
             if let Some(metrics) = &self.rules.listener.metrics {
                 metrics.record_unrouted(request.method(), refused.status().as_u16());
@@ -129,6 +130,7 @@ where
                 in_progress,
             ))));
         }
+        in_progress.admit();
         if let Some(certificate) = &self.rules.peer_certificate {
             request.extensions_mut().insert(certificate.clone());
         }

@@ -26,6 +26,8 @@ use bytes::Bytes;
 #[derive(Debug, Default)]
 pub struct Activity {
     open: AtomicUsize,
+    /// Of `open`, those that passed the connection's rules (not refused before routing).
+    admitted: AtomicUsize,
     events: AtomicU64,
 }
 
@@ -50,9 +52,9 @@ impl Activity {
         Arc::default()
     }
 
-    /// How many requests are in progress now.
-    pub fn in_progress(&self) -> usize {
-        self.open.load(Ordering::Acquire)
+    /// How many admitted requests (see [`InProgress::admit`]) are in progress now.
+    pub fn admitted_in_progress(&self) -> usize {
+        self.admitted.load(Ordering::Acquire)
     }
 
     /// What is in progress now.
@@ -67,7 +69,10 @@ impl Activity {
     pub fn begin(self: &Arc<Self>) -> InProgress {
         self.events.fetch_add(1, Ordering::AcqRel);
         self.open.fetch_add(1, Ordering::AcqRel);
-        InProgress(Arc::clone(self))
+        InProgress {
+            activity: Arc::clone(self),
+            admitted: false,
+        }
     }
 
     /// `response`, its body holding `in_progress` until it is sent or dropped.
@@ -83,12 +88,30 @@ impl Activity {
 
 /// A request in progress; dropping it ends it.
 #[derive(Debug)]
-pub struct InProgress(Arc<Activity>);
+pub struct InProgress {
+    activity: Arc<Activity>,
+    admitted: bool,
+}
+
+impl InProgress {
+    /// Counts the request among the admitted ones too (it passed the connection's rules),
+    /// which the rate limit scales by: a refused request must not raise its own
+    /// connection's limit.
+    pub fn admit(&mut self) {
+        if !self.admitted {
+            self.admitted = true;
+            self.activity.admitted.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Drop for InProgress {
     fn drop(&mut self) {
-        self.0.events.fetch_add(1, Ordering::AcqRel);
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        if self.admitted {
+            self.activity.admitted.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.activity.events.fetch_add(1, Ordering::AcqRel);
+        self.activity.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -3,17 +3,21 @@
 //! its rate and holds one second's worth. A request over the limit gets 429 with
 //! `Retry-After` and changes nothing; 0 turns a limit off.
 //!
-//! A connection's rate is per request it has had in progress at once: an HTTP/1.1
-//! connection has one at a time, while one HTTP/2 connection may carry the requests of
-//! a whole process's workers at once. Counting an HTTP/2 connection like a single
-//! HTTP/1.1 one held back exactly the clients that share a connection, the cheaper way
-//! to send many requests (docs/performance.md, session 17). Counted this way, it gets
-//! what the same requests would get on as many HTTP/1.1 connections, and a connection
-//! that sends one request after another is held to the rate either way.
+//! A connection's rate is per request it had in progress at once over the last
+//! [`IN_PROGRESS_MEMORY`]: an HTTP/1.1 connection has one at a time, while one HTTP/2
+//! connection may carry the requests of a whole process's workers at once. Counting an
+//! HTTP/2 connection like a single HTTP/1.1 one held back exactly the clients that share
+//! a connection, the cheaper way to send many requests (docs/performance.md, session
+//! 17). Counted this way, it gets about what the same requests would get on as many
+//! HTTP/1.1 connections, and a connection that sends one request after another is held
+//! to the rate. It bounds a runaway connection, not a client: a client may open many
+//! connections (up to `--connections-per-peer-max` from one address), and with tokens
+//! on, the per-token limit is what bounds it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -72,6 +76,12 @@ pub fn too_many(message: String) -> Response {
     error.into_response()
 }
 
+/// How long a connection's most requests in progress at once counts toward its rate:
+/// long enough to span the gaps of a fleet of workers between rounds of requests, short
+/// enough that a connection that goes back to one request at a time is soon held to the
+/// plain rate again.
+pub const IN_PROGRESS_MEMORY: Duration = Duration::from_secs(10);
+
 /// One connection's bucket, shared by the requests of that connection.
 #[derive(Clone, Debug)]
 pub struct ConnectionLimit {
@@ -79,11 +89,29 @@ pub struct ConnectionLimit {
     state: Arc<Mutex<ConnectionBucket>>,
 }
 
-/// A connection's bucket and the most requests it has had in progress at once.
+/// A connection's bucket and the most admitted requests it had in progress at once, in
+/// two halves of [`IN_PROGRESS_MEMORY`]: the current one and the one before it.
 #[derive(Debug)]
 struct ConnectionBucket {
     bucket: Bucket,
-    most_in_progress: u32,
+    most_now: u32,
+    most_before: u32,
+    half_started: Instant,
+}
+
+impl ConnectionBucket {
+    /// Starts a new half of the memory when the current one is over.
+    fn roll(&mut self, now: Instant) {
+        let half = IN_PROGRESS_MEMORY / 2;
+        let elapsed = now.saturating_duration_since(self.half_started);
+        if elapsed < half {
+            return;
+        }
+        // A whole memory without a request forgets both halves.
+        self.most_before = if elapsed < half * 2 { self.most_now } else { 1 };
+        self.most_now = 1;
+        self.half_started = now;
+    }
 }
 
 impl ConnectionLimit {
@@ -93,18 +121,22 @@ impl ConnectionLimit {
             rate,
             state: Arc::new(Mutex::new(ConnectionBucket {
                 bucket: Bucket::new(rate),
-                most_in_progress: 1,
+                most_now: 1,
+                most_before: 1,
+                half_started: Instant::now(),
             })),
         })
     }
 
-    /// Takes one request's token, the connection having `in_progress` requests in
-    /// progress (this one included): the 429 answer when the connection is over its
+    /// Takes one request's token, the connection having `in_progress` admitted requests
+    /// in progress (this one included): the 429 answer when the connection is over its
     /// rate, `None` when the request may go on. The rate is per request the connection
-    /// has had in progress at once, at most [`crate::http::HTTP2_STREAMS_MAX`]: its
-    /// most so far, not the count at this instant, because many workers' requests on one
-    /// connection arrive together after a quiet moment (their previous answers, which
-    /// left together), and the first of them would see one in progress.
+    /// has had in progress at once over the last [`IN_PROGRESS_MEMORY`], at most
+    /// [`crate::http::HTTP2_STREAMS_MAX`]: the most, not the count at this instant,
+    /// because many workers' requests on one connection arrive together after a quiet
+    /// moment (their previous answers left together), and the first of them would see
+    /// only itself. Only admitted requests raise it, so a refused one never raises its
+    /// own connection's limit.
     pub fn refusal(&self, in_progress: usize) -> Option<Response> {
         self.refusal_at(in_progress, Instant::now())
     }
@@ -115,16 +147,21 @@ impl ConnectionLimit {
             .min(crate::http::HTTP2_STREAMS_MAX);
         let allowed = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            state.most_in_progress = state.most_in_progress.max(in_progress);
-            let scale = state.most_in_progress;
-            state.bucket.take_scaled(now, scale)
+            state.roll(now);
+            let scale = in_progress.max(state.most_now).max(state.most_before);
+            let allowed = state.bucket.take_scaled(now, scale);
+            if allowed {
+                state.most_now = state.most_now.max(in_progress);
+            }
+            allowed
         };
         if allowed {
             return None;
         }
         Some(too_many(format!(
-            "this connection sends more than {} requests a second for each request it has had in progress at once (--rate-limit-per-connection); slow down, or spread the work over more connections",
-            self.rate
+            "this connection sends more than {} requests a second for each request it had in progress at once over the last {} s (--rate-limit-per-connection); slow down, or spread the work over more connections",
+            self.rate,
+            IN_PROGRESS_MEMORY.as_secs()
         )))
     }
 }
@@ -215,30 +252,51 @@ mod tests {
     #[test]
     fn a_connection_limit_scales_with_the_most_requests_it_had_in_progress() {
         let limit = ConnectionLimit::new(5).expect("on");
-        let second = Instant::now() + Duration::from_secs(1);
-        let served = |in_progress: usize, at: Instant| {
+        let start = Instant::now();
+        let served = |in_progress: usize, after_s: u64| {
+            let at = start + Duration::from_secs(after_s);
             (0..2_000)
                 .filter(|_| limit.refusal_at(in_progress, at).is_none())
                 .count()
         };
-        assert_eq!(served(1, second), 5, "one request at a time: the rate");
+        assert_eq!(served(1, 1), 5, "one request at a time: the rate");
+        assert_eq!(served(4, 2), 20, "four: four times");
         assert_eq!(
-            served(4, second + Duration::from_secs(1)),
+            served(1, 3),
             20,
-            "four: four times"
-        );
-        assert_eq!(
-            served(1, second + Duration::from_secs(2)),
-            20,
-            "the same connection's next requests, arriving one by one, keep its most"
+            "the next requests, arriving one by one, keep the most of the last seconds"
         );
         let most = 5 * crate::http::HTTP2_STREAMS_MAX as usize;
         assert_eq!(
-            served(10_000, second + Duration::from_secs(3)),
+            served(10_000, 4),
             most,
             "no more than the streams one connection may have"
         );
+        assert_eq!(served(1, 9), most, "remembered in the next half");
+        assert_eq!(
+            served(1, 16),
+            5,
+            "forgotten after the memory, one at a time"
+        );
         assert!(ConnectionLimit::new(0).is_none(), "zero is off");
+    }
+
+    #[test]
+    fn refused_requests_do_not_raise_their_connections_limit() {
+        let limit = ConnectionLimit::new(5).expect("on");
+        let second = Instant::now() + Duration::from_secs(1);
+        let served = (0..100)
+            .filter(|_| limit.refusal_at(1, second).is_none())
+            .count();
+        assert_eq!(served, 5);
+        // A flood of concurrent requests at the same instant: all refused...
+        assert!((0..100).all(|_| limit.refusal_at(50, second).is_some()));
+        // ...and the connection is still held to the plain rate afterwards.
+        let later = second + Duration::from_secs(1);
+        let served = (0..1_000)
+            .filter(|_| limit.refusal_at(1, later).is_none())
+            .count();
+        assert_eq!(served, 5);
     }
 
     #[test]
