@@ -50,7 +50,7 @@ pub enum BenchMode {
     Add,
 }
 
-/// Whether workers share an HTTP/2 connection per node when `--http` is not given: when
+/// Whether workers share HTTP/2 connections under `--http auto` (the default): when
 /// there is more than one of them in a mode that sends one request after another. Many
 /// workers' requests on one connection arrive, commit and answer together, which costs
 /// every process far fewer system calls and wake-ups than a connection each
@@ -81,8 +81,9 @@ pub struct BenchConfig {
     /// Cycles per second for all workers together, spread evenly; `None`: as fast as
     /// they go. A paced run measures latency at a chosen load (say half the peak).
     pub rate: Option<f64>,
-    /// Whether the workers share one HTTP/2 connection per node instead of each holding
-    /// its own HTTP/1.1 connection.
+    /// Whether the workers share HTTP/2 connections (one per node for each
+    /// `rpc::client::HTTP2_STREAMS_MAX` workers) instead of each holding its own HTTP/1.1
+    /// connection.
     pub http2: bool,
 }
 

@@ -146,12 +146,12 @@ enum Command {
         /// at a chosen load; as fast as possible when absent.
         #[arg(long)]
         rate: Option<f64>,
-        /// The HTTP version the workers speak: 2 shares one connection per node among
-        /// each 128 workers (HTTP/2 with prior knowledge, with or without TLS; a node
-        /// serves 128 requests of one connection at once), 1 gives each
-        /// worker its own HTTP/1.1 connection (cycle, job and add modes). auto: 2 for
-        /// more than one worker in those modes, whose requests then travel together
-        /// (fewer system calls and wake-ups on every side), else 1.
+        /// The HTTP version the workers speak. 1: each worker its own HTTP/1.1
+        /// connection. 2 (cycle, job and add modes only): each 128 workers share one
+        /// connection per node (HTTP/2 with prior knowledge, with or without TLS; a
+        /// node serves 128 requests of one connection at once). auto: 2 for more than
+        /// one worker in those modes, whose requests then travel together (fewer system
+        /// calls and wake-ups on every side), else 1.
         #[arg(long, default_value = "auto", value_parser = ["auto", "1", "2"])]
         http: String,
     },

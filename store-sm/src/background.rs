@@ -1,18 +1,21 @@
-//! Snapshot builds at the lowest CPU priority. A node builds a snapshot every 50 000
-//! entries by default: an encode of the whole state (about 0.1 s of CPU for 200 000
-//! tasks) that competed on equal terms with the threads answering requests. On two
-//! shared cores that doubled the claim p99 at half the peak load (docs/performance.md,
-//! session 17). At nice 19, a build takes the CPU those threads leave idle, and under
-//! full load still gets a small share, so it ends.
+//! Snapshot builds at a low CPU priority. A node builds a snapshot every 50 000 entries
+//! by default: an encode of the whole state (about 0.1 s of CPU for 200 000 tasks) that
+//! competed on equal terms with the threads answering requests. On two shared cores that
+//! doubled the claim p99 at half the peak load (docs/performance.md, session 17). At
+//! nice 10, a build takes mostly the CPU those threads leave idle, and under full load
+//! still gets about a tenth of the share of each busy thread it competes with. Nice 19
+//! did no better for the p99 and would leave it about 1.5%: a build of millions of
+//! tasks (seconds of CPU) could then take many minutes while the log waits for it.
 //!
-//! The thread is one of its own, made per build: a thread that lowers its priority
-//! cannot raise it back without `CAP_SYS_NICE`, so a pooled thread would stay slow for
-//! whatever runs on it next.
+//! The thread is one of its own, made per build and named: a thread that lowers its
+//! priority cannot raise it back without `CAP_SYS_NICE`, so the lowered priority must
+//! end with the build's thread rather than pass to whatever work a shared thread runs
+//! next.
 
 use std::io;
 
-/// The nice value of a snapshot-building thread: the lowest priority there is.
-pub const SNAPSHOT_NICE: i32 = 19;
+/// The nice value of a snapshot-building thread (0 is the default, 19 the lowest).
+pub const SNAPSHOT_NICE: i32 = 10;
 
 /// Runs `work` on a new thread named `name` at nice [`SNAPSHOT_NICE`] (on Linux; at the
 /// process's priority elsewhere, or if the kernel refuses) and answers what it returns.
@@ -49,7 +52,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn work_runs_on_a_named_thread_at_the_lowest_priority() {
+    fn work_runs_on_a_named_thread_at_the_lowered_priority() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");

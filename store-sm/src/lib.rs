@@ -8,7 +8,7 @@
 //! - [`memory`]: a log and snapshot store in memory with a crash model (tests, simulation).
 //! - [`snapshot_dir`]: snapshot persistence in a directory (production).
 //! - `background` (not in the simulation build): snapshot builds on a thread of their
-//!   own at the lowest CPU priority.
+//!   own at a low CPU priority (nice 10).
 //! - [`planted`]: known bugs the simulation plants to test its checkers (feature `planted-bugs`).
 //! - `rocks` (feature `rocksdb`): the RocksDB log store (production), with `log_tail`,
 //!   the newest entries it keeps in memory.

@@ -195,7 +195,7 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftSnapshotBuilder<C> for TaskSnaps
     async fn build_snapshot(&mut self) -> Result<RotaSnapshot, io::Error> {
         // Encoding and the fsync take seconds for millions of tasks: on another thread,
         // so that the node's async thread keeps serving and heartbeating meanwhile, and
-        // at the lowest priority, so that it takes only the CPU that requests leave.
+        // at a low priority, so that it takes mostly the CPU that requests leave.
         // The simulation has no threads: its runtime runs the build inline.
         let view = self.view.clone();
         let persistence = self.persistence.clone();

@@ -84,9 +84,10 @@ impl From<WaitRefused> for ServiceError {
     }
 }
 
-/// Runs `work` on the runtime's blocking pool (inline in the simulation), so that work
-/// of seconds (encoding or decoding millions of tasks) does not hold the node's one
-/// async thread; `doing` names it in the error if the pool fails.
+/// Runs `work` on a thread of its own (openraft's `spawn_blocking` makes one per call;
+/// inline in the simulation), so that work of seconds (encoding or decoding millions of
+/// tasks) does not hold the node's one async thread; `doing` names it in the error if
+/// the thread fails.
 async fn off_thread<T: Send + 'static>(
     doing: &str,
     work: impl FnOnce() -> T + Send + 'static,
