@@ -77,14 +77,10 @@ impl<S> ConnectionService<S> {
 
     /// The answer that refuses `request` before it is routed, if a rule does.
     fn refusal<B>(&self, request: &Request<B>) -> Option<Response> {
-        // This request and the admitted ones already in progress.
-        let in_progress = self.activity.admitted_in_progress() + 1;
-        if let Some(too_many) = self
-            .rules
-            .limit
-            .as_ref()
-            .and_then(|limit| limit.refusal(in_progress))
-        {
+        if let Some(too_many) = self.rules.limit.as_ref().and_then(|limit| {
+            // This request and the admitted ones already in progress.
+            limit.refusal(self.activity.admitted_in_progress() + 1)
+        }) {
             return Some(too_many);
         }
         if self.rules.listener.require_host && request.version() == Version::HTTP_11 {

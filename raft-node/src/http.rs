@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use rpc::client::HTTP2_STREAMS_MAX;
 use rpc::worker::ErrorJson;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -54,10 +55,6 @@ pub const CONNECTION_IDLE_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
 /// this many quiet looks in a row, so between the timeout and a quarter more after its
 /// last request.
 const IDLE_LOOKS: u32 = 4;
-
-/// Requests one HTTP/2 connection may have open at once (stated in rpc, which the
-/// clients that size their shared connections by it read too).
-pub const HTTP2_STREAMS_MAX: u32 = rpc::client::HTTP2_STREAMS_MAX;
 
 /// After answering 413 early, how much more of the body the node reads and throws away,
 /// so that a client that sends its whole body before reading (Python's `urllib`, for

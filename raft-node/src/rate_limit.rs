@@ -132,7 +132,7 @@ impl ConnectionLimit {
     /// in progress (this one included): the 429 answer when the connection is over its
     /// rate, `None` when the request may go on. The rate is per request the connection
     /// has had in progress at once over the last [`IN_PROGRESS_MEMORY`], at most
-    /// [`crate::http::HTTP2_STREAMS_MAX`]: the most, not the count at this instant,
+    /// [`rpc::client::HTTP2_STREAMS_MAX`]: the most, not the count at this instant,
     /// because many workers' requests on one connection arrive together after a quiet
     /// moment (their previous answers left together), and the first of them would see
     /// only itself. Only admitted requests raise it, so a refused one never raises its
@@ -144,7 +144,7 @@ impl ConnectionLimit {
     fn refusal_at(&self, in_progress: usize, now: Instant) -> Option<Response> {
         let in_progress = u32::try_from(in_progress)
             .unwrap_or(u32::MAX)
-            .min(crate::http::HTTP2_STREAMS_MAX);
+            .min(rpc::client::HTTP2_STREAMS_MAX);
         let allowed = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             state.roll(now);
@@ -266,7 +266,7 @@ mod tests {
             20,
             "the next requests, arriving one by one, keep the most of the last seconds"
         );
-        let most = 5 * crate::http::HTTP2_STREAMS_MAX as usize;
+        let most = 5 * rpc::client::HTTP2_STREAMS_MAX as usize;
         assert_eq!(
             served(10_000, 4),
             most,

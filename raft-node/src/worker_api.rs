@@ -352,13 +352,13 @@ fn job_update_request(json: UpdateRequestJson) -> UpdateRequest {
     }
 }
 
-/// Applies a write, or relays it to the leader with its request id (one the relay makes
-/// up if the client sent none, so that the relay's own retries apply once).
 /// A write's outcome as the seed answers it: `{"tasks":[...]}` or `{"errors":[...]}`.
 fn outcome_response(outcome: Arc<Outcome>) -> Response {
     Json(outcome_json(&outcome)).into_response()
 }
 
+/// Applies a write, or relays it to the leader with its request id (one the relay makes
+/// up if the client sent none, so that the relay's own retries apply once).
 pub(crate) async fn write(
     node: &SharedNode,
     incoming: Incoming,

@@ -39,8 +39,8 @@ pub const IDLE_PER_ADDRESS_MAX: usize = 32;
 /// Requests a node serves at once on one HTTP/2 connection; a client's further requests
 /// on it wait on the client's side. It bounds what one connection may hold, as one
 /// request does for an HTTP/1.1 connection: at most this many bodies of the body limit.
-/// The node sets it (raft-node's `http::HTTP2_STREAMS_MAX`); clients that share
-/// connections among many callers size their groups by it.
+/// The node's HTTP/2 server sets it (raft-node's `http.rs`), its rate limit counts up to
+/// it, and clients that share connections among many callers size their groups by it.
 pub const HTTP2_STREAMS_MAX: u32 = 128;
 
 /// Largest response body read by default.
