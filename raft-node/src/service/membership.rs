@@ -155,12 +155,15 @@ impl Node {
     /// Completes a membership change that a previous leader left in its joint
     /// configuration (it died between the two entries of a promote or a remove): without
     /// this, every later change is refused as in flight, for good. Called in each term
-    /// this node leads; waits (a bounded time) for the configuration to commit, then, if it
-    /// is joint, moves to the joint's newer half, as the interrupted change would have.
+    /// this node leads; for a bounded time, waits for the configuration to commit and, if
+    /// it is joint, moves to the joint's newer half, as the interrupted change would have.
+    /// A refused attempt is tried again within that time: a new leader's first entry may
+    /// not have committed yet, and openraft refuses a change until it has.
     pub async fn finish_interrupted_change(&self) {
         const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
         let deadline = tokio::time::Instant::now() + PATIENCE;
-        let target = loop {
+        let mut announced = false;
+        loop {
             let status = self.cluster_status();
             if status.leader != Some(self.id()) || status.removed {
                 return;
@@ -169,30 +172,43 @@ impl Node {
                 if !status.joint {
                     return;
                 }
-                let watch = self.raft.metrics();
-                let metrics = watch.borrow_watched();
-                let joint = metrics.membership_config.membership().get_joint_config();
-                match joint.last() {
-                    Some(newer) => break newer.clone(),
-                    None => return,
+                let target = {
+                    let watch = self.raft.metrics();
+                    let metrics = watch.borrow_watched();
+                    let joint = metrics.membership_config.membership().get_joint_config();
+                    match joint.last() {
+                        Some(newer) => newer.clone(),
+                        None => return,
+                    }
+                };
+                if !announced {
+                    announced = true;
+                    tracing::warn!(
+                        voters = %id_list(&target.iter().copied().collect::<Vec<_>>()),
+                        "finishing a membership change that an earlier leader left joint"
+                    );
+                }
+                // retain = false, as a remove does; a promote removes no voter, so it
+                // loses nothing.
+                let change = self
+                    .raft
+                    .change_membership(ChangeMembers::ReplaceAllVoters(target), false)
+                    .await;
+                match self.membership_changed(change) {
+                    Ok(()) => return,
+                    Err(e) if tokio::time::Instant::now() >= deadline => {
+                        tracing::warn!(error = %e, "could not finish the interrupted membership change");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "finishing the interrupted membership change: trying again");
+                    }
                 }
             }
             if tokio::time::Instant::now() >= deadline {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        };
-        tracing::warn!(
-            voters = %id_list(&target.iter().copied().collect::<Vec<_>>()),
-            "finishing a membership change that an earlier leader left joint"
-        );
-        // retain = false, as a remove does; a promote removes no voter, so it loses nothing.
-        let change = self
-            .raft
-            .change_membership(ChangeMembers::ReplaceAllVoters(target), false)
-            .await;
-        if let Err(e) = self.membership_changed(change) {
-            tracing::warn!(error = %e, "could not finish the interrupted membership change");
         }
     }
 
