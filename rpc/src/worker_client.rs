@@ -50,6 +50,7 @@ use crate::job::JobWaitJson;
 use crate::job::KeysRequestJson;
 use crate::job::SettingsChangeJson;
 use crate::job::SettingsJson;
+use crate::retry::Unanswered;
 use crate::retry::write_once;
 use crate::watch::WAIT_MS_MAX;
 use crate::watch::WatchGoneJson;
@@ -109,6 +110,18 @@ enum Attempt<T> {
     Done(Result<T, WorkerError>),
     /// Nothing known: try another node.
     Retry(String),
+    /// The node did not take the call and asks to be called again after `pause` (a 429):
+    /// another node would relay to the same leader, so wait and ask this one again.
+    SlowDown { error: String, pause: Duration },
+}
+
+impl<T> From<Unanswered> for Attempt<T> {
+    fn from(unanswered: Unanswered) -> Self {
+        match unanswered {
+            Unanswered::Unknown(error) => Attempt::Retry(error),
+            Unanswered::SlowDown { error, pause } => Attempt::SlowDown { error, pause },
+        }
+    }
 }
 
 /// The typed worker client. See the module documentation. Cheap to share behind an
@@ -213,8 +226,8 @@ impl WorkerClient {
         self
     }
 
-    /// Attempts that failed (no answer, a 5xx) and were tried again, over the client's
-    /// life.
+    /// Attempts that failed (no answer, a 5xx, a 429) and were tried again, over the
+    /// client's life.
     pub fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
     }
@@ -286,7 +299,8 @@ impl WorkerClient {
 
     /// Calls `attempt` on the nodes in turn (the preferred one first) until one gives a
     /// definite answer, `wait` plus the give-up time has passed, or `give_up` (asked
-    /// before every attempt) says to stop.
+    /// before every attempt) says to stop. A node that answers 429 is asked again after
+    /// its `Retry-After` instead of the next node.
     async fn retry<T, F, Fut>(
         &self,
         wait: Duration,
@@ -303,7 +317,9 @@ impl WorkerClient {
         let mut last_error = String::from("not tried");
         let mut round = 0u32;
         loop {
-            for addr in self.order() {
+            let order = self.order();
+            let mut next = 0;
+            while let Some(addr) = order.get(next) {
                 if give_up() {
                     return Err(WorkerError::Unavailable {
                         waited: started.elapsed(),
@@ -311,10 +327,11 @@ impl WorkerClient {
                         last_error: format!("given up; last failure: {last_error}"),
                     });
                 }
+                let mut pause = RETRY_PAUSE;
                 match attempt(addr.clone()).await {
                     Attempt::Done(answer) => {
                         if answer.is_ok() && round == 0 && !self.spread {
-                            self.prefer(&addr);
+                            self.prefer(addr);
                         }
                         return answer;
                     }
@@ -324,16 +341,30 @@ impl WorkerClient {
                             self.next_node();
                         }
                         last_error = format!("{addr}: {error}");
+                        next += 1;
+                    }
+                    // The same node again, after the pause it asked for (cut short at
+                    // the deadline, for one last try); which node comes first is
+                    // unchanged, since this one is up.
+                    Attempt::SlowDown {
+                        error,
+                        pause: asked,
+                    } => {
+                        self.retries.fetch_add(1, Ordering::Relaxed);
+                        last_error = format!("{addr}: {error}");
+                        let left = deadline.saturating_sub(started.elapsed());
+                        pause = asked.max(RETRY_PAUSE).min(left);
                     }
                 }
-                if started.elapsed() >= deadline {
+                let waited = started.elapsed();
+                if waited >= deadline {
                     return Err(WorkerError::Unavailable {
-                        waited: started.elapsed(),
+                        waited,
                         request_id: request_id.map(str::to_string),
                         last_error,
                     });
                 }
-                tokio::time::sleep(RETRY_PAUSE).await;
+                tokio::time::sleep(pause).await;
             }
             round += 1;
             // Leadership may have moved: ask before the next round. (Boxed, as below.)
@@ -390,7 +421,7 @@ impl WorkerClient {
                         Attempt::Done(Err(WorkerError::Refused(errors)))
                     }
                     Ok(Err(rejected)) => Attempt::Done(Err(WorkerError::Rejected(rejected))),
-                    Err(unknown) => Attempt::Retry(unknown),
+                    Err(unanswered) => unanswered.into(),
                 }
             },
         )
@@ -448,12 +479,12 @@ impl WorkerClient {
                     Err(e) => Attempt::Retry(e.to_string()),
                 },
                 // Not taken (too slow a body, too many requests): safe to send again.
-                408 | 429 => Attempt::Retry(format!("status {}", response.status)),
+                408 | 429 => Unanswered::from_status(&response).into(),
                 400..=499 => match response.success(&addr) {
                     Err(e) => Attempt::Done(Err(WorkerError::Rejected(e))),
                     Ok(_) => Attempt::Retry("a 4xx that is not an error".into()),
                 },
-                status => Attempt::Retry(format!("status {status}")),
+                _ => Unanswered::from_status(&response).into(),
             }
         })
         .await
@@ -701,6 +732,8 @@ impl WorkerClient {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -755,5 +788,112 @@ mod tests {
             3,
             "three attempts failed before the give-up"
         );
+    }
+
+    /// A node that answers every POST as `answer` says (given how many POSTs came
+    /// before), and 404 to anything else (so no leader is learned); counts the POSTs.
+    struct ScriptedNode {
+        addr: String,
+        posts: Arc<AtomicU64>,
+    }
+
+    impl ScriptedNode {
+        async fn start(answer: fn(u64) -> &'static str) -> Self {
+            use tokio::io::AsyncReadExt;
+            use tokio::io::AsyncWriteExt;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr").to_string();
+            let posts = Arc::new(AtomicU64::new(0));
+            let counted = posts.clone();
+            tokio::spawn(async move {
+                while let Ok((mut stream, _)) = listener.accept().await {
+                    let counted = counted.clone();
+                    tokio::spawn(async move {
+                        let mut buffer = Vec::new();
+                        loop {
+                            let Some(head_end) = buffer.windows(4).position(|w| w == b"\r\n\r\n")
+                            else {
+                                let mut chunk = [0u8; 4096];
+                                match stream.read(&mut chunk).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                                }
+                                continue;
+                            };
+                            let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .map_or(0, |v| v.trim().parse().expect("length"));
+                            if buffer.len() < head_end + 4 + length {
+                                let mut chunk = [0u8; 4096];
+                                match stream.read(&mut chunk).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                                }
+                                continue;
+                            }
+                            buffer.drain(..head_end + 4 + length);
+                            let response = if head.starts_with("post") {
+                                answer(counted.fetch_add(1, Ordering::SeqCst))
+                            } else {
+                                "HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}"
+                            };
+                            if stream.write_all(response.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+            Self { addr, posts }
+        }
+
+        fn posts(&self) -> u64 {
+            self.posts.load(Ordering::SeqCst)
+        }
+    }
+
+    const TASKS: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"tasks\":[]}";
+    const SLOW_DOWN_NOW: &str = "HTTP/1.1 429 Too Many Requests\r\nretry-after: 0\r\ncontent-length: 26\r\n\r\n{\"error\":\"rate limit hit\"}";
+    const SLOW_DOWN_1S: &str = "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\ncontent-length: 26\r\n\r\n{\"error\":\"rate limit hit\"}";
+
+    #[tokio::test]
+    async fn a_node_that_answers_429_is_asked_again_and_stays_first() {
+        let busy = ScriptedNode::start(|n| if n < 2 { SLOW_DOWN_NOW } else { TASKS }).await;
+        let other = ScriptedNode::start(|_| TASKS).await;
+        let client = WorkerClient::new([busy.addr.as_str(), other.addr.as_str()], 1).expect("ok");
+        let tasks = client
+            .write(UpdateRequestJson::by(1))
+            .await
+            .expect("written");
+        assert!(tasks.is_empty());
+        assert_eq!(busy.posts(), 3, "two 429s, then the write");
+        assert_eq!(other.posts(), 0, "a 429 is not a reason to go elsewhere");
+        assert_eq!(client.retries(), 2);
+        assert_eq!(client.current_node(), busy.addr);
+    }
+
+    #[tokio::test]
+    async fn a_429_pause_is_its_retry_after_cut_at_the_deadline() {
+        let busy = ScriptedNode::start(|_| SLOW_DOWN_1S).await;
+        let other = ScriptedNode::start(|_| TASKS).await;
+        let client = WorkerClient::new([busy.addr.as_str(), other.addr.as_str()], 1)
+            .expect("ok")
+            .with_timeouts(Duration::from_secs(5), Duration::from_millis(1500));
+        let started = Instant::now();
+        match client.write(UpdateRequestJson::by(1)).await {
+            Err(WorkerError::Unavailable { last_error, .. }) => {
+                assert!(last_error.contains("429"), "{last_error}");
+                assert!(last_error.contains(&busy.addr), "{last_error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Asked at once, after the 1 s it said, and once more at the deadline (1.5 s).
+        assert_eq!(busy.posts(), 3);
+        assert_eq!(other.posts(), 0);
+        assert!(started.elapsed() >= Duration::from_millis(1500));
     }
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
@@ -254,3 +254,73 @@ def test_a_path_that_would_split_the_request_is_refused() -> None:
     node, _ = _serve_bytes()
     with pytest.raises(ValueError):
         Pool().request(node, "GET", "/x HTTP/1.1\r\nEvil: 1", None, 1.0)
+
+
+def _scripted_node(answer_post: Callable[[int], Tuple[int, Dict[str, str]]]) -> Tuple[Any, List[int]]:
+    """A node answering each POST with the status and headers ``answer_post`` gives for
+    the POSTs before it (200 with ``{"tasks":[]}``, else an error body); counts them."""
+    import http.server
+
+    posts: List[int] = []
+
+    class Scripted(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status, headers = answer_post(len(posts))
+            posts.append(status)
+            answer = b'{"tasks":[]}' if status == 200 else b'{"error":"rate limit hit"}'
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, posts
+
+
+def test_a_node_that_answers_429_is_asked_again_and_stays_first() -> None:
+    busy, busy_posts = _scripted_node(lambda n: (429, {"Retry-After": "0"}) if n < 2 else (200, {}))
+    other, other_posts = _scripted_node(lambda n: (200, {}))
+    try:
+        urls = [f"127.0.0.1:{s.server_address[1]}" for s in (busy, other)]
+        client = RotaClient(urls)
+        client._discover_needed = False
+        assert client.update(deletes=[]) == []
+        assert busy_posts == [429, 429, 200]
+        assert other_posts == [], "a 429 is not a reason to go elsewhere"
+        assert client.retries == 2
+        assert client.preferred == urls[0]
+    finally:
+        for server in (busy, other):
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_429_pause_is_its_retry_after_cut_at_the_deadline() -> None:
+    busy, busy_posts = _scripted_node(lambda n: (429, {"Retry-After": "1"}))
+    other, other_posts = _scripted_node(lambda n: (200, {}))
+    try:
+        urls = [f"127.0.0.1:{s.server_address[1]}" for s in (busy, other)]
+        client = RotaClient(urls, give_up_after=1.5)
+        client._discover_needed = False
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as raised:
+            client.update(deletes=[])
+        # Asked at once, after the 1 s it said, and once more at the deadline (1.5 s).
+        assert busy_posts == [429, 429, 429]
+        assert other_posts == []
+        assert time.monotonic() - started >= 1.5
+        assert "429" in str(raised.value) and urls[0] in str(raised.value)
+    finally:
+        for server in (busy, other):
+            server.shutdown()
+            server.server_close()

@@ -78,6 +78,12 @@ CLAIM_COUNT_MAX = 1_000
 REDISCOVER_PAUSE = 1.0
 """Least time between two looks for the leader while none is known."""
 
+SLOW_DOWN_MAX = 10.0
+"""Longest pause, in seconds, that a 429's ``Retry-After`` can impose before the same node
+is asked again (a longer one is cut to this)."""
+
+_SLOW_DOWN_DEFAULT = 1.0
+
 _MIN_TIMEOUT = 0.05
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
@@ -113,6 +119,17 @@ def _query(**params: Any) -> str:
 # A 408 (the body came too slowly) or 429 (too many requests): the node did not take the
 # request, so sending it again is safe, as after a 5xx.
 _NOT_TAKEN = (408, 429)
+
+
+def _slow_down_pause(response: Response) -> Optional[float]:
+    """For a 429, how long the node asks the client to wait before it asks again: its
+    ``Retry-After`` in seconds (a date or nonsense counts as 1 s), at most
+    :data:`SLOW_DOWN_MAX`. ``None`` for any other status: another node may answer."""
+    if response.status != 429:
+        return None
+    text = response.headers.get("retry-after", "").strip()
+    seconds = float(int(text)) if text.isdigit() else _SLOW_DOWN_DEFAULT
+    return min(seconds, SLOW_DOWN_MAX)
 
 
 def _write_answer(node: Node, response: Response) -> Tuple[bool, Any]:
@@ -349,7 +366,8 @@ class RotaClient:
     ) -> Any:
         """Sends the request to the nodes in turn (the preferred one first) until one
         gives a definite answer or the deadline (default: ``give_up_after`` plus the
-        wait, from now; a ``time.monotonic()`` value) passes."""
+        wait, from now; a ``time.monotonic()`` value) passes. A node that answers 429
+        is asked again after its ``Retry-After``, rather than the next node."""
         self._maybe_discover()
         payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         started = time.monotonic()
@@ -357,16 +375,20 @@ class RotaClient:
         last_error = "no node answered"
         first_round = True
         while True:
-            for node in self._order():
+            order, at = self._order(), 0
+            while at < len(order):
+                node = order[at]
                 if cancel is not None and cancel.cancelled:
                     raise Cancelled(f"{method} {path} was cancelled")
                 timeout = min(self.call_timeout + wait_s, max(limit - time.monotonic(), _MIN_TIMEOUT))
+                pause, slowed = self.retry_pause, False
                 try:
                     response = self._pool.request(node, method, path, payload, timeout, cancel)
                 except CancelledError:
                     raise Cancelled(f"{method} {path} was cancelled") from None
                 except TransportError as e:
                     last_error = str(e)
+                    at += 1
                 else:
                     done, value = interpret(node, response)
                     if done:
@@ -374,13 +396,22 @@ class RotaClient:
                             self._prefer(node.addr)
                         return value
                     last_error = f"{node.addr}: {value}"
-                self._discover_needed = True
+                    slow_down = _slow_down_pause(response)
+                    if slow_down is None:
+                        at += 1
+                    else:
+                        # A 429: the node is up and asks for fewer requests. Another node
+                        # would relay to the same leader, so ask this one again after the
+                        # pause it asked for (cut short at the deadline, for a last try).
+                        pause, slowed = max(slow_down, self.retry_pause), True
+                if not slowed:
+                    self._discover_needed = True
                 with self._sent_lock:
                     self._retries += 1
                 now = time.monotonic()
                 if now >= limit:
                     raise Unavailable(now - started, request_id, last_error)
-                pause = min(self.retry_pause, limit - now)
+                pause = min(pause, limit - now)
                 if cancel is not None:
                     if cancel.wait(pause):
                         raise Cancelled(f"{method} {path} was cancelled")
