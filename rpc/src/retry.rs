@@ -24,6 +24,9 @@ pub const SLOW_DOWN_MAX: Duration = Duration::from_secs(10);
 /// Pause after a 429 without a usable `Retry-After` (Rota's nodes send 1 s).
 const SLOW_DOWN_DEFAULT: Duration = Duration::from_secs(1);
 
+/// Most characters of an error answer's body kept in the error it becomes.
+const ERROR_CHARS_MAX: usize = 200;
+
 /// Why one attempt gave no definite answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Unanswered {
@@ -43,11 +46,10 @@ pub(crate) enum Unanswered {
 impl Unanswered {
     /// The answer as "nothing known", unless it is a 429.
     pub(crate) fn from_status(response: &HttpResponse) -> Self {
-        let error = format!(
-            "status {}: {}",
-            response.status,
-            String::from_utf8_lossy(&response.body).trim()
-        );
+        // A proxy's error page can be long: the start says enough.
+        let body = String::from_utf8_lossy(&response.body);
+        let said: String = body.trim().chars().take(ERROR_CHARS_MAX).collect();
+        let error = format!("status {}: {said}", response.status);
         match slow_down_pause(response) {
             Some(pause) => Unanswered::SlowDown { error, pause },
             None => Unanswered::Unknown(error),
@@ -174,5 +176,15 @@ mod tests {
             error.contains("429") && error.contains("too many requests"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_long_error_page_is_cut_in_the_error() {
+        let mut page = response(502, None);
+        page.body = bytes::Bytes::from("x".repeat(10_000));
+        let Unanswered::Unknown(error) = Unanswered::from_status(&page) else {
+            panic!("a 502 is nothing known");
+        };
+        assert!(error.len() < 300, "{error}");
     }
 }
