@@ -324,3 +324,13 @@ def test_a_429_pause_is_its_retry_after_cut_at_the_deadline() -> None:
         for server in (busy, other):
             server.shutdown()
             server.server_close()
+
+
+def test_an_error_page_that_is_not_rotas_is_cut() -> None:
+    from rota._http import Response, split_status
+
+    page = Response(status=502, headers={}, body=b"<html>" + b"x" * 10_000)
+    status, said = split_status(page)
+    assert status == 502 and said.startswith("<html>") and len(said) == 200
+    assert split_status(Response(status=503, headers={}, body=b"")) == (503, "Service Unavailable")
+    assert split_status(Response(status=429, headers={}, body=b'{"error":"slow down"}')) == (429, "slow down")

@@ -415,6 +415,10 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+ERROR_CHARS_MAX = 200
+"""Most characters of a body that is not a Rota error kept as the error's message."""
+
+
 def split_status(response: Response) -> Tuple[int, str]:
     """The status and the node's ``error`` message (or the body) of an answer."""
     text = response.body.decode("utf-8", "replace")
@@ -424,4 +428,6 @@ def split_status(response: Response) -> Tuple[int, str]:
             return response.status, obj["error"]
     except ValueError:
         pass
-    return response.status, text.strip() or http.client.responses.get(response.status, "")
+    # Not ours (a proxy's error page, say): the start says enough.
+    said = text.strip()[:ERROR_CHARS_MAX]
+    return response.status, said or http.client.responses.get(response.status, "")
