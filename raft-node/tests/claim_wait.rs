@@ -600,3 +600,67 @@ async fn a_claim_with_a_count_takes_several_tasks_through_any_node_and_waits_for
         assert!(String::from_utf8_lossy(&refused.body).contains(&format!("count {count}")));
     }
 }
+
+#[tokio::test]
+async fn a_waiting_claim_the_machine_would_refuse_is_refused_not_answered_empty() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+
+    // Refused at once, through either node, as without a wait; with the old code each
+    // of these waited 20 s and answered `{"tasks":[]}`.
+    let missing = ClaimRequestJson {
+        depends: vec![999_999],
+        ..waiting_claim(7, "nothing-here", 60_000, 20_000)
+    };
+    for via in [leader, follower] {
+        let answer = claim(&cluster, via, &missing).await;
+        assert_eq!(
+            answer,
+            Err("depends: task 999999 does not exist".to_string())
+        );
+        let answer = claim(&cluster, via, &waiting_claim(7, "", 60_000, 20_000)).await;
+        assert_eq!(answer, Err("claim: group is missing or empty".to_string()));
+    }
+
+    // A dependency deleted while the claim waits: refused when the wait ends, not empty.
+    let mut request = UpdateRequestJson::by(1).with_add(AddJson::in_group("barrier"));
+    request.requestid = Some("barrier".into());
+    let WriteResultJson::Tasks { tasks } = cluster
+        .write(leader, "/update", &request)
+        .await
+        .expect("added")
+    else {
+        panic!("the barrier was refused");
+    };
+    let barrier = tasks[0].id;
+    let waiting = {
+        let request = ClaimRequestJson {
+            depends: vec![barrier],
+            ..waiting_claim(7, "nothing-here", 60_000, 1_500)
+        };
+        let api = cluster.api(follower).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            client
+                .post_json(&api, "/claim", &request, Duration::from_secs(30))
+                .await
+                .expect("answered")
+                .json::<WriteResultJson>(&api)
+                .expect("JSON")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut delete = UpdateRequestJson::by(1);
+    delete.deletes = vec![barrier];
+    cluster
+        .write(leader, "/update", &delete)
+        .await
+        .expect("deleted");
+    assert_eq!(
+        waiting.await.expect("the claim ended"),
+        WriteResultJson::Errors {
+            errors: vec![format!("depends: task {barrier} does not exist")]
+        }
+    );
+}

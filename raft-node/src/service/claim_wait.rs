@@ -19,6 +19,7 @@ use std::time::Duration;
 use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
+use store_sm::machine::TaskMachine;
 use store_sm::state_machine::StateReader;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -60,6 +61,12 @@ async fn finished(mut result: watch::Receiver<ProposalResult>) -> Option<Arc<Out
     }
 }
 
+/// The refusal `claim` would get from `machine` at `now` whatever is claimable, if any.
+fn refusal(machine: &TaskMachine, claim: &ClaimManyRequest, now: LogTime) -> Option<Arc<Outcome>> {
+    let refusals = machine.claim_refusals(&claim.claim, claim.count, now);
+    (!refusals.is_empty()).then(|| Arc::new(Outcome::Refused(refusals)))
+}
+
 fn empty() -> Arc<Outcome> {
     Arc::new(Outcome::Tasks(Vec::new()))
 }
@@ -87,6 +94,12 @@ impl Node {
         let slot = self.waiters.enter(WaitKind::Claim)?;
         if let Some(outcome) = remembered_claim(&self.state, &claim, request_id.as_deref())? {
             return Ok(outcome);
+        }
+        // A claim the machine would refuse whatever became claimable (no group, a
+        // missing dependency) is refused now, as without a wait, rather than answered
+        // empty when the wait ends.
+        if let Some(refused) = refusal(&view.state.machine, &claim, view.now) {
+            return Ok(refused);
         }
         if let Some(outcome) = self.joined_claim(&claim, request_id.as_deref()).await? {
             return Ok(outcome);
@@ -211,15 +224,25 @@ impl Node {
         claim: &ClaimManyRequest,
         request_id: Option<&str>,
     ) -> Result<Arc<Outcome>, ServiceError> {
-        if request_id.is_none() {
-            return Ok(empty());
+        if request_id.is_some() {
+            if let Some(outcome) = self.joined_claim(claim, request_id).await? {
+                return Ok(outcome);
+            }
+            // A linearizable read first, so that the state looked at holds every
+            // committed entry.
+            self.read(Consistency::Linearizable).await?;
+            if let Some(outcome) = remembered_claim(&self.state, claim, request_id)? {
+                return Ok(outcome);
+            }
         }
-        if let Some(outcome) = self.joined_claim(claim, request_id).await? {
-            return Ok(outcome);
-        }
-        // A linearizable read first, so that the state looked at holds every committed entry.
-        self.read(Consistency::Linearizable).await?;
-        Ok(remembered_claim(&self.state, claim, request_id)?.unwrap_or_else(empty))
+        // A dependency deleted during the wait: refused, as a claim without a wait would
+        // be now. The applied state is newer than the linearizable look the wait began
+        // with, so the refusal held at a moment inside the request.
+        let now = self.clock.now();
+        Ok(self
+            .state
+            .read(|s| refusal(&s.machine, claim, now))
+            .unwrap_or_else(empty))
     }
 
     /// Grants `group`'s blocking claims what is claimable now, by this node's clock.

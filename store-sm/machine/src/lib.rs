@@ -330,31 +330,13 @@ impl TaskMachine {
     /// next one back, or the claimed data reaches [`CLAIM_DATA_BYTES_MAX`].
     fn apply_claim(&mut self, claim: &ClaimRequest, count: u32, now: LogTime) -> (Outcome, Effect) {
         let unchanged = |outcome| (outcome, Effect::Unchanged);
-        if claim.depends.len() > REQUEST_ITEMS_MAX {
-            return unchanged(Outcome::Refused(vec![Refusal::TooManyItems {
-                items: claim.depends.len(),
-            }]));
-        }
-        let mut refusals = Vec::new();
-        if claim.group.is_empty() {
-            refusals.push(Refusal::ClaimWithoutGroup);
-        }
-        if let Err(refusal) = check_claim_count(count) {
-            refusals.push(refusal);
+        let refusals = self.claim_refusals(claim, count, now);
+        if !refusals.is_empty() {
+            return unchanged(Outcome::Refused(refusals));
         }
         let available_at = match claim_end(now, claim.duration_ms) {
-            Ok(available_at) => Some(available_at),
-            Err(refusal) => {
-                refusals.push(refusal);
-                None
-            }
-        };
-        refusals.extend(duplicates(
-            claim.depends.iter().map(|&id| (ListName::Depends, id)),
-        ));
-        refusals.extend(self.missing_depends(&claim.depends));
-        let Some(available_at) = available_at.filter(|_| refusals.is_empty()) else {
-            return unchanged(Outcome::Refused(refusals));
+            Ok(available_at) => available_at,
+            Err(refusal) => return unchanged(Outcome::Refused(vec![refusal])),
         };
 
         let mut claimed = Vec::new();
@@ -384,6 +366,33 @@ impl TaskMachine {
         (Outcome::Tasks(claimed), Effect::Claimed(removed))
     }
 
+    /// Why a claim of up to `count` tasks under `claim` would be refused at `now`,
+    /// whatever is claimable (every reason, as applying it would give them); empty if it
+    /// would not be. A blocking claim asks before it waits, so that a refusal is answered
+    /// at once rather than hidden behind an empty answer when nothing becomes claimable.
+    pub fn claim_refusals(&self, claim: &ClaimRequest, count: u32, now: LogTime) -> Vec<Refusal> {
+        if claim.depends.len() > REQUEST_ITEMS_MAX {
+            return vec![Refusal::TooManyItems {
+                items: claim.depends.len(),
+            }];
+        }
+        let mut refusals = Vec::new();
+        if claim.group.is_empty() {
+            refusals.push(Refusal::ClaimWithoutGroup);
+        }
+        if let Err(refusal) = check_claim_count(count) {
+            refusals.push(refusal);
+        }
+        if let Err(refusal) = claim_end(now, claim.duration_ms) {
+            refusals.push(refusal);
+        }
+        refusals.extend(duplicates(
+            claim.depends.iter().map(|&id| (ListName::Depends, id)),
+        ));
+        refusals.extend(self.missing_depends(&claim.depends));
+        refusals
+    }
+
     /// The first claimable task of `group` at `now` (highest priority, then oldest) that
     /// the claim does not depend on.
     fn first_available(&self, group: &str, now: LogTime, depends: &[TaskId]) -> Option<TaskId> {
@@ -411,10 +420,13 @@ impl TaskMachine {
         }
     }
 
+    /// A refusal for each missing task `depends` names, once however often it is named
+    /// (naming one twice is a refusal of its own).
     fn missing_depends<'a>(&'a self, depends: &'a [TaskId]) -> impl Iterator<Item = Refusal> + 'a {
+        let mut reported = BTreeSet::new();
         depends
             .iter()
-            .filter(|&&id| !self.tasks.contains_key(&id))
+            .filter(move |&&id| !self.tasks.contains_key(&id) && reported.insert(id))
             .map(|&id| Refusal::Missing {
                 list: ListName::Depends,
                 id,

@@ -306,6 +306,56 @@ fn claim_refusals() {
         tasks_of(&machine.apply(&claim_cmd(T0, 1, "nothing-here", 5))),
         []
     );
+    // What a blocking claim asks before it waits: the same reasons, nothing applied.
+    let Request::Claim(claim) = &command.request else {
+        unreachable!("built as a claim above");
+    };
+    assert_eq!(
+        machine
+            .claim_refusals(claim, 1, at(T0))
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["depends: task 42 does not exist"]
+    );
+    let fine = ClaimRequest {
+        depends: vec![],
+        ..claim.clone()
+    };
+    assert_eq!(machine.claim_refusals(&fine, 1, at(T0)), []);
+    assert_eq!(machine.claim_refusals(&fine, 0, at(T0)).len(), 1, "count 0");
+}
+
+#[test]
+fn a_missing_dependency_named_twice_is_reported_once() {
+    let mut machine = TaskMachine::new();
+    let command = Command {
+        stamp: at(T0),
+        request_id: None,
+        request: Request::Claim(ClaimRequest {
+            client: 1,
+            group: "g".into(),
+            duration_ms: 5,
+            depends: vec![42, 42, 43],
+        }),
+    };
+    let refusals = refusals_of(&machine.apply(&command));
+    assert_eq!(
+        refusals
+            .iter()
+            .filter(|r| r.as_str() == "depends: task 42 does not exist")
+            .count(),
+        1,
+        "{refusals:?}"
+    );
+    assert!(
+        refusals.contains(&"depends: task 43 does not exist".to_string()),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals.iter().any(|r| r.contains("more than once")),
+        "{refusals:?}"
+    );
 }
 
 #[test]

@@ -293,10 +293,12 @@ impl Model {
         }
     }
 
+    /// Each missing task once, however often `depends` names it.
     fn missing_depends(&self, depends: &[u64]) -> Vec<Refusal> {
+        let mut reported = std::collections::BTreeSet::new();
         depends
             .iter()
-            .filter(|id| !self.tasks.contains_key(id))
+            .filter(|&&id| !self.tasks.contains_key(&id) && reported.insert(id))
             .map(|&id| Refusal::Missing {
                 list: ListName::Depends,
                 id,
