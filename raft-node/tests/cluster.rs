@@ -476,10 +476,62 @@ async fn snapshots_forced_under_load_lose_no_acknowledged_write() {
     );
 }
 
+/// `GET /ready` and the `rota_ready` gauge of a node.
+async fn readiness(cluster: &TestCluster, id: u64) -> (u16, String, bool) {
+    let ready = cluster
+        .client
+        .get(cluster.api(id), "/ready", common::CALL_TIMEOUT)
+        .await
+        .expect("/ready answered");
+    let metrics = cluster
+        .client
+        .get(cluster.api(id), "/metrics", common::CALL_TIMEOUT)
+        .await
+        .expect("/metrics answered");
+    let gauge = String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .any(|line| line == "rota_ready 1");
+    (
+        ready.status.as_u16(),
+        String::from_utf8_lossy(&ready.body).into_owned(),
+        gauge,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_quorum_is_not_ready_until_it_hears_from_one_again() {
+    let cluster = TestCluster::start(3, "never");
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    assert_eq!(readiness(&cluster, leader).await.0, 200);
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    for &id in &followers {
+        cluster.signal(id, "STOP");
+    }
+    // Still the leader by its own metrics, but no longer able to serve: not ready.
+    eventually(|| async {
+        match readiness(&cluster, leader).await {
+            (503, body, false) if body.contains("no quorum has answered") => Ok(()),
+            other => Err(format!("the cut-off leader still looks ready: {other:?}")),
+        }
+    })
+    .await;
+    for &id in &followers {
+        cluster.signal(id, "CONT");
+    }
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    assert!(matches!(readiness(&cluster, leader).await, (200, _, true)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_cluster_restarts_cleanly() {
     let cluster = TestCluster::start(1, "always");
     cluster.wait_ready(&[1]).await;
+    // A lone voter is its own quorum: it stays ready with nobody to answer it, past any
+    // lease (the default longest election timeout is 600 ms).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(matches!(readiness(&cluster, 1).await, (200, _, true)));
     let added = tasks(
         cluster
             .write(

@@ -67,6 +67,12 @@ fn render_raft(out: &mut String, node: &Node) {
         "Known leader (0: none).",
         status.leader.unwrap_or(0),
     );
+    gauge(
+        out,
+        "rota_ready",
+        "1 when GET /ready answers 200 (a usable leader known, caught up), else 0.",
+        u64::from(node.readiness().is_ok()),
+    );
     let indexes = [
         (
             "rota_last_log_index",

@@ -79,8 +79,16 @@ impl Node {
                 Err(self.not_leader(&forward))
             }
             Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(e))) => {
+                // The error's own text lists the quorum set's internals: name who answered.
+                let answered: Vec<String> = e.got.iter().map(ToString::to_string).collect();
+                let answered = match answered.as_slice() {
+                    [] => "no node answered".to_string(),
+                    nodes => format!("only node {} answered", nodes.join(" and ")),
+                };
                 Err(ServiceError::Unavailable(format!(
-                    "no quorum to confirm a linearizable read ({e}); retry, or read with ?consistency=stale"
+                    "this node leads but has not heard from a majority lately ({answered}), so \
+                     it cannot confirm what it would answer; retry shortly (a read may also \
+                     ask for ?consistency=stale)"
                 )))
             }
             Err(RaftError::Fatal(fatal)) => Err(Self::stopped(fatal)),

@@ -2,6 +2,7 @@
 
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
+use openraft::type_config::alias::InstantOf;
 use rpc::admin::CAUGHT_UP_ENTRIES_MAX;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::NodeStatusJson;
@@ -11,6 +12,7 @@ use store_sm::raft_types::NodeId;
 use super::ServiceError;
 use super::off_thread;
 use crate::node::Node;
+use crate::types::NodeTypes;
 
 fn role_name(state: ServerState) -> &'static str {
     match state {
@@ -102,6 +104,25 @@ impl Node {
         }
         if metrics.current_leader.is_none() {
             return Err("no leader is known".into());
+        }
+        let voters: Vec<NodeId> = metrics.membership_config.membership().voter_ids().collect();
+        let alone = voters == [self.id()];
+        if metrics.state == ServerState::Leader && !alone {
+            // A leader cut off from its quorum still names itself, but refuses every
+            // write and linearizable read once its lease (the longest election timeout)
+            // lapses: it is not ready to serve either. (A lone voter is its own quorum.)
+            let lease = self.config.timing.election_max;
+            let heard = metrics
+                .last_quorum_acked
+                .as_ref()
+                .map(|acked| <InstantOf<NodeTypes> as openraft::Instant>::now() - **acked);
+            if heard.is_none_or(|since| since > lease) {
+                return Err(format!(
+                    "this node leads but no quorum has answered it for over {} ms; check the \
+                     other nodes and the network between them",
+                    lease.as_millis()
+                ));
+            }
         }
         let committed = metrics.local_committed.map(|id| id.index());
         let applied = metrics.last_applied.map(|id| id.index());
