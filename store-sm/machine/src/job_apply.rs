@@ -73,7 +73,7 @@ impl TaskMachine {
             if end > now {
                 break;
             }
-            self.lapse(end, id, now);
+            self.lapse(end, id);
         }
         while let Some((at, group, key)) = self.expiries.get_min().cloned() {
             if at > now {
@@ -99,7 +99,7 @@ impl TaskMachine {
 
     /// A lease ended at `end` without a finish or fail: the attempt is lost, and the job
     /// is dead if that was its last attempt; otherwise the task is claimable again.
-    fn lapse(&mut self, end: LogTime, id: TaskId, now: LogTime) {
+    fn lapse(&mut self, end: LogTime, id: TaskId) {
         self.leases.remove(&(end, id));
         let Some(task) = self.tasks.get_mut(&id) else {
             debug_assert!(false, "lease of task {id} that does not exist");
@@ -127,8 +127,11 @@ impl TaskMachine {
         if let Some(Some(attempt)) = lost
             && let Some(task) = self.remove_task(id)
         {
+            // It died when the lease ended, not when log time next passed that point:
+            // a read of an idle cluster and the command that later applies the lapse
+            // must both say `end`.
             let reason = format!("attempt {attempt} was lost: its lease lapsed at {end}");
-            self.job_dead(&group, &key, task.data, reason, now);
+            self.job_dead(&group, &key, task.data, reason, end);
         }
     }
 

@@ -182,6 +182,28 @@ fn lost_attempts_count_and_the_last_one_makes_the_job_dead() {
 }
 
 #[test]
+fn a_job_that_dies_by_a_lapsed_lease_finished_when_the_lease_ended() {
+    let mut store = Store::new();
+    tasks(store.add(vec![keyed("k", |j| j.max_attempts = Some(1))]));
+    let claimed = store.claim(7, "g").expect("claimable");
+    let end = claimed.available_at;
+    // Read on an idle cluster at two later times, then after a command applies the lapse:
+    // the same time each way, the lease's end.
+    let read_at = |store: &Store, ms: Millis| {
+        let view = store.machine.as_of(LogTime::from_millis(ms));
+        let record = view.job("g", "k").expect("record").clone();
+        assert_eq!(record.state, JobState::Dead);
+        record.finished_at
+    };
+    assert_eq!(read_at(&store, end.as_millis() + 700), Some(end));
+    assert_eq!(read_at(&store, end.as_millis() + 5_000), Some(end));
+    store.wait(3_000);
+    assert!(store.claim(8, "g").is_none());
+    let record = store.machine.job("g", "k").expect("record");
+    assert_eq!(record.finished_at, Some(end));
+}
+
+#[test]
 fn finish_and_fail_are_fenced_and_fail_backs_off() {
     let mut store = Store::new();
     tasks(store.add(vec![job("k")]));

@@ -248,7 +248,8 @@ impl Model {
                     record.attempts
                 );
                 self.tasks.remove(&id);
-                self.dead(&task.group, &key, task.data, reason, now);
+                // Dead as of the lease's end, whenever the lapse is noticed.
+                self.dead(&task.group, &key, task.data, reason, end.as_millis());
             } else {
                 record.state = JobState::Waiting;
             }
