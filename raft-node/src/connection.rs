@@ -8,8 +8,10 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use axum::http::HeaderValue;
 use axum::http::Request;
 use axum::http::Version;
+use axum::http::header::CONNECTION;
 use axum::http::header::HOST;
 use axum::response::IntoResponse;
 use axum::response::Response;
@@ -91,12 +93,15 @@ impl<S> ConnectionService<S> {
                 } else {
                     "has more than one Host header"
                 };
-                return Some(
-                    ApiError::bad_request(format!(
-                        "the request {problem}; an HTTP/1.1 request needs exactly one (RFC 9112)"
-                    ))
-                    .into_response(),
-                );
+                let mut refused = ApiError::bad_request(format!(
+                    "the request {problem}; an HTTP/1.1 request needs exactly one (RFC 9112)"
+                ))
+                .into_response();
+                // As after any malformed request: the connection ends with this answer.
+                refused
+                    .headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                return Some(refused);
             }
         }
         None
