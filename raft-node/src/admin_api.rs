@@ -84,8 +84,7 @@ async fn get_ready(State(node): State<SharedNode>) -> Response {
 
 /// An admin request's JSON body.
 fn admin_body<T: DeserializeOwned>(incoming: &Incoming) -> Result<T, ApiError> {
-    serde_json::from_slice(&incoming.body)
-        .map_err(|e| ApiError::bad_request(format!("invalid {} body: {e}", incoming.uri.path())))
+    crate::worker_api::parse_json(&incoming.body, incoming.uri.path())
 }
 
 /// The answer to a change that succeeded: the cluster as this node now sees it.

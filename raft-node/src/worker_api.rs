@@ -247,7 +247,15 @@ fn parse_group_cursor(cursor: &str) -> Result<(LogTime, u64), String> {
     Ok((LogTime::from_millis(at), id))
 }
 
+/// A request body, which is always a JSON object. (serde would also take a struct as an
+/// array of its fields in order, a form no client means to send.)
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
+        return Err(ApiError::bad_request(format!(
+            "invalid {endpoint} body: send a JSON object ({{...}})"
+        )));
+    }
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid {endpoint} body: {e}")))
 }

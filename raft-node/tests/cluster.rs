@@ -953,6 +953,35 @@ async fn bad_input_gets_a_json_answer_and_changes_nothing() {
             assert!(error.contains("out of range"), "{error}");
         }
     }
+    // A body is an object: serde's other form of a struct, an array of its fields in
+    // order, is refused on every path that takes one.
+    for (path, body) in [
+        (
+            "/update",
+            r#"[1, [{"group": "arr"}], null, null, null, null]"#,
+        ),
+        ("/claim", r#" [1, "g", 1000, null]"#),
+        ("/finish", r#"[1, 2]"#),
+    ] {
+        let response = cluster
+            .client
+            .send(
+                cluster.api(1),
+                axum::http::Method::POST,
+                path,
+                &[],
+                body.to_string().into(),
+                common::CALL_TIMEOUT,
+            )
+            .await
+            .expect("answered");
+        let json: serde_json::Value = serde_json::from_slice(&response.body).expect("JSON");
+        assert_eq!(response.status.as_u16(), 400, "{path}: {json}");
+        let error = json["error"].as_str().unwrap_or_default();
+        assert!(error.contains("JSON object"), "{path}: {error}");
+    }
+    let (status, body) = get("/group/arr".to_string()).await;
+    assert_eq!((status, body), (200, json!([])), "nothing was added");
     // A task sent back as it was read is accepted.
     let sent_back = json!({"clientid": 1, "updates": [{
         "id": added[0].id, "group": "g", "data": "again", "timespec": 0, "ownerid": 1
