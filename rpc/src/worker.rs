@@ -225,12 +225,22 @@ impl de::Visitor<'_> for TaskIdVisitor {
     }
 
     fn visit_f64<E: de::Error>(self, id: f64) -> Result<u64, E> {
-        if id.fract() == 0.0 && id >= 0.0 {
+        // serde_json reads an integer past u64 as a float, and so 1.0 and 1e3.
+        const PAST_U64: f64 = 18_446_744_073_709_551_616.0;
+        if id.fract() != 0.0 || id.is_nan() {
+            Err(E::custom(format!("task id {id} is not an integer")))
+        } else if id < 0.0 {
+            Err(E::custom(format!(
+                "task id {id} out of range: ids are not negative"
+            )))
+        } else if id >= PAST_U64 {
             Err(E::custom(format!(
                 "task id {id} out of range: ids are at most 18446744073709551615"
             )))
         } else {
-            Err(E::custom(format!("task id {id} is not an integer")))
+            Err(E::custom(format!(
+                "task id {id} is written with a fraction or an exponent; write ids as plain integers"
+            )))
         }
     }
 }
@@ -651,6 +661,28 @@ mod tests {
         let max = r#"{"clientid": 1, "deletes": [18446744073709551615]}"#;
         let update: UpdateRequestJson = serde_json::from_str(max).expect("the largest id");
         assert_eq!(update.deletes, [u64::MAX]);
+    }
+
+    #[test]
+    fn an_id_written_as_a_float_says_so() {
+        for (body, says) in [
+            (
+                r#"{"clientid": 1, "deletes": [1.0]}"#,
+                "fraction or an exponent",
+            ),
+            (
+                r#"{"clientid": 1, "deletes": [1e3]}"#,
+                "fraction or an exponent",
+            ),
+            (r#"{"clientid": 1, "deletes": [0.5]}"#, "not an integer"),
+            (r#"{"clientid": 1, "deletes": [-2.0]}"#, "not negative"),
+        ] {
+            let error = serde_json::from_str::<UpdateRequestJson>(body)
+                .expect_err(body)
+                .to_string();
+            assert!(error.contains(says), "{body}: {error}");
+            assert!(!error.contains("at most"), "{body}: {error}");
+        }
     }
 
     #[test]
