@@ -24,6 +24,7 @@ use rpc::admin::NodeIdJson;
 use rpc::admin::ProbeJson;
 use rpc::admin::RESTORE_MEMBERS_HEADER;
 use rpc::admin::StateHashJson;
+use rpc::admin::check_members;
 use serde::de::DeserializeOwned;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
@@ -99,9 +100,13 @@ async fn answer_change(
     .await
 }
 
-/// Members as the API lists them, keyed by id.
-fn member_map(request: InitRequestJson) -> BTreeMap<NodeId, RotaNode> {
-    request
+/// Members as the API lists them, keyed by id, once checked (`rpc::admin::check_members`).
+fn member_map(request: InitRequestJson) -> Result<BTreeMap<NodeId, RotaNode>, ApiError> {
+    if request.members.is_empty() {
+        return Err(ApiError::bad_request("no members: list at least one node"));
+    }
+    check_members(&request.members).map_err(ApiError::bad_request)?;
+    Ok(request
         .members
         .into_iter()
         .map(|m| {
@@ -111,14 +116,14 @@ fn member_map(request: InitRequestJson) -> BTreeMap<NodeId, RotaNode> {
             };
             (m.id, addrs)
         })
-        .collect()
+        .collect())
 }
 
 async fn post_init(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let members = member_map(admin_body(&incoming)?);
+    let members = member_map(admin_body(&incoming)?)?;
     node.initialize(members).await?;
     Ok(Json(node.cluster_status()).into_response())
 }
@@ -229,5 +234,5 @@ fn restore_members(headers: &HeaderMap) -> Result<BTreeMap<NodeId, RotaNode>, Ap
     let request: InitRequestJson = serde_json::from_slice(header.as_bytes()).map_err(|e| {
         ApiError::bad_request(format!("invalid {RESTORE_MEMBERS_HEADER} header: {e}"))
     })?;
-    Ok(member_map(request))
+    member_map(request)
 }

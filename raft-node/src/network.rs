@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::Method;
 use hyper::header::CONTENT_TYPE;
+use hyper::header::HeaderName;
 use hyper::header::HeaderValue;
 use openraft::error::NetworkError;
 use openraft::error::RPCError;
@@ -63,6 +64,12 @@ pub mod paths {
 
 /// The media type of Raft bodies.
 pub const RAFT_CONTENT_TYPE: &str = "application/x-rota-raft";
+
+/// The header naming the node a Raft message is for. A receiver with another id refuses
+/// the message: otherwise a member registered at another member's Raft address (a
+/// typo in `add-learner`) would be answered for by that node, and count twice toward
+/// every majority.
+pub const RAFT_TARGET_HEADER: &str = "x-rota-raft-target";
 
 /// What precedes a snapshot's bytes on the wire.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -237,12 +244,23 @@ impl PeerClient {
         chunks: &[Bytes],
         timeout: Duration,
     ) -> Result<Resp, ClientError> {
-        let header = (CONTENT_TYPE, HeaderValue::from_static(RAFT_CONTENT_TYPE));
+        let headers = self.headers();
         let response = self
             .client
-            .send_chunks(&self.addr, Method::POST, path, &[header], chunks, timeout)
+            .send_chunks(&self.addr, Method::POST, path, &headers, chunks, timeout)
             .await;
         self.answer(response, path)
+    }
+
+    /// A Raft message's headers: its body's type and the node it is for.
+    fn headers(&self) -> [(HeaderName, HeaderValue); 2] {
+        [
+            (CONTENT_TYPE, HeaderValue::from_static(RAFT_CONTENT_TYPE)),
+            (
+                HeaderName::from_static(RAFT_TARGET_HEADER),
+                HeaderValue::from(self.target),
+            ),
+        ]
     }
 
     /// A peer's answer to a call on `path`, decoded; a failure status is an error.
@@ -264,10 +282,10 @@ impl PeerClient {
         source: rpc::client::ChunkSource<'_>,
         timeout: Duration,
     ) -> Result<Resp, ClientError> {
-        let header = (CONTENT_TYPE, HeaderValue::from_static(RAFT_CONTENT_TYPE));
+        let headers = self.headers();
         let response = self
             .client
-            .send_stream(&self.addr, Method::POST, path, &[header], source, timeout)
+            .send_stream(&self.addr, Method::POST, path, &headers, source, timeout)
             .await;
         self.answer(response, path)
     }

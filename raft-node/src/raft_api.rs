@@ -4,6 +4,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::response::Response;
@@ -12,6 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use store_sm::codec::decode_value;
 use store_sm::codec::encode_value;
+use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaSnapshot;
 
 use crate::http::ApiError;
@@ -19,6 +21,7 @@ use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
 use crate::http::stream_body;
 use crate::network::RAFT_CONTENT_TYPE;
+use crate::network::RAFT_TARGET_HEADER;
 use crate::network::SNAPSHOT_HEAD_BYTES_MAX;
 use crate::network::SnapshotReceiver;
 use crate::network::paths;
@@ -39,11 +42,40 @@ pub fn routes() -> Router<SharedNode> {
         .route(paths::CLOCK_ESTIMATE, post(clock_estimate))
 }
 
+/// Refuses a message for another node (see [`RAFT_TARGET_HEADER`]). One without the
+/// header comes from a build before it and is taken, so that a rolling upgrade works.
+fn check_target(node: &SharedNode, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(RAFT_TARGET_HEADER) else {
+        return Ok(());
+    };
+    let target = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.parse::<NodeId>().ok());
+    match target {
+        Some(id) if id == node.id() => Ok(()),
+        Some(id) => Err(ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "this Raft listener is node {}'s, not node {id}'s: the cluster has the wrong \
+                 Raft address for node {id}; remove it (rota cluster remove --id {id}) and add \
+                 it again with its own address",
+                node.id()
+            ),
+        )),
+        None => Err(ApiError::bad_request(format!(
+            "{RAFT_TARGET_HEADER} is not a node id"
+        ))),
+    }
+}
+
 async fn decode<T: DeserializeOwned>(
+    node: &SharedNode,
     headers: &HeaderMap,
     body: Body,
     what: &str,
 ) -> Result<T, ApiError> {
+    check_target(node, headers)?;
     let bytes = read_body(headers, body, RAFT_BODY_BYTES_MAX, BODY_READ_TIMEOUT).await?;
     decode_value(&bytes, what).map_err(|e| ApiError::bad_request(e.to_string()))
 }
@@ -60,7 +92,7 @@ async fn append(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let request = decode(&headers, body, "append entries").await?;
+    let request = decode(&node, &headers, body, "append entries").await?;
     Ok(encode(&node.raft.append_entries(request).await))
 }
 
@@ -69,7 +101,7 @@ async fn vote(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let request = decode(&headers, body, "vote").await?;
+    let request = decode(&node, &headers, body, "vote").await?;
     Ok(encode(&node.raft.vote(request).await))
 }
 
@@ -78,7 +110,7 @@ async fn pre_vote(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let request = decode(&headers, body, "pre-vote").await?;
+    let request = decode(&node, &headers, body, "pre-vote").await?;
     Ok(encode(&node.raft.pre_vote(request).await))
 }
 
@@ -87,6 +119,7 @@ async fn snapshot(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    check_target(&node, &headers)?;
     let deadline = node.config.timing.snapshot_timeout;
     let limit = node.config.snapshot_max_bytes + 4 + SNAPSHOT_HEAD_BYTES_MAX as u64;
     let spool = node
@@ -131,7 +164,7 @@ async fn transfer_leader(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let request = decode(&headers, body, "transfer leader").await?;
+    let request = decode(&node, &headers, body, "transfer leader").await?;
     let result = node
         .raft
         .handle_transfer_leader(request)
@@ -145,6 +178,6 @@ async fn clock_estimate(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let () = decode(&headers, body, "clock estimate").await?;
+    let () = decode(&node, &headers, body, "clock estimate").await?;
     Ok(encode(&node.clock.estimate()))
 }

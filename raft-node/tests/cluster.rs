@@ -796,6 +796,61 @@ async fn admin(
     response.json(cluster.api(via)).expect("status json")
 }
 
+/// A learner registered with another member's Raft address: that member refuses the
+/// messages meant for the learner (found from outside: it answered them, and the learner
+/// promoted counted twice toward every majority), the learner's lag stays unknown, and
+/// promotion is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_at_another_members_raft_address_is_not_answered_for_or_promoted() {
+    let cluster = TestCluster::start(3, "always").with_joiner(4);
+    cluster.start_node(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let wrong_raft_addr = cluster.nodes[follower as usize - 1].raft_addr.clone();
+    let status = admin(
+        &cluster,
+        leader,
+        "/admin/add-learner",
+        json!({"id": 4, "api_addr": cluster.nodes[3].api_addr, "raft_addr": wrong_raft_addr}),
+    )
+    .await;
+    assert_eq!(status.learners, vec![4]);
+    for i in 0..5 {
+        let body = json!({"clientid": 1, "adds": [{"group": "typo", "data": format!("{i}")}]});
+        tasks(
+            cluster
+                .write(leader, "/update", &body)
+                .await
+                .expect("write"),
+        );
+    }
+    // Heartbeats and appends have had time to reach "node 4" many times over.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let status = cluster.status(leader).await.expect("status");
+    let learner = status
+        .nodes
+        .iter()
+        .find(|n| n.id == 4)
+        .expect("node 4 listed");
+    assert_eq!(learner.lag, None, "nobody answered as node 4: {status:?}");
+    let refused = cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/admin/promote",
+            &json!({"id": 4}),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(refused.status.as_u16(), 409, "{:?}", refused.body);
+    let message = String::from_utf8_lossy(&refused.body).into_owned();
+    assert!(message.contains("has not caught up"), "{message}");
+    let status = cluster.status(leader).await.expect("status");
+    assert_eq!(status.voters, vec![1, 2, 3], "still three voters");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_started_alone_joins_as_learner_is_promoted_and_removed() {
     let cluster = TestCluster::start(3, "always").with_joiner(4);

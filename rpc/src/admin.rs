@@ -269,22 +269,73 @@ pub fn parse_members(list: &str) -> Result<Vec<MemberJson>, String> {
             .split_once('/')
             .filter(|(api, raft)| api.contains(':') && raft.contains(':'))
             .ok_or_else(|| format!("{addrs:?} is not API_HOST:PORT/RAFT_HOST:PORT"))?;
-        if members.iter().any(|m| m.id == id) {
-            return Err(format!("node {id} is listed twice"));
-        }
         members.push(MemberJson {
             id,
             api_addr: api_addr.to_string(),
             raft_addr: raft_addr.to_string(),
         });
     }
+    check_members(&members)?;
     members.sort_by_key(|m| m.id);
     Ok(members)
+}
+
+/// Checks a new cluster's member list (init, restore): ids positive and each listed
+/// once, and no address given to two members or as both addresses of one, since one
+/// process would then answer for two.
+pub fn check_members(members: &[MemberJson]) -> Result<(), String> {
+    let mut ids = std::collections::BTreeSet::new();
+    let mut addrs: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for member in members {
+        let id = member.id;
+        if id == 0 {
+            return Err("node id 0 is not a positive node id".into());
+        }
+        if !ids.insert(id) {
+            return Err(format!("node {id} is listed twice"));
+        }
+        for addr in [member.api_addr.as_str(), member.raft_addr.as_str()] {
+            if let Some(other) = addrs.insert(addr, id) {
+                return Err(format!(
+                    "address {addr} is given to node {other} and to node {id}; each node needs addresses of its own"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_list_names_each_node_and_address_once() {
+        let one = |id, api: &str, raft: &str| member(id, api, raft);
+        assert_eq!(
+            check_members(&[one(1, "a:1", "r:1"), one(2, "a:2", "r:2")]),
+            Ok(())
+        );
+        for (members, says) in [
+            (
+                vec![one(1, "a:1", "r:1"), one(1, "a:2", "r:2")],
+                "node 1 is listed twice",
+            ),
+            (
+                vec![one(1, "a:1", "r:1"), one(2, "a:2", "r:1")],
+                "address r:1",
+            ),
+            (vec![one(1, "a:1", "a:1")], "address a:1"),
+            (vec![one(0, "a:1", "r:1")], "node id 0"),
+        ] {
+            let error = check_members(&members).expect_err(says);
+            assert!(error.contains(says), "{error}");
+        }
+        assert!(
+            parse_members("1=a:1/r:1,2=a:2/r:1").is_err(),
+            "the CLI's parser too"
+        );
+    }
 
     fn member(id: u64, api_addr: &str, raft_addr: &str) -> MemberJson {
         MemberJson {

@@ -8,6 +8,7 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::error::ClientWriteError;
 use openraft::error::InitializeError;
 use openraft::error::RaftError;
+use rpc::admin::CAUGHT_UP_ENTRIES_MAX;
 use rpc::admin::ClusterStatusJson;
 use rpc::admin::MemberJson;
 use rpc::admin::NewLearner;
@@ -105,6 +106,19 @@ impl Node {
             return Err(ServiceError::Conflict(format!(
                 "node {id} is not a learner (learners: {}); add it with add-learner first",
                 id_list(&status.learners)
+            )));
+        }
+        // A voter that holds nothing would count toward majorities without a copy.
+        let lag = status.nodes.iter().find(|n| n.id == id).and_then(|n| n.lag);
+        if lag.is_none_or(|lag| lag > CAUGHT_UP_ENTRIES_MAX) {
+            let lag = lag.map_or(
+                "unknown: it has not answered the leader yet".into(),
+                |lag| format!("{lag} entries"),
+            );
+            return Err(ServiceError::Conflict(format!(
+                "node {id} has not caught up (lag {lag}); check that its Raft address is its \
+                 own and that it runs, and promote it once its lag is at most \
+                 {CAUGHT_UP_ENTRIES_MAX}"
             )));
         }
         let change = self

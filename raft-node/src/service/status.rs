@@ -52,9 +52,12 @@ impl Node {
                 } else {
                     "learner"
                 };
+                // None until the member has matched an entry: a learner nobody reached
+                // (a wrong address) is not "behind by the whole log", it is unknown, and
+                // must not pass a catch-up check on a short log.
                 let lag = metrics.replication.as_ref().and_then(|replication| {
-                    let matched = replication.get(id)?;
-                    Some(last_log.saturating_sub(matched.as_ref().map_or(0, |m| m.index())))
+                    let matched = replication.get(id)?.as_ref()?;
+                    Some(last_log.saturating_sub(matched.index()))
                 });
                 NodeStatusJson {
                     id: *id,
