@@ -91,6 +91,15 @@ pub enum StartError {
     Tls(String),
 }
 
+impl StartError {
+    /// Whether a setting is wrong (exit status 2, which the systemd unit does not
+    /// restart on): TLS files that are missing or do not hold a certificate and key,
+    /// like an invalid flag, stay wrong until someone fixes them.
+    pub fn is_invalid_setting(&self) -> bool {
+        matches!(self, StartError::Tls(_))
+    }
+}
+
 /// openraft's configuration from ours.
 pub fn raft_config(config: &NodeConfig) -> Result<openraft::Config, StartError> {
     let timing = &config.timing;

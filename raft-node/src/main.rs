@@ -95,7 +95,11 @@ fn main() -> std::process::ExitCode {
             Ok(running) => running,
             Err(e) => {
                 tracing::error!("{e}");
-                return std::process::ExitCode::FAILURE;
+                return if e.is_invalid_setting() {
+                    std::process::ExitCode::from(2)
+                } else {
+                    std::process::ExitCode::FAILURE
+                };
             }
         };
         if let Some(tls) = &running.tls {

@@ -427,3 +427,41 @@ async fn a_node_with_a_certificate_of_another_ca_cannot_join() {
     let _ = impostor.kill();
     let _ = impostor.wait();
 }
+
+#[test]
+fn missing_tls_files_are_an_invalid_setting_with_exit_status_2() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_rota-node"))
+        .args([
+            "--id",
+            "1",
+            "--listen-api",
+            &free_port(),
+            "--listen-raft",
+            &free_port(),
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("node"))
+        .arg(format!(
+            "--tls-cert={}",
+            dir.path().join("missing.pem").display()
+        ))
+        .arg(format!(
+            "--tls-key={}",
+            dir.path().join("missing.key").display()
+        ))
+        .arg(format!(
+            "--tls-ca={}",
+            dir.path().join("missing-ca.pem").display()
+        ))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("rota-node ran");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.status.code(), Some(2), "{said}");
+    assert!(said.contains("missing.pem"), "names the file: {said}");
+}
