@@ -1,5 +1,11 @@
 //! Log time: the clock a leader stamps into each command.
 //!
+//! Followers also take the leader's time from every append it sends (the
+//! `x-rota-log-time` header, see `crate::network`), forward only, once they accepted the
+//! append: applied stamps alone leave a follower's clock at the last command's time on an
+//! idle cluster, and a node that caught up on old entries or applied only a membership
+//! change since would lead from there, behind by the idle time (found from outside).
+//!
 //! Every node runs one [`LogClock`]. It follows the monotonic clock and corrects toward
 //! the wall clock by at most [`LOG_CLOCK_SLEW_RATE`] (the machine's constant) of elapsed
 //! time, so a jump of the wall clock (forward or back, by any amount) changes the rate

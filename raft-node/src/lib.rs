@@ -298,7 +298,8 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     let client = HttpClient::new().with_tls(node_tls.as_ref().map(|t| t.client()));
     // What the log held before Raft starts on it: see `Node::log_at_start`.
     let log_at_start = log_at_start(&mut log_store).await?;
-    let network = Network::new(client.clone(), config.timing.clone());
+    let clock = Arc::new(LogClock::new(wall));
+    let network = Network::new(client.clone(), config.timing.clone(), Arc::clone(&clock));
     let raft = NodeRaft::new(
         config.id,
         Arc::new(raft_config(&config)?),
@@ -311,7 +312,6 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
 
     // A restarted node takes its time from what it applied, not from its wall clock,
     // which may have jumped while it was down; only a new cluster starts from the wall.
-    let clock = LogClock::new(wall);
     let applied_at = state.read(|s| s.machine.log_time());
     if applied_at > LogTime::EPOCH {
         clock.follow(applied_at);

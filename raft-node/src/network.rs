@@ -7,6 +7,7 @@
 //! slow; a whole snapshot gets [`RaftTiming::snapshot_timeout`].
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -43,6 +44,7 @@ use store_sm::raft_types::RotaVote;
 use store_sm::raft_types::SnapshotData;
 use store_sm::snapshot_data::SnapshotSpool;
 
+use crate::clock::LogClock;
 use crate::config::RaftTiming;
 use crate::types::NodeTypes;
 
@@ -64,6 +66,12 @@ pub mod paths {
 
 /// The media type of Raft bodies.
 pub const RAFT_CONTENT_TYPE: &str = "application/x-rota-raft";
+
+/// The header of an append that carries the sender's log time: a follower moves its
+/// clock forward to it (never back) once the append is accepted, so that its time is the
+/// leader's even when no command was stamped lately (an idle cluster, a node that caught
+/// up on old entries), and a follower that becomes leader continues from it.
+pub const RAFT_LOG_TIME_HEADER: &str = "x-rota-log-time";
 
 /// The header naming the node a Raft message is for. A receiver with another id refuses
 /// the message: otherwise a member registered at another member's Raft address (a
@@ -165,12 +173,17 @@ impl SnapshotReceiver {
 pub struct Network {
     client: HttpClient,
     timing: RaftTiming,
+    clock: Arc<LogClock>,
 }
 
 impl Network {
-    /// A network using `client`'s pool.
-    pub fn new(client: HttpClient, timing: RaftTiming) -> Self {
-        Self { client, timing }
+    /// A network using `client`'s pool, sending `clock`'s time with every append.
+    pub fn new(client: HttpClient, timing: RaftTiming, clock: Arc<LogClock>) -> Self {
+        Self {
+            client,
+            timing,
+            clock,
+        }
     }
 }
 
@@ -183,6 +196,7 @@ impl RaftNetworkFactory<NodeTypes> for Network {
             addr: node.raft_addr.clone(),
             client: self.client.clone(),
             timing: self.timing.clone(),
+            clock: Arc::clone(&self.clock),
         }
     }
 }
@@ -194,6 +208,7 @@ pub struct PeerClient {
     addr: String,
     client: HttpClient,
     timing: RaftTiming,
+    clock: Arc<LogClock>,
 }
 
 /// A transport failure: unreachable peers get openraft's backoff, the rest are retried.
@@ -206,12 +221,19 @@ fn transport_error(e: ClientError) -> RPCError<NodeTypes> {
 
 impl PeerClient {
     /// A client of node `target`'s Raft listener at `addr`.
-    pub fn to(target: NodeId, addr: String, client: HttpClient, timing: RaftTiming) -> Self {
+    pub fn to(
+        target: NodeId,
+        addr: String,
+        client: HttpClient,
+        timing: RaftTiming,
+        clock: Arc<LogClock>,
+    ) -> Self {
         Self {
             target,
             addr,
             client,
             timing,
+            clock,
         }
     }
 
@@ -244,7 +266,13 @@ impl PeerClient {
         chunks: &[Bytes],
         timeout: Duration,
     ) -> Result<Resp, ClientError> {
-        let headers = self.headers();
+        let mut headers = self.headers().to_vec();
+        if path == paths::APPEND {
+            headers.push((
+                HeaderName::from_static(RAFT_LOG_TIME_HEADER),
+                HeaderValue::from(self.clock.now().as_millis()),
+            ));
+        }
         let response = self
             .client
             .send_chunks(&self.addr, Method::POST, path, &headers, chunks, timeout)

@@ -34,8 +34,9 @@ pub struct Node {
     pub raft: NodeRaft,
     /// The applied state, for queries.
     pub state: StateReader,
-    /// The clock that stamps commands when this node leads.
-    pub clock: LogClock,
+    /// The clock that stamps commands when this node leads (shared with the Raft network,
+    /// which sends its time with every append).
+    pub clock: Arc<LogClock>,
     /// Pooled HTTP client for forwarding.
     pub client: HttpClient,
     /// Request counts and latencies per endpoint.
@@ -79,7 +80,7 @@ impl Node {
         config: NodeConfig,
         raft: NodeRaft,
         state: StateReader,
-        clock: LogClock,
+        clock: Arc<LogClock>,
         client: HttpClient,
         storage: NodeStorage,
         observer: &Observer,

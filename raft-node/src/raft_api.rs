@@ -9,10 +9,12 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::post;
+use openraft::raft::AppendEntriesResponse;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use store_sm::codec::decode_value;
 use store_sm::codec::encode_value;
+use store_sm::machine::LogTime;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaSnapshot;
 
@@ -21,6 +23,7 @@ use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
 use crate::http::stream_body;
 use crate::network::RAFT_CONTENT_TYPE;
+use crate::network::RAFT_LOG_TIME_HEADER;
 use crate::network::RAFT_TARGET_HEADER;
 use crate::network::SNAPSHOT_HEAD_BYTES_MAX;
 use crate::network::SnapshotReceiver;
@@ -93,7 +96,21 @@ async fn append(
     body: Body,
 ) -> Result<Response, ApiError> {
     let request = decode(&node, &headers, body, "append entries").await?;
-    Ok(encode(&node.raft.append_entries(request).await))
+    let answer = node.raft.append_entries(request).await;
+    // The sender's log time, once this node took it as its leader (a stale leader's
+    // append is answered HigherVote, and its time is not followed).
+    let accepted = answer
+        .as_ref()
+        .is_ok_and(|response| !matches!(response, AppendEntriesResponse::HigherVote(_)));
+    if accepted
+        && let Some(time) = headers
+            .get(RAFT_LOG_TIME_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse::<i64>().ok())
+    {
+        node.clock.advance_to(LogTime::from_millis(time));
+    }
+    Ok(encode(&answer))
 }
 
 async fn vote(

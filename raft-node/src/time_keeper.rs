@@ -2,6 +2,7 @@
 //! clock record on disk, and catches a new leader's clock up after the whole cluster was
 //! down (the reasoning is in [`crate::clock`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -61,6 +62,7 @@ fn save_record(node: &SharedNode, notes: &NodeSnapshots) {
 pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
     let mut metrics = node.raft.metrics();
     let mut seen_applied = None;
+    let mut followed = None;
     let mut caught_up_term = None;
     let mut next_record = tokio::time::Instant::now();
     let mut leader_known_since = None;
@@ -88,9 +90,13 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
             )
         };
         if !stamped_here && applied.is_some() && applied != seen_applied {
+            // Only a new stamp moves the clock: an entry without one (a membership
+            // change, a new leader's blank entry) leaves the machine's time where the
+            // last command put it, which may be long ago on an idle cluster.
             let log_time = node.state.read(|s| s.machine.log_time());
-            if log_time > LogTime::EPOCH {
+            if log_time > LogTime::EPOCH && Some(log_time) != followed {
                 node.clock.follow(log_time);
+                followed = Some(log_time);
             }
         }
         seen_applied = applied;
@@ -134,7 +140,13 @@ pub async fn catch_up(node: SharedNode) {
         (voters, peers)
     };
     let asks = peers.into_iter().map(|(id, addr)| {
-        let peer = PeerClient::to(id, addr, node.client.clone(), node.config.timing.clone());
+        let peer = PeerClient::to(
+            id,
+            addr,
+            node.client.clone(),
+            node.config.timing.clone(),
+            Arc::clone(&node.clock),
+        );
         async move { (id, peer.clock_estimate().await) }
     });
     let mut estimates = vec![node.clock.estimate()];

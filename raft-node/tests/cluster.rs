@@ -796,6 +796,64 @@ async fn admin(
     response.json(cluster.api(via)).expect("status json")
 }
 
+/// Log time across an idle spell and a new leader that joined after it: the new leader
+/// continues the cluster's time, not the time of the last command it applied (found from
+/// outside: 20 s behind the wall clock after 20 s of idle, and closing at 1%).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_that_joined_after_an_idle_spell_keeps_the_clusters_time() {
+    let cluster = TestCluster::start(3, "never").with_joiner(4);
+    cluster.start_node(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let body = json!({"clientid": 1, "adds": [{"group": "clock", "data": "before"}]});
+    tasks(
+        cluster
+            .write(leader, "/update", &body)
+            .await
+            .expect("write"),
+    );
+    let idle = Duration::from_secs(6);
+    tokio::time::sleep(idle).await;
+
+    let node4 = &cluster.nodes[3];
+    admin(
+        &cluster,
+        leader,
+        "/admin/add-learner",
+        json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr}),
+    )
+    .await;
+    eventually(|| async {
+        let status = cluster.status(leader).await.ok_or("no status")?;
+        match status.nodes.iter().find(|n| n.id == 4).and_then(|n| n.lag) {
+            Some(0) => Ok(()),
+            lag => Err(format!("node 4 not caught up: lag {lag:?}")),
+        }
+    })
+    .await;
+    admin(&cluster, leader, "/admin/promote", json!({"id": 4})).await;
+    admin(&cluster, leader, "/admin/transfer-leader", json!({"id": 4})).await;
+    eventually(|| async {
+        match cluster.wait_leader(&[1, 2, 3, 4]).await {
+            4 => Ok(()),
+            other => Err(format!("node {other} still leads")),
+        }
+    })
+    .await;
+
+    let wall_before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    let body = json!({"clientid": 1, "adds": [{"group": "clock", "data": "after"}]});
+    let added = tasks(cluster.write(4, "/update", &body).await.expect("write"));
+    let behind = wall_before - added[0].timespec;
+    assert!(
+        behind < (idle / 3).as_millis() as i64,
+        "the new leader's log time is {behind} ms behind the wall clock after {idle:?} idle"
+    );
+}
+
 /// A learner registered with another member's Raft address: that member refuses the
 /// messages meant for the learner (found from outside: it answered them, and the learner
 /// promoted counted twice toward every majority), the learner's lag stays unknown, and
