@@ -33,6 +33,8 @@ function memberHealth(node, status, ready, lags) {
     return [node.lag > LAGGING ? "warn" : "good", `replicating: ${fmtNum(node.lag)} behind`];
   }
   if (status.leader === null) return ["unknown", "no leader known"];
+  // On the leader, no lag means no progress: the member has not answered it this term.
+  if (status.leader === status.id) return ["bad", "not replicating: no answer to this leader yet"];
   return ["unknown", "lag known on the leader"];
 }
 
