@@ -266,16 +266,24 @@ impl PeerClient {
         chunks: &[Bytes],
         timeout: Duration,
     ) -> Result<Resp, ClientError> {
-        let mut headers = self.headers().to_vec();
-        if path == paths::APPEND {
-            headers.push((
-                HeaderName::from_static(RAFT_LOG_TIME_HEADER),
-                HeaderValue::from(self.clock.now().as_millis()),
-            ));
-        }
+        // An append, many a second, also carries this node's log time: no allocation.
+        let base = self.headers();
+        let with_time;
+        let headers: &[(HeaderName, HeaderValue)] = if path == paths::APPEND {
+            let [content, target] = base;
+            let time = HeaderValue::from(self.clock.now().as_millis());
+            with_time = [
+                content,
+                target,
+                (HeaderName::from_static(RAFT_LOG_TIME_HEADER), time),
+            ];
+            &with_time
+        } else {
+            &base
+        };
         let response = self
             .client
-            .send_chunks(&self.addr, Method::POST, path, &headers, chunks, timeout)
+            .send_chunks(&self.addr, Method::POST, path, headers, chunks, timeout)
             .await;
         self.answer(response, path)
     }

@@ -311,22 +311,21 @@ mod tests {
 
     #[test]
     fn a_member_list_names_each_node_and_address_once() {
-        let one = |id, api: &str, raft: &str| member(id, api, raft);
         assert_eq!(
-            check_members(&[one(1, "a:1", "r:1"), one(2, "a:2", "r:2")]),
+            check_members(&[member(1, "a:1", "r:1"), member(2, "a:2", "r:2")]),
             Ok(())
         );
         for (members, says) in [
             (
-                vec![one(1, "a:1", "r:1"), one(1, "a:2", "r:2")],
+                vec![member(1, "a:1", "r:1"), member(1, "a:2", "r:2")],
                 "node 1 is listed twice",
             ),
             (
-                vec![one(1, "a:1", "r:1"), one(2, "a:2", "r:1")],
+                vec![member(1, "a:1", "r:1"), member(2, "a:2", "r:1")],
                 "address r:1",
             ),
-            (vec![one(1, "a:1", "a:1")], "address a:1"),
-            (vec![one(0, "a:1", "r:1")], "node id 0"),
+            (vec![member(1, "a:1", "a:1")], "address a:1"),
+            (vec![member(0, "a:1", "r:1")], "node id 0"),
         ] {
             let error = check_members(&members).expect_err(says);
             assert!(error.contains(says), "{error}");

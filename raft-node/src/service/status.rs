@@ -108,8 +108,8 @@ impl Node {
         if metrics.current_leader.is_none() {
             return Err("no leader is known".into());
         }
-        let voters: Vec<NodeId> = metrics.membership_config.membership().voter_ids().collect();
-        let alone = voters == [self.id()];
+        let mut voters = metrics.membership_config.membership().voter_ids();
+        let alone = voters.next() == Some(self.id()) && voters.next().is_none();
         if metrics.state == ServerState::Leader && !alone {
             // A leader cut off from its quorum still names itself, but refuses every
             // write and linearizable read once its lease (the longest election timeout)

@@ -35,6 +35,24 @@ fn claim_cmd(stamp_ms: Millis, client: ClientId, group: &str, duration_ms: Milli
     }
 }
 
+/// Client 1's claim in group `g` for 5 ms that names `depends`.
+fn claim_depending_on(depends: Vec<TaskId>) -> ClaimRequest {
+    ClaimRequest {
+        client: 1,
+        group: "g".into(),
+        duration_ms: 5,
+        depends,
+    }
+}
+
+fn claim_command(claim: &ClaimRequest) -> Command {
+    Command {
+        stamp: at(T0),
+        request_id: None,
+        request: Request::Claim(claim.clone()),
+    }
+}
+
 fn tasks_of(outcome: &Outcome) -> &[Task] {
     match outcome {
         Outcome::Tasks(tasks) => tasks,
@@ -288,16 +306,8 @@ fn claim_refusals() {
             "claim: duration 0 is not a positive number of milliseconds"
         ]
     );
-    let command = Command {
-        stamp: at(T0),
-        request_id: None,
-        request: Request::Claim(ClaimRequest {
-            client: 1,
-            group: "g".into(),
-            duration_ms: 5,
-            depends: vec![42],
-        }),
-    };
+    let claim = claim_depending_on(vec![42]);
+    let command = claim_command(&claim);
     assert_eq!(
         refusals_of(&machine.apply(&command)),
         ["depends: task 42 does not exist"]
@@ -307,12 +317,9 @@ fn claim_refusals() {
         []
     );
     // What a blocking claim asks before it waits: the same reasons, nothing applied.
-    let Request::Claim(claim) = &command.request else {
-        unreachable!("built as a claim above");
-    };
     assert_eq!(
         machine
-            .claim_refusals(claim, 1, at(T0))
+            .claim_refusals(&claim, 1, at(T0))
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>(),
@@ -329,16 +336,7 @@ fn claim_refusals() {
 #[test]
 fn a_missing_dependency_named_twice_is_reported_once() {
     let mut machine = TaskMachine::new();
-    let command = Command {
-        stamp: at(T0),
-        request_id: None,
-        request: Request::Claim(ClaimRequest {
-            client: 1,
-            group: "g".into(),
-            duration_ms: 5,
-            depends: vec![42, 42, 43],
-        }),
-    };
+    let command = claim_command(&claim_depending_on(vec![42, 42, 43]));
     let refusals = refusals_of(&machine.apply(&command));
     assert_eq!(
         refusals
