@@ -205,8 +205,16 @@ pub struct RestoreReport {
     pub file: String,
     /// The state hash recorded in the backup.
     pub backup_state_hash: String,
+    /// The hash of the state the new cluster starts from: the backup's, with log time
+    /// moved to the restore and task ids above a floor from it (so no id issued after
+    /// the backup is issued again).
+    pub restored_state_hash: String,
     /// Tasks restored.
     pub tasks: u64,
+    /// The id the new cluster's next task version gets.
+    pub next_id: u64,
+    /// The new cluster's log time at the restore, in ms since the Unix epoch.
+    pub log_time: i64,
     /// Per member of the new cluster: its applied index and state hash once it holds the
     /// restored state.
     pub members: BTreeMap<u64, StateHashJson>,
@@ -291,11 +299,14 @@ pub async fn restore(
                 first.id
             ))
         })?;
-    let holding = check_members_hold(&client, &members, &backup_hash).await?;
+    let holding = check_members_hold(&client, &members, &restored.restored_state_hash).await?;
     Ok(RestoreReport {
         file: file.display().to_string(),
         backup_state_hash: backup_hash,
+        restored_state_hash: restored.restored_state_hash,
         tasks: restored.tasks,
+        next_id: restored.next_id,
+        log_time: restored.log_time,
         members: holding,
         leader,
     })
@@ -389,11 +400,11 @@ async fn wait_all_applied(
 }
 
 /// Hashes each member's state once (hashing is O(tasks), so only after the wait) and
-/// checks it is the backup's; each member's applied index and hash.
+/// checks it is the restored state's; each member's applied index and hash.
 async fn check_members_hold(
     client: &HttpClient,
     members: &[MemberJson],
-    backup_hash: &str,
+    restored_hash: &str,
 ) -> Result<BTreeMap<u64, StateHashJson>, CliError> {
     let mut holding = BTreeMap::new();
     for member in members {
@@ -407,9 +418,9 @@ async fn check_members_hold(
             .map_err(|e| CliError::Unreachable(e.to_string()))?
             .json(&member.api_addr)
             .map_err(|e| CliError::Failed(e.to_string()))?;
-        if hash.state_hash != backup_hash {
+        if hash.state_hash != restored_hash {
             return Err(CliError::Failed(format!(
-                "node {} holds state hash {} after the restore, not the backup's {backup_hash}",
+                "node {} holds state hash {} after the restore, not the restored state's {restored_hash}",
                 member.id, hash.state_hash
             )));
         }

@@ -1501,8 +1501,15 @@ async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
             let report = cli::cluster::restore(&file, members, wait.duration()).await?;
             emit(json, &report, |r| {
                 let mut out = format!(
-                    "restored {} ({} tasks, state hash {}); node {} leads\n",
-                    r.file, r.tasks, r.backup_state_hash, r.leader
+                    "restored {} ({} tasks, backup state hash {}); node {} leads\n\
+                     new cluster: state hash {}, next task id {}, log time {} ms\n",
+                    r.file,
+                    r.tasks,
+                    r.backup_state_hash,
+                    r.leader,
+                    r.restored_state_hash,
+                    r.next_id,
+                    r.log_time
                 );
                 for (id, hash) in &r.members {
                     out.push_str(&format!(

@@ -229,7 +229,7 @@ async fn replace_a_killed_node_with_a_new_id_and_move_leadership() {
 }
 
 #[tokio::test]
-async fn backup_under_load_restores_into_a_new_cluster_with_the_same_state_hash() {
+async fn backup_under_load_restores_into_a_new_cluster_above_every_issued_id() {
     let source = Fleet::new();
     form(&source, &[1, 2, 3]).await;
     let url = source.urls(&[1, 2, 3]);
@@ -283,10 +283,22 @@ async fn backup_under_load_restores_into_a_new_cluster_with_the_same_state_hash(
     assert_eq!(run.code, 0, "{}", run.stderr);
     let report = status_json(&run.stdout);
     assert_eq!(report["backup_state_hash"], backup_hash.as_str());
+    let restored_hash = report["restored_state_hash"].as_str().expect("hash");
     for id in ["1", "2", "3"] {
-        assert_eq!(report["members"][id]["state_hash"], backup_hash.as_str());
+        assert_eq!(report["members"][id]["state_hash"], restored_hash);
     }
-    assert_eq!(target.wait_converged(&[1, 2, 3]).await, backup_hash);
+    assert_eq!(target.wait_converged(&[1, 2, 3]).await, restored_hash);
+    // The new cluster's time is the restore's, not the backup's (SPEC 1.7: leases and
+    // available times judged as the old cluster would judge them now).
+    let wall_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let log_time = report["log_time"].as_i64().expect("log_time");
+    assert!(
+        (wall_ms - log_time).abs() < 60_000,
+        "log time {log_time}, wall clock {wall_ms}"
+    );
 
     // Everything acknowledged before the backup began is in the new cluster, and
     // nothing that the source never held.
@@ -317,7 +329,13 @@ async fn backup_under_load_restores_into_a_new_cluster_with_the_same_state_hash(
     .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     let new_id = status_json(&run.stdout)[0]["id"].as_u64().expect("id");
-    assert!(acked_before.iter().all(|&id| id < new_id));
+    // Above every id the source acknowledged, also after the backup (SPEC 1.1).
+    let highest = acked.iter().max().copied().unwrap_or(0);
+    assert!(
+        highest < new_id,
+        "new id {new_id}, the source issued {highest}"
+    );
+    assert!(report["next_id"].as_u64().expect("next_id") <= new_id);
     target.kill(1);
     target.start(1);
     target.wait_up(1).await;

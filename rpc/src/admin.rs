@@ -126,10 +126,18 @@ pub struct NodeIdJson {
 pub struct RestoreJson {
     /// Log index the restored state sits at in the new cluster.
     pub applied_index: u64,
-    /// The restored state's hash; equal to the backup's.
+    /// The backup's state hash, as its file records it: the node read the backup intact.
     pub state_hash: String,
+    /// The hash of the state the new cluster starts from: the backup's, with log time
+    /// moved to the restore and task ids above a floor from it. Every member holds it.
+    pub restored_state_hash: String,
     /// Live tasks restored.
     pub tasks: u64,
+    /// The id the new cluster's next task version gets: above every id the backed-up
+    /// cluster issued, also after the backup.
+    pub next_id: u64,
+    /// The new cluster's log time at the restore, in ms since the Unix epoch.
+    pub log_time: i64,
 }
 
 /// Header of `POST /admin/restore` carrying the new cluster's members as

@@ -216,6 +216,21 @@ impl SnapshotSpool {
     }
 }
 
+/// So a snapshot can be encoded straight into a spool; the limit still applies.
+impl Write for SnapshotSpool {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        SnapshotSpool::write(self, bytes)?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Memory(_) => Ok(()),
+            Sink::File(file) => file.flush(),
+        }
+    }
+}
+
 static NEXT_SPOOL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Reads a whole stream into a spool, for callers holding a reader.

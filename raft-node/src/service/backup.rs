@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use openraft::async_runtime::WatchReceiver;
 use openraft::vote::RaftLeaderId;
 use rpc::admin::RestoreJson;
+use store_sm::machine::LogTime;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaLeaderId;
 use store_sm::raft_types::RotaLogId;
@@ -15,6 +16,8 @@ use store_sm::raft_types::RotaSnapshotMeta;
 use store_sm::raft_types::RotaStoredMembership;
 use store_sm::raft_types::RotaVote;
 use store_sm::raft_types::SnapshotData;
+use store_sm::snapshot::StateHash;
+use store_sm::snapshot_data::SnapshotSpool;
 
 use super::Consistency;
 use super::ServiceError;
@@ -81,41 +84,92 @@ impl Node {
     }
 
     /// Starts a new cluster of `members` from `backup` (the snapshot format): installs it
-    /// on this empty node as a snapshot at log index 1. This node then elects itself and
-    /// replicates the snapshot to the other members, which must be running and empty too.
+    /// on this empty node as a snapshot at log index 1, with log time moved to this
+    /// node's clock and ids above a floor from it (see
+    /// [`store_sm::machine::TaskMachine::start_restored_cluster`]). This node then elects
+    /// itself and replicates the snapshot to the other members, which must be running
+    /// and empty too.
     pub async fn restore(
         &self,
         members: BTreeMap<NodeId, RotaNode>,
         backup: SnapshotData,
     ) -> Result<RestoreJson, ServiceError> {
         self.check_restore(&members)?;
-        let spooled = backup.clone();
-        let checked = off_thread("checking the backup", move || {
-            let bytes = spooled
-                .load()
-                .map_err(|e| ServiceError::Internal(format!("reading the spooled backup: {e}")))?;
-            // Decoded only to check the backup: the state machine decodes it again.
-            let (machine, state_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
-                .map_err(|e| {
-                    ServiceError::Invalid(format!("the body is not a usable backup: {e}"))
-                })?;
-            Ok::<_, ServiceError>((machine.task_count() as u64, state_hash))
+        let now = self.clock.now();
+        let spool = self
+            .snapshot_spool()
+            .map_err(|e| ServiceError::Internal(format!("cannot spool the restored state: {e}")))?;
+        let restored = off_thread("preparing the backup", move || {
+            restored_state(&backup, now, spool)
         })
-        .await?;
-        let (tasks, state_hash) = checked?;
-        let (vote, snapshot) = restored_snapshot(members, backup)?;
+        .await??;
+        let (vote, snapshot) = restored_snapshot(members, restored.data.clone())?;
         let applied_index = snapshot.meta.last_log_id.map_or(0, |id| id.index());
         self.raft
             .install_full_snapshot(vote, snapshot)
             .await
             .map_err(|e| ServiceError::Internal(format!("installing the backup failed: {e}")))?;
-        tracing::info!(%state_hash, tasks, "restored from a backup");
-        Ok(RestoreJson {
-            applied_index,
-            state_hash: state_hash.to_string(),
-            tasks,
-        })
+        let answer = restored.answer(applied_index);
+        tracing::info!(
+            backup_state_hash = %answer.state_hash,
+            state_hash = %answer.restored_state_hash,
+            tasks = answer.tasks,
+            next_id = answer.next_id,
+            log_time = answer.log_time,
+            "restored from a backup"
+        );
+        Ok(answer)
     }
+}
+
+/// A backup made ready to start a new cluster, and what the restore answers about it.
+struct RestoredState {
+    data: SnapshotData,
+    backup_hash: StateHash,
+    hash: StateHash,
+    tasks: u64,
+    next_id: u64,
+    log_time: i64,
+}
+
+impl RestoredState {
+    fn answer(&self, applied_index: u64) -> RestoreJson {
+        RestoreJson {
+            applied_index,
+            state_hash: self.backup_hash.to_string(),
+            restored_state_hash: self.hash.to_string(),
+            tasks: self.tasks,
+            next_id: self.next_id,
+            log_time: self.log_time,
+        }
+    }
+}
+
+/// Decodes the spooled `backup` (which checks it), starts a new cluster's state from it
+/// at `now`, and encodes that state into `spool`.
+fn restored_state(
+    backup: &SnapshotData,
+    now: LogTime,
+    mut spool: SnapshotSpool,
+) -> Result<RestoredState, ServiceError> {
+    let bytes = backup
+        .load()
+        .map_err(|e| ServiceError::Internal(format!("reading the spooled backup: {e}")))?;
+    let (mut machine, backup_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
+        .map_err(|e| ServiceError::Invalid(format!("the body is not a usable backup: {e}")))?;
+    drop(bytes);
+    machine.start_restored_cluster(now);
+    let spooled =
+        |e: std::io::Error| ServiceError::Internal(format!("cannot spool the restored state: {e}"));
+    let hash = store_sm::snapshot::write_snapshot(&machine, &mut spool).map_err(spooled)?;
+    Ok(RestoredState {
+        data: spool.finish().map_err(spooled)?,
+        backup_hash,
+        hash,
+        tasks: machine.task_count() as u64,
+        next_id: machine.next_id(),
+        log_time: machine.log_time().as_millis(),
+    })
 }
 
 /// The snapshot at log index 1, term 1, led by [`RESTORE_LEADER`], whose membership has

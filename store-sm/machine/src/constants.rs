@@ -46,6 +46,13 @@ pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
 /// lease lasts within this fraction of its length in real time under one leader.
 pub const LOG_CLOCK_SLEW_RATE: f64 = 0.01;
 
+/// Task ids a restored cluster starts above per millisecond of its log time (its first
+/// id is at least log time in microseconds). Any cluster that hands out fewer ids than
+/// this per millisecond on average (the fastest load measured is about 220) never
+/// reaches that floor, so ids issued after a backup are never issued again by a
+/// cluster restored from it; see `TaskMachine::start_restored_cluster`.
+pub const RESTORED_IDS_PER_MS: u64 = 1_000;
+
 /// Longest job key, in bytes (keys are at least one byte).
 pub const JOB_KEY_BYTES_MAX: usize = 256;
 

@@ -14,6 +14,7 @@ use super::Task;
 use super::TaskId;
 use super::TaskMachine;
 use super::TokenRecord;
+use super::constants::RESTORED_IDS_PER_MS;
 
 /// Why a snapshot's parts describe a state no machine could have reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +82,24 @@ impl fmt::Display for InvalidParts {
 impl std::error::Error for InvalidParts {}
 
 impl TaskMachine {
+    /// Readies a machine decoded from a backup to start a new cluster at `now` (the
+    /// restoring node's clock, I/O the caller does). Log time moves forward to `now`, so
+    /// leases and available times are judged as the backed-up cluster would judge them
+    /// today rather than from the moment of the backup. The next id rises to at least
+    /// `now` in [`RESTORED_IDS_PER_MS`] units: the backed-up cluster may have gone on
+    /// issuing ids after the backup, and SPEC 1.1 forbids issuing them again. By
+    /// induction over restores, a cluster's ids stay below its log time in those units as
+    /// long as it issues fewer than that many per millisecond on average, so the floor
+    /// is above every id the old cluster issued, provided the two clusters' clocks agree
+    /// within the slack that rate leaves.
+    pub fn start_restored_cluster(&mut self, now: LogTime) {
+        let now = self.advance_time(now);
+        let floor = u64::try_from(now.as_millis())
+            .unwrap_or(0)
+            .saturating_mul(RESTORED_IDS_PER_MS);
+        self.next_id = self.next_id.max(floor);
+    }
+
     /// Rebuilds a machine from a snapshot's parts; refuses parts no machine could produce.
     pub fn from_parts(
         next_id: TaskId,

@@ -656,3 +656,30 @@ fn a_retried_claim_with_count_gets_its_first_tasks_and_a_waiting_one_may_find_no
     let left = machine.apply(&claim_many_cmd(T0 + 10, 9, "g", 5));
     assert_eq!(tasks_of(&left).len(), 1);
 }
+
+#[test]
+fn a_restored_cluster_starts_at_its_own_time_with_ids_above_a_time_floor() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 2);
+    let claimed = tasks_of(&machine.apply(&claim_cmd(T0, 5, "g", 60_000)))[0].clone();
+    let backed_up_next = machine.next_id();
+
+    let restored_at = T0 + 3_600_000;
+    machine.start_restored_cluster(at(restored_at));
+    assert_eq!(machine.log_time().as_millis(), restored_at);
+    let floor = u64::try_from(restored_at).expect("positive") * constants::RESTORED_IDS_PER_MS;
+    assert_eq!(machine.next_id(), floor);
+    assert!(floor > backed_up_next);
+
+    // The lease the backup held ended before the restore, so the task is free again,
+    // and its next version's id is above the floor.
+    let again = tasks_of(&machine.apply(&claim_cmd(restored_at, 6, "g", 1000)))[0].clone();
+    assert_eq!(again.group, claimed.group);
+    assert!(again.id >= floor, "id {} under the floor {floor}", again.id);
+
+    // A second restore with a clock behind moves neither time nor ids back.
+    let next = machine.next_id();
+    machine.start_restored_cluster(at(T0));
+    assert_eq!(machine.log_time().as_millis(), restored_at);
+    assert_eq!(machine.next_id(), next);
+}
