@@ -181,8 +181,12 @@ impl DedupTable {
             }
             self.live -= 1;
             self.bytes -= oldest.bytes;
-            let removed = self.index_mut().remove(&oldest.key);
-            debug_assert!(removed.is_some(), "dedup order names a missing key");
+            // A clone without an index builds it later from what is left: building it
+            // here would cost a read view (which evicts as time passes) the whole table.
+            if let Some(index) = self.index.as_mut() {
+                let removed = index.remove(&oldest.key);
+                debug_assert!(removed.is_some(), "dedup order names a missing key");
+            }
         }
     }
 
@@ -236,6 +240,37 @@ mod tests {
 
     fn key(client: ClientId, id: &str) -> DedupKey {
         (client, Arc::from(id))
+    }
+
+    #[test]
+    fn a_clone_evicts_without_an_index_and_builds_a_consistent_one_later() {
+        let mut table = DedupTable::default();
+        for (n, id) in ["a", "b", "c"].into_iter().enumerate() {
+            let at = LogTime::from_millis(n as Millis);
+            table.insert(key(1, id), at, Arc::new(Outcome::Tasks(vec![])), Some(7));
+        }
+        let mut view = table.clone();
+        // Past the window of "a" and "b" only: a read view passing time evicts them.
+        view.evict(LogTime::from_millis(DEDUP_WINDOW_MS + 2));
+        assert_eq!(view.len(), 1);
+        assert!(view.get(&key(1, "a")).is_none());
+        assert!(view.get(&key(1, "c")).is_some());
+        let later = LogTime::from_millis(DEDUP_WINDOW_MS + 3);
+        view.insert(
+            key(1, "d"),
+            later,
+            Arc::new(Outcome::Tasks(vec![])),
+            Some(7),
+        );
+        view.insert(
+            key(1, "c"),
+            later,
+            Arc::new(Outcome::Tasks(vec![])),
+            Some(8),
+        );
+        assert_eq!(view.len(), 2);
+        assert_eq!(view.get(&key(1, "c")).map(|e| e.fingerprint), Some(Some(8)));
+        assert_eq!(table.len(), 3, "the original is untouched");
     }
 
     #[test]
