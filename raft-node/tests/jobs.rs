@@ -350,7 +350,7 @@ async fn bad_job_input_is_a_400_that_names_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lapsed_lease_shows_in_reads_before_any_write() {
+async fn a_lapsed_lease_shows_in_reads_and_ends_waits_before_any_write() {
     let cluster = TestCluster::start(1, "always");
     cluster.wait_ready(&[1]).await;
     let add = json!({"clientid": 1, "adds": [{"group": "l", "key": "k", "max_attempts": 1}]});
@@ -364,6 +364,25 @@ async fn a_lapsed_lease_shows_in_reads_before_any_write() {
     assert_eq!(job["history"][0]["outcome"], "lost");
     let settings = get(&cluster, 1, "/groups/l/settings").await;
     assert_eq!(settings["running"], 0);
+    // A stale read on the leader judges at the leader's clock too (SPEC 2).
+    let job = get(&cluster, 1, "/job?group=l&key=k&consistency=stale").await;
+    assert_eq!(job["state"], "dead", "{job}");
+    let settings = get(&cluster, 1, "/groups/l/settings?consistency=stale").await;
+    assert_eq!(settings["running"], 0);
+
+    // A wait for an outcome ends when a lease's end ends the job, with no write.
+    let add = json!({"clientid": 1, "adds": [{"group": "l", "key": "w", "max_attempts": 1}]});
+    post(&cluster, 1, "/update", add).await;
+    let claim = json!({"clientid": 7, "group": "l", "duration": 500});
+    post(&cluster, 1, "/claim", claim).await;
+    let started = std::time::Instant::now();
+    let waited = get(&cluster, 1, "/jobs/wait?group=l&key=w&wait_ms=20000").await;
+    assert_eq!(waited["finished"], true, "{waited}");
+    assert_eq!(waited["jobs"][0]["state"], "dead", "{waited}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "woken by the lease's end, not the wait's"
+    );
 }
 
 #[tokio::test]

@@ -253,8 +253,8 @@ impl Node {
     }
 
     /// When, by this node's clock, a task of `group` next becomes claimable by time
-    /// alone.
-    fn next_claimable_at(&self, group: &str) -> Option<Instant> {
+    /// alone: a delay or back-off passes, or a lease ends (which may also end a job).
+    pub(super) fn next_claimable_at(&self, group: &str) -> Option<Instant> {
         let now = self.clock.now();
         let at: LogTime = self
             .state

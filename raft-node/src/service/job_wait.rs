@@ -1,7 +1,7 @@
 //! Waits for job outcomes (`GET /job` and `/jobs/wait` with `wait_ms`): a read that
 //! is answered when every named job has finished (succeeded, dead or cancelled), or at
 //! its deadline with the records as they are. It reads at the asked consistency each
-//! time the group changes on this node; nothing is proposed.
+//! time the group changes on this node or one of its leases ends; nothing is proposed.
 
 use std::time::Duration;
 
@@ -41,7 +41,11 @@ impl Node {
             changed.as_mut().enable();
             stopped.as_mut().enable();
             let view = match last.take() {
-                Some(view) if !look => view,
+                // Nothing changed since it was read, but time passed: judge it now.
+                Some(mut view) if !look => {
+                    view.now = view.now.max(self.read_time(view.state.machine.log_time()));
+                    view
+                }
                 _ => match self.read(consistency).await {
                     Ok(view) => view,
                     Err(e) => break Err(e),
@@ -60,12 +64,20 @@ impl Node {
                 break Ok(view);
             }
             last = Some(view);
+            // A lease that ends can end a job with no write (a lost last attempt leaves it
+            // dead, and its dependants cancelled): look again when the group's next one
+            // ends, as a blocking claim does.
+            let wake_at = self
+                .next_claimable_at(group)
+                .map_or(deadline, |at| at.min(deadline));
             tokio::select! {
                 // Polled in order: the simulation needs the same choice on every replay.
                 biased;
                 () = &mut changed => (look, woken) = (true, true),
                 () = &mut stopped => (look, woken) = (false, false),
-                () = tokio::time::sleep_until(deadline) => (look, woken) = (false, false),
+                () = tokio::time::sleep_until(wake_at) => {
+                    (look, woken) = (Instant::now() < deadline, false);
+                }
             }
         };
         drop(signal);

@@ -1,6 +1,7 @@
 //! Reads: linearizable on the leader through read-index, stale from this node's state.
 
 use openraft::ReadPolicy;
+use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::LinearizableReadError;
 use openraft::error::RaftError;
@@ -49,7 +50,7 @@ impl Node {
         self.check_member()?;
         if consistency == Consistency::Stale || self.planted_follower_read() {
             let state = self.state.snapshot();
-            let now = state.machine.log_time();
+            let now = self.read_time(state.machine.log_time());
             return Ok(ReadView {
                 state: Box::new(state),
                 now,
@@ -92,6 +93,18 @@ impl Node {
                 )))
             }
             Err(RaftError::Fatal(fatal)) => Err(Self::stopped(fatal)),
+        }
+    }
+
+    /// The log time a read of a state applied up to `applied` judges ownership, lapses
+    /// and retention at (SPEC 2): on the leader the larger of it and the leader's clock,
+    /// so time passes on an idle cluster; elsewhere the last applied entry's time.
+    pub(super) fn read_time(&self, applied: LogTime) -> LogTime {
+        let leading = self.raft.metrics().borrow_watched().state == ServerState::Leader;
+        if leading {
+            applied.max(self.clock.now())
+        } else {
+            applied
         }
     }
 
