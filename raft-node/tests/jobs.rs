@@ -662,3 +662,32 @@ async fn a_finish_of_many_ends_every_claim_or_none_through_any_node() {
         assert!(error.contains(says), "{error:?} should say {says:?}");
     }
 }
+
+#[tokio::test]
+async fn a_job_read_back_is_accepted_as_an_update_and_keeps_its_job_fields() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_ready(&[1]).await;
+    let add = json!({"clientid": 1, "adds": [{"group": "r", "key": "k", "priority": 3}]});
+    post(&cluster, 1, "/update", add).await;
+    let claimed = first_task(&post(&cluster, 1, "/claim", claim("r", 4)).await);
+    let id = claimed["id"].as_u64().expect("id");
+    // As a seed worker renews: the task exactly as GET answered it, a new timespec.
+    let mut read = get(&cluster, 1, &format!("/task/{id}")).await;
+    assert_eq!(
+        (read["key"].as_str(), read["attempt"].as_u64()),
+        (Some("k"), Some(1))
+    );
+    read["timespec"] = json!(-60_000);
+    let renewed = post(
+        &cluster,
+        1,
+        "/update",
+        json!({"clientid": 4, "updates": [read]}),
+    )
+    .await;
+    let renewed = first_task(&renewed);
+    assert_ne!(renewed["id"], id, "{renewed}");
+    assert_eq!(renewed["key"], "k", "{renewed}");
+    assert_eq!(renewed["priority"], 3, "{renewed}");
+    assert_eq!(renewed["attempt"], 1, "{renewed}");
+}

@@ -85,6 +85,10 @@ pub struct AddJson {
     /// what it writes).
     #[serde(default, rename = "ownerid", skip_serializing)]
     pub ignored_ownerid: Option<i64>,
+    /// A job read back may carry its attempt here: an integer, ignored (a new task has
+    /// had none).
+    #[serde(default, rename = "attempt", skip_serializing)]
+    pub ignored_attempt: Option<u32>,
     /// Makes the task a job: 1 to 256 bytes, unique among the group's live tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -135,6 +139,18 @@ pub struct ChangeJson {
     /// A task read back carries its owner: an integer, ignored.
     #[serde(default, rename = "ownerid", skip_serializing)]
     pub ignored_ownerid: Option<i64>,
+    /// A job read back carries its key: a string, ignored (the new version keeps the
+    /// job's key).
+    #[serde(default, rename = "key", skip_serializing)]
+    pub ignored_key: Option<String>,
+    /// A task read back carries its priority when not 0: an integer, ignored (the new
+    /// version keeps it).
+    #[serde(default, rename = "priority", skip_serializing)]
+    pub ignored_priority: Option<i64>,
+    /// A job read back carries its attempt: an integer, ignored (the new version keeps
+    /// it).
+    #[serde(default, rename = "attempt", skip_serializing)]
+    pub ignored_attempt: Option<u32>,
 }
 
 /// The body of `POST /update`.
@@ -630,12 +646,23 @@ mod tests {
         let update: UpdateRequestJson = serde_json::from_str(body).expect("parses");
         assert_eq!(update.adds[0].ignored_id, Some(5));
         assert_eq!(update.updates[0].id, 6);
+        // A job as GET answers it, sent back as an update (a renewal) or an add.
+        let job = r#"{"id": 6, "group": "g", "data": "d", "timespec": 0, "ownerid": 9,
+            "key": "k", "priority": 3, "attempt": 2}"#;
+        let body = format!(r#"{{"clientid": 1, "adds": [{job}], "updates": [{job}]}}"#);
+        let update: UpdateRequestJson = serde_json::from_str(&body).expect("parses");
+        assert_eq!(update.updates[0].ignored_key.as_deref(), Some("k"));
+        assert_eq!(update.adds[0].key.as_deref(), Some("k"));
+        assert_eq!(update.adds[0].priority, Some(3));
         for body in [
             r#"{"clientid": 1, "adds": [{"group": "g", "id": "5"}]}"#,
             r#"{"clientid": 1, "adds": [{"group": "g", "id": [[[]]]}]}"#,
             r#"{"clientid": 1, "adds": [{"group": "g", "ownerid": "9"}]}"#,
             r#"{"clientid": 1, "updates": [{"id": 6, "group": 7}]}"#,
             r#"{"clientid": 1, "updates": [{"id": 6, "ownerid": 1.5}]}"#,
+            r#"{"clientid": 1, "updates": [{"id": 6, "key": 7}]}"#,
+            r#"{"clientid": 1, "updates": [{"id": 6, "attempt": -1}]}"#,
+            r#"{"clientid": 1, "adds": [{"group": "g", "attempt": "1"}]}"#,
         ] {
             assert!(
                 serde_json::from_str::<UpdateRequestJson>(body).is_err(),
