@@ -139,10 +139,9 @@ pub async fn respond<T>(
             // leader that never relays.
             Box::pin(relay(node, &leader_api, incoming)).await
         }
-        Err(ServiceError::NotLeader { .. }) => ApiError::unavailable(
-            "leadership is moving; retry shortly (with the same requestid for writes)",
-        )
-        .into_response(),
+        Err(ServiceError::NotLeader { .. }) => {
+            ApiError::unavailable(crate::service::LEADERSHIP_MOVING).into_response()
+        }
         Err(e) => ApiError::from(e).into_response(),
     }
 }

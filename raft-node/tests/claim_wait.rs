@@ -664,3 +664,62 @@ async fn a_waiting_claim_the_machine_would_refuse_is_refused_not_answered_empty(
         }
     );
 }
+
+/// Found from outside: a blocking claim waiting on a leader that handed leadership on
+/// waited out its time there and then answered 503, and a task added meanwhile met a
+/// 503 instead of the waiter. Now the wait goes to the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_follows_leadership_to_the_new_leader() {
+    let cluster = TestCluster::start(3, "never");
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let target = (1..=3).find(|&id| id != leader).expect("a follower");
+    let waiting = {
+        let mut request = waiting_claim(5, "moved", 60_000, 20_000);
+        request.requestid = Some("moving-claim".into());
+        let api = cluster.api(leader).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            client
+                .post_json(&api, "/claim", &request, Duration::from_secs(30))
+                .await
+                .map(|answer| {
+                    (
+                        answer.status.as_u16(),
+                        String::from_utf8_lossy(&answer.body).to_string(),
+                    )
+                })
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/admin/transfer-leader",
+            &serde_json::json!({"id": target}),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("transfer answered");
+    assert_eq!(response.status.as_u16(), 200);
+    assert_eq!(cluster.wait_leader_is(target).await, target);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let added_at = Instant::now();
+    add(&cluster, target, "moved", "for the waiter").await;
+    let (status, body) = waiting.await.expect("joined").expect("answered");
+    assert_eq!(status, 200, "{body}");
+    let answer: WriteResultJson = serde_json::from_str(&body).expect("JSON");
+    let WriteResultJson::Tasks { tasks } = answer else {
+        panic!("refused: {body}")
+    };
+    assert_eq!(tasks.len(), 1, "{body}");
+    assert_eq!(
+        (tasks[0].data.as_str(), tasks[0].ownerid),
+        ("for the waiter", 5)
+    );
+    assert!(
+        added_at.elapsed() < Duration::from_secs(15),
+        "answered by the add"
+    );
+}

@@ -16,6 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+
 use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
@@ -27,6 +30,7 @@ use tokio::time::Instant;
 use super::Consistency;
 use super::ServiceError;
 use super::auth::Caller;
+use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 use crate::waiting::WaitKind;
 use crate::waiting::claims::ProposalResult;
@@ -152,6 +156,10 @@ impl Node {
                 biased;
                 () = ticket.woken() => {}
                 () = &mut stopped => {}
+                // Nothing of this wait is in flight here, so the whole request can go to
+                // the new leader (relayed, or retried by its client) rather than wait
+                // out its time on a node that can no longer grant it anything.
+                () = self.until_not_leading() => return Err(self.stepped_down(deadline).await),
                 () = tokio::time::sleep_until(wake_at) => {}
             }
         }
@@ -243,6 +251,45 @@ impl Node {
             .state
             .read(|s| refusal(&s.machine, claim, now))
             .unwrap_or_else(empty))
+    }
+
+    /// Returns once this node is not the leader (at once if it is not now).
+    async fn until_not_leading(&self) {
+        let mut server = self.raft.server_metrics();
+        loop {
+            if server.borrow_watched().state != ServerState::Leader {
+                return;
+            }
+            if server.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Where a request goes once this node stopped leading: the new leader, once one is
+    /// known (waited for until `deadline`, at most [`FORWARD_TIMEOUT`]).
+    async fn stepped_down(&self, deadline: Instant) -> ServiceError {
+        let mut server = self.raft.server_metrics();
+        let give_up = deadline.min(Instant::now() + FORWARD_TIMEOUT);
+        let new_leader = async {
+            loop {
+                let leader = server.borrow_watched().current_leader;
+                if let Some(leader_api) = leader
+                    .filter(|id| *id != self.id())
+                    .and_then(|id| self.member_api_addr(id))
+                {
+                    return Some(leader_api);
+                }
+                if server.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        let left = give_up.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, new_leader).await {
+            Ok(Some(leader_api)) => ServiceError::NotLeader { leader_api },
+            _ => ServiceError::Unavailable(super::LEADERSHIP_MOVING.into()),
+        }
     }
 
     /// Grants `group`'s blocking claims what is claimable now, by this node's clock.

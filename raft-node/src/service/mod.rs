@@ -97,6 +97,10 @@ async fn off_thread<T: Send + 'static>(
         .map_err(|e| ServiceError::Internal(format!("{doing}: {e}")))
 }
 
+/// The answer while leadership moves. A relay may have given the request its request id,
+/// which its client never saw: so the advice is to send one, not to reuse one.
+pub const LEADERSHIP_MOVING: &str = "leadership is moving; retry shortly (send writes with a requestid so that a retry applies once)";
+
 impl Node {
     /// Where to send what only the leader can do: the leader's API address, or why no
     /// leader can take it now.
@@ -108,9 +112,9 @@ impl Node {
         };
         match leader_api {
             // openraft names this node while it steps up or down: nobody to relay to yet.
-            Some(_) if forward.leader_id == Some(self.id()) => ServiceError::Unavailable(
-                "leadership is moving; retry shortly (with the same requestid for writes)".into(),
-            ),
+            Some(_) if forward.leader_id == Some(self.id()) => {
+                ServiceError::Unavailable(LEADERSHIP_MOVING.into())
+            }
             Some(leader_api) => ServiceError::NotLeader { leader_api },
             None => ServiceError::Unavailable(
                 "no leader is known or its lease has lapsed; retry shortly".into(),
