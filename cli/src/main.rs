@@ -585,7 +585,7 @@ enum TaskCommand {
         #[arg(required = true)]
         ids: Vec<u64>,
     },
-    /// List a group's tasks in claim order.
+    /// List a group's tasks by available time, then id (claims take higher priorities first).
     #[command(
         after_help = "Example:\n  rota task list --url 127.0.0.1:7001 --group map --owned --limit 10"
     )]

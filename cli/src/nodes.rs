@@ -182,11 +182,16 @@ impl Nodes {
         let request_id = request
             .request_id()
             .map_or_else(|| client.next_request_id(), str::to_string);
-        match client.write_as(request.clone(), request_id).await {
+        match client.write_as(request.clone(), request_id.clone()).await {
             Ok(tasks) => Ok(tasks),
             Err(WorkerError::Refused(errors)) => Err(CliError::Refused(errors)),
-            Err(e @ WorkerError::Unavailable { .. }) => Err(CliError::Unreachable(format!(
-                "{e}; check --url and that the nodes run and have a leader"
+            Err(WorkerError::Unavailable {
+                waited, last_error, ..
+            }) => Err(CliError::Unreachable(format!(
+                "no definite answer after {waited:.1?}: {last_error}; check that the nodes have a \
+                 leader. The write may or may not have applied: the same \
+                 command with --client-id {} --request-id {request_id} applies it once",
+                request.client_id()
             ))),
             Err(e) => Err(CliError::Failed(e.to_string())),
         }

@@ -261,7 +261,7 @@ pub fn document_for(limits: &Limits) -> Value {
             "/tasks/{ids}": {"get": {"tags": ["worker"], "summary": "Several tasks; null where one does not exist",
                 "parameters": [{"name": "ids", "in": "path", "required": true, "description": format!("comma-separated ids, at most {TASK_IDS_MAX}"), "schema": {"type": "string"}}, consistency()],
                 "responses": merge(json!({"200": ok("tasks in the order asked", json!({"type": "array", "items": {"oneOf": [ref_schema("Task"), {"type": "null"}]}}))}), read_errors())}},
-            "/group/{name}": {"get": {"tags": ["worker"], "summary": "Tasks of a group in claim order (available time, then id)",
+            "/group/{name}": {"get": {"tags": ["worker"], "summary": "Tasks of a group by available time, then id (the seed's order; claims take the highest priority first)",
                 "parameters": [
                     {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}},
                     {"name": "limit", "in": "query", "required": false, "description": "at most this many", "schema": {"type": "integer", "minimum": 0}},

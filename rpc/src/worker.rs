@@ -452,6 +452,18 @@ impl WriteRequestJson {
         }
     }
 
+    /// The client that writes.
+    pub fn client_id(&self) -> i64 {
+        match self {
+            Self::Update(update) => update.clientid,
+            Self::Claim(claim) => claim.clientid,
+            Self::Finish(finish) => finish.clientid,
+            Self::FinishMany(many) => many.clientid,
+            Self::Fail(fail) => fail.clientid,
+            Self::Cancel(keys) | Self::Retry(keys) => keys.clientid,
+        }
+    }
+
     /// The request id the write carries, if any.
     pub fn request_id(&self) -> Option<&str> {
         match self {

@@ -90,7 +90,7 @@ pub enum WorkerError {
     Forgotten(WatchGoneJson),
     /// No node gave a definite answer in time. For a write, it may or may not have
     /// applied: send it again with the same request id ([`WorkerClient::write_as`]).
-    #[error("no definite answer after {waited:?} (request id {request_id:?}): {last_error}")]
+    #[error("{}", no_definite_answer(*waited, request_id.as_deref(), last_error))]
     Unavailable {
         /// How long the client tried.
         waited: Duration,
@@ -102,6 +102,18 @@ pub enum WorkerError {
     /// The client was built without a node.
     #[error("give at least one node address")]
     NoNodes,
+}
+
+/// [`WorkerError::Unavailable`]'s message: a write's request id is what makes sending it
+/// again safe, so it is named plainly.
+fn no_definite_answer(waited: Duration, request_id: Option<&str>, last_error: &str) -> String {
+    match request_id {
+        Some(id) => format!(
+            "no definite answer after {waited:.1?} (the write may or may not have applied; \
+             sent again under request id {id:?} by the same client it applies once): {last_error}"
+        ),
+        None => format!("no definite answer after {waited:.1?}: {last_error}"),
+    }
 }
 
 /// What one attempt at one node came to.
@@ -735,6 +747,24 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    #[test]
+    fn no_definite_answer_names_the_request_id_plainly() {
+        let write = WorkerError::Unavailable {
+            waited: Duration::from_millis(5_080),
+            request_id: Some("r-1".into()),
+            last_error: "refused".into(),
+        };
+        let text = write.to_string();
+        assert!(text.starts_with("no definite answer after 5.1s"), "{text}");
+        assert!(text.contains("request id \"r-1\"") && !text.contains("Some("), "{text}");
+        let read = WorkerError::Unavailable {
+            waited: Duration::from_secs(2),
+            request_id: None,
+            last_error: "refused".into(),
+        };
+        assert_eq!(read.to_string(), "no definite answer after 2.0s: refused");
+    }
 
     #[test]
     fn addresses_are_normalised_and_request_ids_unique() {

@@ -321,7 +321,7 @@ fn dependants_wait_for_success_and_are_cancelled_with_their_prerequisite() {
         vec![
             "adds[0].after[0]: names the task's own key; a task cannot wait for itself".to_string(),
             "adds: item 1 names key \"nope\" in after, which is neither a live or succeeded job of the group nor added earlier in this request".to_string(),
-            "adds: item 1 names key \"b\" in after, which ended cancelled and can never succeed; retry or re-add it first".to_string(),
+            "adds: item 1 names key \"b\" in after, which ended cancelled and can never succeed; add it again first".to_string(),
             "adds: item 1 names key \"f\" in after, which is neither a live or succeeded job of the group nor added earlier in this request".to_string(),
         ],
         "a later add of the same request cannot be named: no cycles"

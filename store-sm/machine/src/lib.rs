@@ -527,8 +527,9 @@ impl TaskMachine {
         ids.iter().map(|id| self.tasks.get(id).cloned()).collect()
     }
 
-    /// Tasks of `group` in claim order (available time, then id): only those available at
-    /// `now` unless `include_owned`, at most `limit` of them. O(log n + returned).
+    /// Tasks of `group` by available time, then id (the seed's order; a claim weighs
+    /// priority first): only those available at `now` unless `include_owned`, at most
+    /// `limit` of them. O(log n + returned).
     pub fn group_tasks(
         &self,
         group: &str,

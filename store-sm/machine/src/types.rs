@@ -601,11 +601,19 @@ impl fmt::Display for Refusal {
                 "adds: item {index} names key {key:?} in after, which is neither a live or \
                  succeeded job of the group nor added earlier in this request"
             ),
-            Refusal::AfterEnded { index, key, state } => write!(
-                f,
-                "adds: item {index} names key {key:?} in after, which ended {state} and \
-                 can never succeed; retry or re-add it first"
-            ),
+            Refusal::AfterEnded { index, key, state } => {
+                // Only a dead job can be retried; a cancelled one must be added again.
+                let fix = if *state == JobState::Dead {
+                    "retry or re-add it first"
+                } else {
+                    "add it again first"
+                };
+                write!(
+                    f,
+                    "adds: item {index} names key {key:?} in after, which ended {state} and \
+                     can never succeed; {fix}"
+                )
+            }
             Refusal::NotHeld {
                 list,
                 id,

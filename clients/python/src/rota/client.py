@@ -714,7 +714,8 @@ class RotaClient:
         owned: bool = False,
         consistency: Optional[str] = None,
     ) -> List[Task]:
-        """The tasks of a group in claim order; only unowned ones unless ``owned``."""
+        """The tasks of a group by available time, then id (claims take higher
+        priorities first); only unowned ones unless ``owned``."""
         query = _query(limit=limit, owned=True if owned else None, consistency=consistency)
         obj = self._read(f"/group/{quote(name, safe='')}{query}")
         return [Task.from_json(t) for t in obj]
