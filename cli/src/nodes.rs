@@ -28,6 +28,21 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Turns `--url` values (`host:port` or `http://host:port`, comma-separated) into
 /// addresses, in the order given.
 pub fn addresses(urls: &[String]) -> Result<Vec<String>, CliError> {
+    // Without a CA the client speaks plain HTTP, which a TLS port answers with bytes
+    // that read as "invalid HTTP version": say what is missing instead.
+    let https = urls
+        .iter()
+        .flat_map(|u| u.split(','))
+        .find(|u| u.trim().starts_with("https://"));
+    if let Some(url) = https
+        && crate::tls().is_none()
+    {
+        return Err(CliError::Usage(format!(
+            "{} is https, but no CA certificate was given: pass --ca FILE (or set ROTA_CA) \
+             with the cluster's CA certificate",
+            url.trim()
+        )));
+    }
     let addrs: Vec<String> = urls
         .iter()
         .flat_map(|u| u.split(','))
@@ -249,4 +264,21 @@ fn answer<T: serde::de::DeserializeOwned>(
         .success(addr)
         .and_then(|response| response.json(addr))
         .map_err(|e| CliError::Failed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_split_and_https_without_a_ca_is_a_usage_error() {
+        let urls = ["http://a:1/, b:2".to_string(), "c:3".to_string()];
+        assert_eq!(addresses(&urls).expect("plain"), ["a:1", "b:2", "c:3"]);
+        // No test of this process sets a CA.
+        let secure = ["a:1,https://b:2".to_string()];
+        match addresses(&secure) {
+            Err(CliError::Usage(message)) => assert!(message.contains("--ca"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -757,7 +757,10 @@ mod tests {
         };
         let text = write.to_string();
         assert!(text.starts_with("no definite answer after 5.1s"), "{text}");
-        assert!(text.contains("request id \"r-1\"") && !text.contains("Some("), "{text}");
+        assert!(
+            text.contains("request id \"r-1\"") && !text.contains("Some("),
+            "{text}"
+        );
         let read = WorkerError::Unavailable {
             waited: Duration::from_secs(2),
             request_id: None,
