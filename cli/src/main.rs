@@ -1356,9 +1356,12 @@ enum ClusterCommand {
     Backup {
         #[command(flatten)]
         target: Target,
-        /// Where to write the snapshot.
+        /// Where to write the snapshot (and its checksum, in OUT.sha256).
         #[arg(long)]
         out: PathBuf,
+        /// Replace OUT if it exists (by default an existing backup is never overwritten).
+        #[arg(long)]
+        force: bool,
     },
     /// Members, leader, term, indexes, each follower's lag and each member's health.
     #[command(
@@ -1522,7 +1525,13 @@ async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
                 out
             })
         }
-        ClusterCommand::Backup { target, out } => {
+        ClusterCommand::Backup { target, out, force } => {
+            if !force && out.exists() {
+                return Err(cli::CliError::Usage(format!(
+                    "{} exists; name another file, or pass --force to replace it",
+                    out.display()
+                )));
+            }
             let report = cli::cluster::backup(&target.url, &out).await?;
             emit(target.json, &report, |report| {
                 format!(

@@ -247,6 +247,10 @@ async fn backup_under_load_restores_into_a_new_cluster_above_every_issued_id() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     let backup = status_json(&run.stdout);
     let backup_hash = backup["state_hash"].as_str().expect("hash").to_string();
+    // An existing backup is never overwritten by mistake.
+    let again = rota(&["cluster", "backup", "--url", &url, "--out", file_arg]).await;
+    assert_eq!(again.code, 2, "{}", again.stderr);
+    assert!(again.stderr.contains("--force"), "{}", again.stderr);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let acked_before: Vec<u64> = workers
         .acked
