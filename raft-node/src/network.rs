@@ -62,6 +62,8 @@ pub mod paths {
     pub const TRANSFER_LEADER: &str = "/raft/transfer-leader";
     /// The node's estimate of log time, which a new leader may catch up to.
     pub const CLOCK_ESTIMATE: &str = "/raft/clock-estimate";
+    /// Tells a node it was removed from the cluster (it hears of it no other way).
+    pub const REMOVED: &str = "/raft/removed";
 }
 
 /// The media type of Raft bodies.
@@ -240,6 +242,13 @@ impl PeerClient {
     /// The peer's estimate of log time (see `crate::clock`), within one RPC deadline.
     pub async fn clock_estimate(&self) -> Result<store_sm::machine::LogTime, ClientError> {
         self.call(paths::CLOCK_ESTIMATE, &(), self.timing.rpc_timeout)
+            .await
+    }
+
+    /// Tells the target it was removed from the cluster, whose members serve at
+    /// `members` (API addresses).
+    pub async fn tell_removed(&self, members: &[String]) -> Result<(), ClientError> {
+        self.call(paths::REMOVED, &members, self.timing.rpc_timeout)
             .await
     }
 

@@ -61,6 +61,9 @@ pub struct Node {
     pub snapshots: NodeSnapshots,
     request_nonce: u64,
     request_counter: AtomicU64,
+    /// The members' API addresses, once the leader told this node it was removed: a
+    /// removed follower never receives the configuration without it.
+    removed_notice: std::sync::OnceLock<Vec<String>>,
 }
 
 /// What a node reads of its storage besides Raft's own use of it.
@@ -106,6 +109,7 @@ impl Node {
             log_stats,
             request_nonce: u64::from_le_bytes(crate::random::random_bytes()),
             request_counter: AtomicU64::new(0),
+            removed_notice: std::sync::OnceLock::new(),
         }
     }
 
@@ -113,6 +117,21 @@ impl Node {
     /// `--snapshot-max-bytes`: a file beside the node's snapshot, or memory in simulation.
     pub fn snapshot_spool(&self) -> std::io::Result<SnapshotSpool> {
         self.snapshots.spool(self.config.snapshot_max_bytes)
+    }
+
+    /// Records that the leader removed this node from the cluster of `members` (their
+    /// API addresses); from then on it serves nothing (see `Node::check_member`).
+    pub fn mark_removed(&self, members: Vec<String>) {
+        if self.removed_notice.set(members).is_ok() {
+            tracing::warn!(
+                "the leader removed this node from the cluster; it serves no requests now"
+            );
+        }
+    }
+
+    /// The members' API addresses if the leader told this node it was removed.
+    pub fn removed_notice(&self) -> Option<&[String]> {
+        self.removed_notice.get().map(Vec::as_slice)
     }
 
     /// This node's id.
@@ -135,6 +154,17 @@ impl Node {
             .membership()
             .get_node(&id)
             .map(|node| node.api_addr.clone())
+    }
+
+    /// The Raft address of member `id`, from the current membership.
+    pub fn member_raft_addr(&self, id: NodeId) -> Option<String> {
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|node| node.raft_addr.clone())
     }
 
     /// The leader this node knows of, if any.

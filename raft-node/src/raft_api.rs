@@ -43,6 +43,7 @@ pub fn routes() -> Router<SharedNode> {
         .route(paths::SNAPSHOT, post(snapshot))
         .route(paths::TRANSFER_LEADER, post(transfer_leader))
         .route(paths::CLOCK_ESTIMATE, post(clock_estimate))
+        .route(paths::REMOVED, post(removed))
 }
 
 /// Refuses a message for another node (see [`RAFT_TARGET_HEADER`]). One without the
@@ -197,4 +198,16 @@ async fn clock_estimate(
 ) -> Result<Response, ApiError> {
     let () = decode(&node, &headers, body, "clock estimate").await?;
     Ok(encode(&node.clock.estimate()))
+}
+
+/// The leader removed this node: from now on it says so and serves nothing. The target
+/// header names this node, and node ids are never reused, so a notice is never stale.
+async fn removed(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let members: Vec<String> = decode(&node, &headers, body, "removal notice").await?;
+    node.mark_removed(members);
+    Ok(encode(&()))
 }

@@ -196,3 +196,63 @@ async fn a_removed_leader_says_it_was_removed_and_serves_nothing() {
         .await
         .expect("the remaining members accept writes");
 }
+
+/// Found from outside: a removed follower or learner is sent nothing more, so it never
+/// learned it was removed: a learner stayed ready, relayed writes and served stale reads
+/// frozen at its removal. The leader now tells it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_follower_and_a_removed_learner_say_so_and_serve_nothing() {
+    let cluster = TestCluster::start(3, "never").with_joiner(4);
+    cluster.start_node(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let node4 = &cluster.nodes[3];
+    let learner = json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr});
+    let (code, body) = call(&cluster, leader, "/admin/add-learner", learner).await;
+    assert_eq!(code, 200, "{body}");
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    for removed in [4, follower] {
+        let (code, body) = call(&cluster, leader, "/admin/remove", json!({"id": removed})).await;
+        assert_eq!(code, 200, "{body}");
+        let seen = common::eventually(|| async {
+            let seen = status(&cluster, removed).await;
+            if seen.removed {
+                Ok(seen)
+            } else {
+                Err(format!(
+                    "node {removed} does not know it was removed: {seen:?}"
+                ))
+            }
+        })
+        .await;
+        assert_eq!(seen.leader, None, "{seen:?}");
+        let ready = cluster
+            .client
+            .get(cluster.api(removed), "/ready", common::CALL_TIMEOUT)
+            .await
+            .expect("/ready answered");
+        assert_eq!(ready.status.as_u16(), 503, "node {removed}");
+        for path in ["/group/g?consistency=stale", "/group/g"] {
+            let read = cluster
+                .client
+                .get(cluster.api(removed), path, common::CALL_TIMEOUT)
+                .await
+                .expect("read answered");
+            assert_eq!(read.status.as_u16(), 503, "node {removed} {path}");
+        }
+        let write = cluster
+            .client
+            .post_json(
+                cluster.api(removed),
+                "/update",
+                &json!({"clientid": 1, "adds": [{"group": "g"}]}),
+                common::CALL_TIMEOUT,
+            )
+            .await
+            .expect("write answered");
+        assert_eq!(write.status.as_u16(), 503, "node {removed}");
+        assert!(write.headers.get("retry-after").is_none());
+        let error = String::from_utf8_lossy(&write.body).to_string();
+        assert!(error.contains(cluster.api(leader)), "{error}");
+    }
+}

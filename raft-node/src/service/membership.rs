@@ -2,6 +2,7 @@
 //! elsewhere it fails with [`ServiceError::NotLeader`], which the routers relay.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use openraft::ChangeMembers;
 use openraft::async_runtime::WatchReceiver;
@@ -18,6 +19,7 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 
 use super::ServiceError;
+use crate::network::PeerClient;
 use crate::node::Node;
 use crate::types::NodeTypes;
 
@@ -147,8 +149,46 @@ impl Node {
                 id_list(&status.learners)
             )));
         };
+        let removed_raft_addr = self.member_raft_addr(id);
         let change = self.raft.change_membership(change, false).await;
-        self.membership_changed(change)
+        self.membership_changed(change)?;
+        if let Some(addr) = removed_raft_addr
+            && id != self.id()
+        {
+            self.tell_removed(id, addr);
+        }
+        Ok(())
+    }
+
+    /// Tells node `id` (Raft listener at `addr`) it was removed, in the background and
+    /// at best: a removed follower is sent nothing more, so it would not know otherwise
+    /// and would go on answering as a member. One that is down hears nothing; it finds
+    /// no leader when it comes back, and answers 503 for that.
+    fn tell_removed(&self, id: NodeId, addr: String) {
+        const TRIES: u32 = 3;
+        let members: Vec<String> = self
+            .member_ids()
+            .into_iter()
+            .filter_map(|member| self.member_api_addr(member))
+            .collect();
+        let peer = PeerClient::to(
+            id,
+            addr,
+            self.client.clone(),
+            self.config.timing.clone(),
+            Arc::clone(&self.clock),
+        );
+        tokio::spawn(async move {
+            for attempt in 1..=TRIES {
+                match peer.tell_removed(&members).await {
+                    Ok(()) => return,
+                    Err(e) if attempt == TRIES => {
+                        tracing::info!(node = id, error = %e, "could not tell a removed node it was removed");
+                    }
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+                }
+            }
+        });
     }
 
     fn membership_changed<T>(&self, change: ChangeResult<T>) -> Result<(), ServiceError> {

@@ -125,6 +125,12 @@ impl Node {
     /// Refuses to serve when this node was removed from the cluster: its state will never
     /// catch up again, and it must not relay to a leader it no longer follows.
     pub fn check_member(&self) -> Result<(), ServiceError> {
+        if let Some(members) = self.removed_notice() {
+            return Err(ServiceError::Removed {
+                id: self.id(),
+                members: members.to_vec(),
+            });
+        }
         let watch = self.raft.metrics();
         let metrics = watch.borrow_watched();
         let membership = metrics.membership_config.membership();
