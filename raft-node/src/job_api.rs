@@ -424,8 +424,12 @@ async fn put_settings(
     let outcome = node.write(request, request_id).await;
     Ok(
         respond(&node, incoming, outcome, |outcome| match &*outcome {
-            // The running count is not part of the outcome: a settings change answers 0.
-            Outcome::Settings(settings) => Json(settings_json(&group, settings, 0)).into_response(),
+            // The running count is not part of the outcome: read as of the change, which
+            // this node (the leader) has applied when the write returns.
+            Outcome::Settings(settings) => {
+                let running = node.state.read(|s| s.machine.running_in_group(&group));
+                Json(settings_json(&group, settings, running)).into_response()
+            }
             Outcome::Refused(refusals) => {
                 let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
                 ApiError::bad_request(reasons.join("; ")).into_response()

@@ -231,7 +231,7 @@ fn watch_paths() -> Value {
             "responses": {
                 "200": ok("the changes, and the revision to ask from next", ref_schema("WatchPage")),
                 "400": error("malformed group, after, wait_ms or limit, named"),
-                "410": {"description": "the node no longer keeps changes that far back; re-read the group and watch from the revision given", "content": {"application/json": {"schema": ref_schema("WatchGone")}}},
+                "410": {"description": "the node no longer keeps changes that far back, or the revision is ahead of its log (one kept across a restore); re-read the group and watch from the revision given", "content": {"application/json": {"schema": ref_schema("WatchGone")}}},
                 "503": error("the node holds its maximum of waiting requests (--max-waiters) or is stopping; Retry-After says when to retry")}}}
     })
 }

@@ -79,10 +79,20 @@ fn wants_event_stream(headers: &HeaderMap) -> bool {
 }
 
 fn gone(forgotten: &Forgotten) -> WatchGoneJson {
+    let why = if forgotten.ahead {
+        "the revision asked for is ahead of this node's log (one from before a restore, or \
+         from a node this one has not caught up with)"
+            .to_string()
+    } else {
+        format!(
+            "this node keeps changes after revision {} only",
+            forgotten.oldest
+        )
+    };
     WatchGoneJson {
         error: format!(
-            "this node keeps changes after revision {} only; re-read the group, then watch after revision {}",
-            forgotten.oldest, forgotten.revision
+            "{why}; re-read the group, then watch after revision {}",
+            forgotten.revision
         ),
         revision: forgotten.revision,
         oldest: forgotten.oldest,

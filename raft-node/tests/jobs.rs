@@ -690,4 +690,16 @@ async fn a_job_read_back_is_accepted_as_an_update_and_keeps_its_job_fields() {
     assert_eq!(renewed["key"], "k", "{renewed}");
     assert_eq!(renewed["priority"], 3, "{renewed}");
     assert_eq!(renewed["attempt"], 1, "{renewed}");
+
+    // A settings change answers the group's running count as of the change.
+    let (status, settings) = call(
+        &cluster,
+        1,
+        Method::PUT,
+        "/groups/r/settings",
+        Some(json!({"clientid": 1, "max_running": 5})),
+    )
+    .await;
+    assert_eq!(status, 200, "{settings}");
+    assert_eq!(settings["running"], 1, "{settings}");
 }

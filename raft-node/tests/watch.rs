@@ -148,6 +148,34 @@ async fn bad_watch_input_is_a_400_that_names_the_field() {
     }
 }
 
+/// Found from outside: a watch after a revision this cluster never reached (one kept
+/// across a restore, whose log starts again at 1) answered empty pages at that revision
+/// and so skipped every change up to it. It is a 410 with the revision to resume from.
+#[tokio::test]
+async fn a_watch_after_a_revision_ahead_of_the_log_is_gone_not_silently_empty() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    add(&cluster, 1, "ahead", "one").await.expect("added");
+    let (status, json) = get(&cluster, 1, "/watch?group=ahead&after=0").await;
+    assert_eq!(status, 200, "{json}");
+    let revision = json["revision"].as_u64().expect("revision");
+    let (status, json) = get(
+        &cluster,
+        1,
+        &format!("/watch?group=ahead&after={}", revision + 1000),
+    )
+    .await;
+    assert_eq!(status, 410, "{json}");
+    assert_eq!(json["revision"], revision, "{json}");
+    assert!(
+        json["error"].as_str().unwrap_or_default().contains("ahead"),
+        "{json}"
+    );
+    // Its own revision, and one a moment ahead of what it applied, are fine.
+    let (status, json) = get(&cluster, 1, &format!("/watch?group=ahead&after={revision}")).await;
+    assert_eq!(status, 200, "{json}");
+}
+
 /// Reads a server-sent event stream from `path` on `addr` until `enough` says so.
 async fn read_stream(addr: &str, path: &str, enough: impl Fn(&str) -> bool) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");

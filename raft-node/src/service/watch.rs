@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use openraft::async_runtime::WatchReceiver;
+
 use super::ServiceError;
 use crate::node::Node;
 use crate::waiting::WaitKind;
@@ -26,12 +28,18 @@ pub struct WatchRequest {
 impl Node {
     /// The changes of a group after a revision, waiting up to `wait` for some; an empty
     /// page at the deadline, or `Err(Forgotten)` inside `Ok` when the revision is older
-    /// than the feed keeps.
+    /// than the feed keeps or ahead of this node's log.
     pub async fn watch(
         &self,
         request: &WatchRequest,
     ) -> Result<Result<FeedPage, Forgotten>, ServiceError> {
         self.check_member()?;
+        if let Some(after) = request.after {
+            let log_end = self.raft.metrics().borrow_watched().last_log_index;
+            if let Err(ahead) = self.feed.check_not_ahead(after, log_end.unwrap_or(0)) {
+                return Ok(Err(ahead));
+            }
+        }
         let slot = self.waiters.enter(WaitKind::Watch)?;
         let after = request.after.unwrap_or_else(|| self.feed.revision());
         let deadline = tokio::time::Instant::now() + request.wait;

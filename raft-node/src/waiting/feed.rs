@@ -46,6 +46,9 @@ pub struct Forgotten {
     pub revision: u64,
     /// The oldest `after` the feed can answer.
     pub oldest: u64,
+    /// The asked revision was ahead of everything this node has, not behind what it
+    /// keeps (a revision of the cluster before a restore, or of a node far ahead).
+    pub ahead: bool,
 }
 
 #[derive(Default)]
@@ -82,6 +85,21 @@ impl ChangeFeed {
         self.lock().revision
     }
 
+    /// [`Forgotten`] if revision `after` is past both what this feed has applied and
+    /// `log_end`, the last entry this node's log holds: no change of this cluster ever
+    /// had it, so a page after it would silently skip every change up to it.
+    pub fn check_not_ahead(&self, after: u64, log_end: u64) -> Result<(), Forgotten> {
+        let state = self.lock();
+        if after > state.revision.max(log_end) {
+            return Err(Forgotten {
+                revision: state.revision,
+                oldest: state.oldest,
+                ahead: true,
+            });
+        }
+        Ok(())
+    }
+
     /// The changes of `group` after revision `after`, whole revisions only, at least
     /// `limit` unless fewer exist; [`Forgotten`] if some after `after` were trimmed.
     pub fn page(&self, group: &str, after: u64, limit: usize) -> Result<FeedPage, Forgotten> {
@@ -90,6 +108,7 @@ impl ChangeFeed {
             return Err(Forgotten {
                 revision: state.revision,
                 oldest: state.oldest,
+                ahead: false,
             });
         }
         let Some(feed) = state.groups.get(group) else {
@@ -448,9 +467,16 @@ mod tests {
             log.feed.page("a", 0, 10).expect_err("forgotten"),
             Forgotten {
                 revision: 50,
-                oldest: 50
+                oldest: 50,
+                ahead: false,
             }
         );
+        assert!(log.feed.check_not_ahead(50, 0).is_ok());
+        assert!(
+            log.feed.check_not_ahead(60, 60).is_ok(),
+            "in this node's log"
+        );
+        assert!(log.feed.check_not_ahead(61, 60).expect_err("ahead").ahead);
         assert_eq!(log.feed.page("a", 50, 10).expect("kept").revision, 50);
     }
 
