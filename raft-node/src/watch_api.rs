@@ -59,7 +59,8 @@ fn watch_request(params: &HashMap<String, String>) -> Result<WatchRequest, ApiEr
     let limit = limit_param(params)?.unwrap_or(WATCH_PAGE_DEFAULT);
     if !(1..=WATCH_PAGE_MAX).contains(&limit) {
         return Err(ApiError::bad_request(format!(
-            "limit {limit} is not between 1 and {WATCH_PAGE_MAX}"
+            "limit {limit} is more than {WATCH_PAGE_MAX}, the most one page holds (0 or none: \
+             {WATCH_PAGE_DEFAULT})"
         )));
     }
     Ok(WatchRequest {
