@@ -9,12 +9,14 @@ use std::time::Duration;
 use openraft::async_runtime::WatchReceiver;
 use rpc::client::HttpClient;
 use store_sm::raft_types::NodeId;
+use store_sm::raft_types::RotaNode;
 use store_sm::snapshot_data::SnapshotSpool;
 use store_sm::state_machine::StateReader;
 
 use crate::clock::LogClock;
 use crate::config::NodeConfig;
 use crate::metrics::requests::HttpMetrics;
+use crate::network::PeerClient;
 use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
 use crate::waiting::Observer;
@@ -145,26 +147,37 @@ impl Node {
         format!("n{}-{:016x}-{n}", self.id(), self.request_nonce)
     }
 
-    /// The API address of member `id`, from the current membership.
-    pub fn member_api_addr(&self, id: NodeId) -> Option<String> {
+    /// Member `id`'s addresses, from the current membership.
+    fn member(&self, id: NodeId) -> Option<RotaNode> {
         let watch = self.raft.metrics();
         let metrics = watch.borrow_watched();
         metrics
             .membership_config
             .membership()
             .get_node(&id)
-            .map(|node| node.api_addr.clone())
+            .cloned()
+    }
+
+    /// The API address of member `id`, from the current membership.
+    pub fn member_api_addr(&self, id: NodeId) -> Option<String> {
+        self.member(id).map(|node| node.api_addr)
     }
 
     /// The Raft address of member `id`, from the current membership.
     pub fn member_raft_addr(&self, id: NodeId) -> Option<String> {
-        let watch = self.raft.metrics();
-        let metrics = watch.borrow_watched();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .map(|node| node.raft_addr.clone())
+        self.member(id).map(|node| node.raft_addr)
+    }
+
+    /// A client of the Raft listener of node `id` at `raft_addr`, for the messages this
+    /// node sends outside openraft's replication.
+    pub fn peer(&self, id: NodeId, raft_addr: String) -> PeerClient {
+        PeerClient::to(
+            id,
+            raft_addr,
+            self.client.clone(),
+            self.config.timing.clone(),
+            Arc::clone(&self.clock),
+        )
     }
 
     /// The leader this node knows of, if any.

@@ -2,7 +2,6 @@
 //! clock record on disk, and catches a new leader's clock up after the whole cluster was
 //! down (the reasoning is in [`crate::clock`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -13,7 +12,6 @@ use store_sm::raft_types::NodeId;
 
 use crate::clock::ClockRecord;
 use crate::clock::RESUME_FORGOTTEN_AFTER;
-use crate::network::PeerClient;
 use crate::node::SharedNode;
 use crate::storage::NodeSnapshots;
 
@@ -140,13 +138,7 @@ pub async fn catch_up(node: SharedNode) {
         (voters, peers)
     };
     let asks = peers.into_iter().map(|(id, addr)| {
-        let peer = PeerClient::to(
-            id,
-            addr,
-            node.client.clone(),
-            node.config.timing.clone(),
-            Arc::clone(&node.clock),
-        );
+        let peer = node.peer(id, addr);
         async move { (id, peer.clock_estimate().await) }
     });
     let mut estimates = vec![node.clock.estimate()];

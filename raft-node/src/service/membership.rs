@@ -2,7 +2,6 @@
 //! elsewhere it fails with [`ServiceError::NotLeader`], which the routers relay.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use openraft::ChangeMembers;
 use openraft::async_runtime::WatchReceiver;
@@ -19,7 +18,6 @@ use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 
 use super::ServiceError;
-use crate::network::PeerClient;
 use crate::node::Node;
 use crate::types::NodeTypes;
 
@@ -171,13 +169,7 @@ impl Node {
             .into_iter()
             .filter_map(|member| self.member_api_addr(member))
             .collect();
-        let peer = PeerClient::to(
-            id,
-            addr,
-            self.client.clone(),
-            self.config.timing.clone(),
-            Arc::clone(&self.clock),
-        );
+        let peer = self.peer(id, addr);
         tokio::spawn(async move {
             for attempt in 1..=TRIES {
                 match peer.tell_removed(&members).await {
