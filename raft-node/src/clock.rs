@@ -36,7 +36,9 @@
 //! ([`LogClock::advance_to`]). The smallest, not the median: a wall clock that jumped
 //! forward during the outage inflates its node's estimate, which is the unsafe direction
 //! (leases would end early), and a majority's smallest answer always comes from a node
-//! whose clock did not jump forward as long as only a minority's did. A clock that
+//! whose clock did not jump forward as long as only a minority's did. The leader stamps
+//! nothing in a term before its catch-up ends (`time_keeper::catch_up`): a stamp from
+//! the clock before the move would grant a lease that the move shortens. A clock that
 //! jumped back only makes the catch-up smaller, and log time then slews as before (so
 //! does a jump back in the second between a node's last record and the outage).
 //!

@@ -66,6 +66,9 @@ pub struct Node {
     /// The members' API addresses, once the leader told this node it was removed: a
     /// removed follower never receives the configuration without it.
     removed_notice: std::sync::OnceLock<Vec<String>>,
+    /// The latest term in which this node, leading, settled its log clock with a
+    /// majority (see `time_keeper::catch_up`); 0 before any. It stamps no command before.
+    pub clock_settled_term: AtomicU64,
 }
 
 /// What a node reads of its storage besides Raft's own use of it.
@@ -112,6 +115,7 @@ impl Node {
             request_nonce: u64::from_le_bytes(crate::random::random_bytes()),
             request_counter: AtomicU64::new(0),
             removed_notice: std::sync::OnceLock::new(),
+            clock_settled_term: AtomicU64::new(0),
         }
     }
 

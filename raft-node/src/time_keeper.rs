@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use store_sm::machine::LogTime;
@@ -93,14 +94,20 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
             // last command put it, which may be long ago on an idle cluster.
             let log_time = node.state.read(|s| s.machine.log_time());
             if log_time > LogTime::EPOCH && Some(log_time) != followed {
-                node.clock.follow(log_time);
+                if leading_term.is_some() {
+                    // A new leader applying an earlier term's entries: never back, or
+                    // it would undo its catch-up and stamp behind the time it settled.
+                    node.clock.advance_to(log_time);
+                } else {
+                    node.clock.follow(log_time);
+                }
                 followed = Some(log_time);
             }
         }
         seen_applied = applied;
-        if leading_term.is_some() && leading_term != caught_up_term {
-            caught_up_term = leading_term;
-            tokio::spawn(catch_up(node.clone()));
+        if let Some(term) = leading_term.filter(|term| Some(*term) != caught_up_term) {
+            caught_up_term = Some(term);
+            tokio::spawn(catch_up(node.clone(), term));
             // Not about time, but due at the same moment: the start of a term this node
             // leads (see `Node::finish_interrupted_change`).
             let leader = node.clone();
@@ -121,10 +128,58 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
     }
 }
 
-/// Moves a new leader's clock forward to the smallest estimate of log time among a
-/// majority of voters (itself included), if that is ahead; does nothing without a
-/// majority's answers. Stamps made before it finishes are earlier, which is safe.
-pub async fn catch_up(node: SharedNode) {
+/// How long a new leader waits before it asks again when fewer than a majority of voters
+/// answered with their estimates.
+const CATCH_UP_RETRY: Duration = Duration::from_millis(50);
+
+/// Settles a new leader's clock in `term`: moves it forward to the smallest estimate of
+/// log time among a majority of voters (itself included), if that is ahead, then lets
+/// [`crate::Node::write`] stamp commands. Asks again until a majority answers or this
+/// node no longer leads in `term`.
+///
+/// No command may be stamped before: a stamp taken from a clock that a catch-up then
+/// moves forward grants a lease that ends early in real time (a restarted leader stamps
+/// from the old state it opened until its catch-up; the simulation found this).
+pub async fn catch_up(node: SharedNode, term: u64) {
+    while leads_in(&node, term) {
+        if let Some(target) = settled_estimate(&node).await {
+            let before = node.clock.now();
+            if target > before {
+                node.clock.advance_to(target);
+                tracing::info!(
+                    by_ms = target.millis_since(before),
+                    "log time caught up with an outage"
+                );
+            }
+            node.clock_settled_term
+                .fetch_max(term, std::sync::atomic::Ordering::AcqRel);
+            return;
+        }
+        tokio::time::sleep(CATCH_UP_RETRY).await;
+    }
+}
+
+fn leads_in(node: &SharedNode, term: u64) -> bool {
+    let watch = node.raft.metrics();
+    let metrics = watch.borrow_watched();
+    metrics.state == ServerState::Leader && metrics.current_term == term
+}
+
+/// A majority's smallest estimate at most this far ahead of a new leader's clock is taken
+/// without waiting for the other voters: followers' clocks run a few milliseconds ahead
+/// of a new leader's (they took the old leader's time later), and a voter that does not
+/// answer (paused, cut off) would otherwise hold up the first writes by an RPC deadline.
+const SETTLE_WITHOUT_ALL: Duration = Duration::from_millis(50);
+
+/// The smallest estimate of log time among the voters that answer (this node's
+/// included), or `None` if fewer than a majority answer within an RPC deadline.
+///
+/// Any majority has a node whose clock did not jump forward while only a minority's did
+/// (see [`crate::clock`]), so a majority's answers suffice when they would move the clock
+/// by little; a larger move waits for every voter's answer (each within an RPC deadline),
+/// whose smallest also holds when more than a minority restarted with a wall clock that
+/// jumped ahead while they were down (the simulation found such a run).
+async fn settled_estimate(node: &SharedNode) -> Option<LogTime> {
     let (voters, peers): (Vec<NodeId>, Vec<(NodeId, String)>) = {
         let watch = node.raft.metrics();
         let metrics = watch.borrow_watched();
@@ -137,36 +192,43 @@ pub async fn catch_up(node: SharedNode) {
             .collect();
         (voters, peers)
     };
-    let asks = peers.into_iter().map(|(id, addr)| {
-        let peer = node.peer(id, addr);
-        async move { (id, peer.clock_estimate().await) }
-    });
-    let mut estimates = vec![node.clock.estimate()];
-    for (id, answer) in join_all(asks).await {
-        match answer {
-            Ok(estimate) => estimates.push(estimate),
-            Err(e) => tracing::debug!(peer = id, error = %e, "no clock estimate"),
+    let majority = voters.len() / 2 + 1;
+    let mut asks: FuturesUnordered<_> = peers
+        .into_iter()
+        .map(|(id, addr)| {
+            let peer = node.peer(id, addr);
+            async move { (id, peer.clock_estimate().await) }
+        })
+        .collect();
+    let mut smallest = node.clock.estimate();
+    let mut answers = 1;
+    loop {
+        if answers >= majority {
+            let near = smallest.millis_since(node.clock.now()) <= millis(SETTLE_WITHOUT_ALL);
+            if near || asks.is_empty() {
+                return Some(smallest);
+            }
+        }
+        match asks.next().await {
+            Some((_, Ok(estimate))) => {
+                smallest = smallest.min(estimate);
+                answers += 1;
+            }
+            Some((id, Err(e))) => tracing::debug!(peer = id, error = %e, "no clock estimate"),
+            None => break,
         }
     }
-    let majority = voters.len() / 2 + 1;
-    if estimates.len() < majority {
-        tracing::info!(
-            answers = estimates.len(),
-            voters = voters.len(),
-            "log time not caught up: no majority of clock estimates"
-        );
-        return;
+    if answers >= majority {
+        return Some(smallest);
     }
-    let Some(target) = estimates.iter().min().copied() else {
-        return;
-    };
-    let before = node.clock.now();
-    if target > before {
-        node.clock.advance_to(target);
-        tracing::info!(
-            by_ms = target.millis_since(before),
-            answers = estimates.len(),
-            "log time caught up with an outage"
-        );
-    }
+    tracing::info!(
+        answers,
+        voters = voters.len(),
+        "log time not settled yet: no majority of clock estimates"
+    );
+    None
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

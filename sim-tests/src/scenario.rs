@@ -863,6 +863,18 @@ async fn outage(f: &mut Faults<'_>, trace: &mut Trace) -> Vec<String> {
     }
     f.down.clear();
     trace.fault("restart every node".into());
+    // Often one node is slow to come back (it boots but does not answer yet): a new
+    // leader's catch-up then waits on it, and no lease may be granted meanwhile.
+    if Faults::rng().gen_bool(0.5) {
+        let late = voters[voters.len() - 1];
+        let late_ms = Faults::rng().gen_range(300..3_000);
+        f.cluster.pause(late);
+        trace.fault(format!(
+            "node {late} answers nothing for {late_ms} ms after the restart"
+        ));
+        madsim::time::sleep(Duration::from_millis(late_ms)).await;
+        f.cluster.resume(late);
+    }
 
     let deadline = madsim::time::Instant::now() + Duration::from_secs(30);
     let mut lag = None;

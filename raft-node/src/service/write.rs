@@ -1,8 +1,13 @@
 //! Writes: a task request proposed through Raft, stamped with the leader's log clock.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::ClientWriteError;
+use openraft::error::ForwardToLeader;
 use openraft::error::RaftError;
 use store_sm::machine::Command;
 use store_sm::machine::Outcome;
@@ -12,6 +17,9 @@ use store_sm::machine::Request;
 use super::ServiceError;
 use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
+
+/// How often a write that arrived before its new leader's clock settled looks again.
+const SETTLED_POLL: Duration = Duration::from_millis(2);
 
 impl Node {
     /// `outcome`, unless it refuses a request id reused for another request: that is
@@ -52,6 +60,7 @@ impl Node {
         request_id: Option<String>,
     ) -> Result<Arc<Outcome>, ServiceError> {
         self.check_member()?;
+        self.settled_leader().await?;
         let command = Command {
             stamp: self.clock.now(),
             request_id,
@@ -80,6 +89,45 @@ impl Node {
                 "write refused by Raft: {other}"
             ))),
             Err(RaftError::Fatal(fatal)) => Err(Self::stopped(fatal)),
+        }
+    }
+
+    /// Returns once this node leads with its clock settled in its term (see
+    /// `time_keeper::catch_up`), so that its stamp may go into the log. A node that does
+    /// not lead answers where the leader is without proposing: a stamp taken now could
+    /// reach the log in a term this node is just winning, before its catch-up.
+    async fn settled_leader(&self) -> Result<(), ServiceError> {
+        let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
+        loop {
+            let (leading, term, leader_id) = {
+                let watch = self.raft.metrics();
+                let now = watch.borrow_watched();
+                (
+                    now.state == ServerState::Leader,
+                    now.current_term,
+                    now.current_leader,
+                )
+            };
+            if !leading {
+                let forward = ForwardToLeader {
+                    leader_id,
+                    leader_node: None,
+                    reason: Default::default(),
+                };
+                return Err(self.not_leader(&forward));
+            }
+            if self.clock_settled_term.load(Ordering::Acquire) >= term {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ServiceError::Unavailable(
+                    "this node was just elected and has not yet agreed on the cluster's time with a majority of voters; retry shortly".into(),
+                ));
+            }
+            // Polled rather than woken: only the first writes of a term wait here, and
+            // tokio's watch wakes its waiters in a random order the simulation cannot
+            // replay.
+            tokio::time::sleep(SETTLED_POLL).await;
         }
     }
 }
