@@ -9,6 +9,7 @@ use futures_util::stream::FuturesUnordered;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use store_sm::machine::LogTime;
+use store_sm::machine::Request;
 use store_sm::raft_types::NodeId;
 
 use crate::clock::ClockRecord;
@@ -66,6 +67,7 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
     let mut next_record = tokio::time::Instant::now();
     let mut leader_known_since = None;
     let mut resume_forgotten = false;
+    tokio::spawn(pass_due_time(node.clone()));
     loop {
         let (stamped_here, applied, leading_term) = {
             let now = metrics.borrow_watched();
@@ -124,6 +126,49 @@ pub async fn keep_log_time(node: SharedNode, notes: NodeSnapshots) {
                 return;
             },
             () = tokio::time::sleep_until(next_record) => {}
+        }
+    }
+}
+
+/// A lease or a record's retention that ended this long ago with no entry applied since
+/// is passed by a [`Request::PassTime`] entry: a busy leader's own commands pass it
+/// sooner, and then none is proposed.
+const DUE_GRACE: Duration = Duration::from_millis(10);
+
+/// How long the leader waits, at most, before it looks for what falls due next (a
+/// lease granted meanwhile may end sooner than what it saw).
+const DUE_LOOK_MAX: Duration = Duration::from_millis(250);
+
+/// Runs until Raft shuts down: while this node leads, proposes a [`Request::PassTime`]
+/// entry when a lease or a finished record's retention ended and no entry has passed
+/// that time since. Reads already judge at the leader's clock; this puts the lapse in
+/// the log, so that every watch sees it on an idle cluster too.
+pub async fn pass_due_time(node: SharedNode) {
+    let server = node.raft.server_metrics();
+    loop {
+        let leading = server.borrow_watched().state == ServerState::Leader;
+        let mut wait = DUE_LOOK_MAX;
+        if leading && node.check_member().is_ok() {
+            let due = node.state.read(|s| s.machine.next_due());
+            let now = node.clock.now();
+            if let Some(due) = due {
+                let late = u64::try_from(now.millis_since(due)).unwrap_or(0);
+                if due <= now && Duration::from_millis(late) >= DUE_GRACE {
+                    if let Err(e) = node.write(Request::PassTime, None).await {
+                        tracing::debug!(error = %e, "could not pass due time");
+                    }
+                    wait = DUE_GRACE;
+                } else {
+                    let ahead = u64::try_from(due.millis_since(now)).unwrap_or(0);
+                    wait = (Duration::from_millis(ahead) + DUE_GRACE).min(DUE_LOOK_MAX);
+                }
+            }
+        }
+        // Slept, not woken by the metrics: tokio's watch wakes its waiters in a random
+        // order the simulation cannot replay, and a new leader looks within `wait`.
+        tokio::time::sleep(wait).await;
+        if server.borrow_watched().state == ServerState::Shutdown {
+            return;
         }
     }
 }

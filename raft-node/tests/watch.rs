@@ -176,6 +176,33 @@ async fn a_watch_after_a_revision_ahead_of_the_log_is_gone_not_silently_empty() 
     assert_eq!(status, 200, "{json}");
 }
 
+/// Found from outside: on an idle cluster a lease that ran out reached no watch until
+/// some unrelated write applied it. The leader now passes due time in the log.
+#[tokio::test]
+async fn a_watch_sees_a_lease_run_out_on_an_idle_cluster() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let job = serde_json::json!({"clientid": 1, "adds": [{"group": "lapse", "key": "k", "max_attempts": 1}]});
+    cluster.write(1, "/update", &job).await.expect("added");
+    let claim = serde_json::json!({"clientid": 5, "group": "lapse", "duration": 500});
+    cluster.write(1, "/claim", &claim).await.expect("claimed");
+    let revision = watch(&cluster, 1, "group=lapse&after=0").await.revision;
+    let started = std::time::Instant::now();
+    let page = watch(
+        &cluster,
+        1,
+        &format!("group=lapse&after={revision}&wait_ms=20000"),
+    )
+    .await;
+    assert!(!page.changes.is_empty(), "{page:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "woken by the lapse, not the wait's end"
+    );
+    let (_, job) = get(&cluster, 1, "/job?group=lapse&key=k").await;
+    assert_eq!(job["state"], "dead", "{job}");
+}
+
 /// Reads a server-sent event stream from `path` on `addr` until `enough` says so.
 async fn read_stream(addr: &str, path: &str, enough: impl Fn(&str) -> bool) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");

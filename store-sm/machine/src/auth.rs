@@ -282,11 +282,12 @@ impl TaskMachine {
             Request::Retry(retry) => outside(&retry.group),
             Request::Settings(settings) => outside(&settings.group),
             Request::Scoped(inner) => self.scope_refusal(prefixes, &inner.request),
-            Request::TokenAdd(_) | Request::TokenRevoke(_) | Request::AuthBootstrap(_) => {
-                Some(Refusal::OutOfScope {
-                    group: String::new(),
-                })
-            }
+            Request::TokenAdd(_)
+            | Request::TokenRevoke(_)
+            | Request::AuthBootstrap(_)
+            | Request::PassTime => Some(Refusal::OutOfScope {
+                group: String::new(),
+            }),
         }
     }
 }

@@ -29,6 +29,7 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::TokenRevoke(revoke) => hasher.tagged(10, revoke),
         Request::AuthBootstrap(add) => hasher.tagged(11, add),
         Request::FinishMany(many) => hasher.tagged(12, many),
+        Request::PassTime => hasher.tagged(13, &()),
         // The scope is who asked, not what: a retry through the same door matches.
         Request::Scoped(scoped) => return fingerprint(&scoped.request),
     };

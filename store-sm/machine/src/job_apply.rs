@@ -192,6 +192,14 @@ impl TaskMachine {
         index.available_count(now, limit)
     }
 
+    /// The earliest time at which time passing alone changes this state: a lease ends
+    /// or a finished record's retention does (see [`crate::Request::PassTime`]).
+    pub fn next_due(&self) -> Option<LogTime> {
+        let lease = self.leases.get_min().map(|&(end, _)| end);
+        let expiry = self.expiries.get_min().map(|(at, _, _)| *at);
+        lease.into_iter().chain(expiry).min()
+    }
+
     /// When, after `now`, a task of `group` next becomes claimable by time alone (a
     /// lease ending, an available time or a back-off passing); `None` if nothing will
     /// without another command.

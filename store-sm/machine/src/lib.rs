@@ -232,6 +232,8 @@ impl TaskMachine {
             Request::TokenAdd(add) => token(self.apply_token_add(add, false, now)),
             Request::AuthBootstrap(add) => token(self.apply_token_add(add, true, now)),
             Request::TokenRevoke(revoke) => token(self.apply_token_revoke(revoke)),
+            // What it does, `apply` did: time passed before the request.
+            Request::PassTime => (Outcome::Tasks(Vec::new()), Effect::Unchanged),
             Request::Scoped(scoped) => match self.scope_refusal(&scoped.groups, &scoped.request) {
                 Some(refusal) => (Outcome::Refused(vec![refusal]), Effect::Unchanged),
                 None => self.apply_request(&scoped.request, now),

@@ -683,3 +683,22 @@ fn a_restored_cluster_starts_at_its_own_time_with_ids_above_a_time_floor() {
     assert_eq!(machine.log_time().as_millis(), restored_at);
     assert_eq!(machine.next_id(), next);
 }
+
+#[test]
+fn pass_time_applies_what_fell_due_and_next_due_names_it() {
+    let mut machine = TaskMachine::new();
+    adds(&mut machine, 1, "g", 1);
+    assert_eq!(machine.next_due(), None);
+    let claimed = tasks_of(&machine.apply(&claim_cmd(T0, 5, "g", 1000)))[0].clone();
+    assert_eq!(machine.next_due(), Some(at(T0 + 1000)));
+    let pass = Command {
+        stamp: at(T0 + 1000),
+        request_id: None,
+        request: Request::PassTime,
+    };
+    assert_eq!(tasks_of(&machine.apply(&pass)), []);
+    assert_eq!(machine.next_due(), None, "the lease lapsed");
+    let task = machine.task(claimed.id).expect("still there, free again");
+    assert_eq!(task.available_at, at(T0 + 1000));
+    assert_eq!(machine.log_time(), at(T0 + 1000));
+}

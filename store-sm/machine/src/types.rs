@@ -205,6 +205,10 @@ pub enum Request {
     Scoped(ScopedRequest),
     /// End the claims of several tasks with success, all or none.
     FinishMany(FinishManyRequest),
+    /// Nothing but time passing: the leader proposes it when a lease or a record's
+    /// retention ends with nothing applied since, so the lapse reaches the log (and
+    /// every watch) on an idle cluster too.
+    PassTime,
 }
 
 impl Request {
@@ -224,6 +228,7 @@ impl Request {
             Request::TokenAdd(add) | Request::AuthBootstrap(add) => add.client,
             Request::TokenRevoke(revoke) => revoke.client,
             Request::Scoped(scoped) => scoped.request.client(),
+            Request::PassTime => 0,
         }
     }
 
@@ -303,6 +308,7 @@ impl fmt::Display for Command {
             Request::AuthBootstrap(r) => write!(f, "auth bootstrap(id={})", r.id)?,
             Request::TokenRevoke(r) => write!(f, "token revoke(id={})", r.id)?,
             Request::Scoped(_) => f.write_str("scoped")?,
+            Request::PassTime => f.write_str("pass time")?,
         }
         write!(f, "@{}", self.stamp)
     }

@@ -128,6 +128,7 @@ impl Model {
                 Some(group) => Outcome::Refused(vec![Refusal::OutOfScope { group }]),
                 None => self.dispatch(&scoped.request, now),
             },
+            Request::PassTime => Outcome::Tasks(Vec::new()),
         }
     }
 
@@ -161,7 +162,10 @@ impl Model {
             Request::Retry(r) => vec![r.group.clone()],
             Request::Settings(s) => vec![s.group.clone()],
             Request::Scoped(scoped) => return self.groups_touched(&scoped.request),
-            Request::TokenAdd(_) | Request::TokenRevoke(_) | Request::AuthBootstrap(_) => {
+            Request::TokenAdd(_)
+            | Request::TokenRevoke(_)
+            | Request::AuthBootstrap(_)
+            | Request::PassTime => {
                 return None;
             }
         })
