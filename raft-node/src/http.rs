@@ -414,7 +414,7 @@ async fn linger(mut body: Body, declared: Option<u64>) {
 /// The answer to paths no route has.
 pub async fn not_found_fallback(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!(
-        "no such endpoint: {}; the worker API is /groups, /task, /tasks, /group, /update and /claim",
+        "no such endpoint: {}; the worker API is GET /groups, GET /task/{{id}}, GET /tasks/{{ids}}, GET /group/{{name}}, POST /update and POST /claim; GET /openapi.json lists every endpoint",
         uri.path()
     ))
 }

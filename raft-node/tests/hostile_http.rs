@@ -121,6 +121,22 @@ async fn malformed_requests_get_json_errors() {
         metrics.contains("rota_http_requests_total{endpoint=\"GET unrouted\",status=\"400\"} 1"),
         "{metrics}"
     );
+    // A path no route has says which paths the worker API has, with their methods.
+    let answer = raw_exchange(
+        &addr,
+        b"PUT /task HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+        read_for,
+    );
+    let (status, error) = status_and_error(&answer);
+    assert_eq!(status, 404, "{answer}");
+    for route in [
+        "GET /task/{id}",
+        "POST /update",
+        "POST /claim",
+        "/openapi.json",
+    ] {
+        assert!(error.contains(route), "{route} is not named: {error}");
+    }
     // The node serves on.
     assert!(cluster.status(1).await.is_some());
 }
