@@ -4,11 +4,13 @@
 //! "ROTASNAP" | format version (u32 LE) | body (bincode, varint) | SHA-256 of body (32 bytes)
 //! body = head, then per group (name, count, tasks in claim order), then dedup entries
 //!        oldest first, then the ids of every node that was ever a member, ascending,
-//!        then per group with job records (name, count, records in key order), then
-//!        the groups whose settings differ from the defaults (name, settings), then
-//!        whether the first admin token was made and the access tokens in id order
+//!        then per group with job records (name, count, records in key order, each
+//!        followed by its id), then the groups whose settings differ from the
+//!        defaults (name, settings), then whether the first admin token was made and the access tokens in id order
 //! ```
 //!
+//! Version 6 added each job record's id after the record (older formats decode with
+//! none, so their jobs are read by key only until their next run).
 //! Version 5 added access tokens (older formats decode with none, never bootstrapped).
 //! Version 4 added each dedup entry's request fingerprint (entries of older formats
 //! decode without one, and answer any request under their id as before).
@@ -52,7 +54,7 @@ use crate::planted;
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
 /// The format this build writes. Older formats get upgrade code beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
 
 /// The oldest format this build still reads.
 pub const SNAPSHOT_FORMAT_OLDEST: u32 = 1;
@@ -271,8 +273,8 @@ fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHa
     write_body_as(machine, out, SNAPSHOT_FORMAT_VERSION)
 }
 
-/// Writes the body in `format` (this one, or 3, which lacks fingerprints: tests of the
-/// upgrade write it).
+/// Writes the body in `format` (this one, or an older one: tests of the upgrade write
+/// them).
 fn write_body_as<W: Write>(
     machine: &TaskMachine,
     out: W,
@@ -359,6 +361,9 @@ fn write_body_as<W: Write>(
         )?;
         for record in records {
             put(record, &mut out)?;
+            if format >= 6 {
+                put(&record.id, &mut out)?;
+            }
         }
     }
     for (group, settings) in settings {
@@ -563,7 +568,10 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     for _ in 0..head.job_group_count {
         let group: JobGroupHead<String> = take(&mut input)?;
         for _ in 0..group.record_count {
-            let record: JobRecord = take(&mut input)?;
+            let mut record: JobRecord = take(&mut input)?;
+            if version >= 6 {
+                record.id = take(&mut input)?;
+            }
             if *record.group != *group.name {
                 return Err(SnapshotError::Invalid(format!(
                     "job {:?} of group {:?} is filed under group {:?}",
@@ -719,8 +727,8 @@ mod tests {
         [&SNAPSHOT_MAGIC[..], &format.to_le_bytes(), &body, &hash.0].concat()
     }
 
-    /// Format 4's and 5's bodies, pinned: a change of any encoded type shows here before
-    /// it reaches a disk or a replica with another build.
+    /// Format 4's, 5's and 6's bodies, pinned: a change of any encoded type shows here
+    /// before it reaches a disk or a replica with another build.
     #[test]
     fn the_body_encoding_is_pinned() {
         let machine = job_sample();
@@ -734,9 +742,14 @@ mod tests {
             format_4.to_string(),
             "a910240b0b2b2f9adb345c89e6efd87106a88977a014eba47015bcd0857de3d0"
         );
+        let (_, format_5) = write_body_as(&auth_sample(), Vec::new(), 5).expect("vec");
+        assert_eq!(
+            format_5.to_string(),
+            "6136dda3164181392bb3a33102c2e1234f71b68629a04d1e9cd9fd549d190991"
+        );
         assert_eq!(
             state_hash(&auth_sample()).to_string(),
-            "6136dda3164181392bb3a33102c2e1234f71b68629a04d1e9cd9fd549d190991"
+            "460e75edcb8c4dfa9d8b9b06927b73433ae0e9b79bc5570f543bc8609d2ca2d0"
         );
     }
 
@@ -755,7 +768,38 @@ mod tests {
         let old = decode_snapshot(&snapshot_as(&machine, 4)).expect("format 4 decodes");
         assert_eq!(old.tokens().count(), 0);
         assert!(!old.auth_bootstrapped());
-        assert_eq!(state_hash(&old), state_hash(&job_sample()));
+        // Format 4 has no job ids either: compare with the job sample read from it.
+        let jobs_in_4 = decode_snapshot(&snapshot_as(&job_sample(), 4)).expect("decodes");
+        assert_eq!(state_hash(&old), state_hash(&jobs_in_4));
+    }
+
+    #[test]
+    fn job_ids_survive_a_round_trip_and_format_five_decodes_without_them() {
+        let machine = job_sample();
+        let ids: Vec<_> = machine.iter_jobs().map(|record| record.id).collect();
+        assert!(
+            ids.iter().all(Option::is_some),
+            "every job has an id: {ids:?}"
+        );
+        let restored = decode_snapshot(&encode_snapshot(&machine)).expect("round trip");
+        assert_eq!(state_hash(&restored), state_hash(&machine));
+        for record in machine.iter_jobs() {
+            let id = record.id.expect("an id");
+            assert_eq!(restored.job_by_id(id), Some(record));
+        }
+
+        let old = decode_snapshot(&snapshot_as(&machine, 5)).expect("format 5 decodes");
+        assert!(old.iter_jobs().all(|record| record.id.is_none()));
+        assert_ne!(state_hash(&old), state_hash(&machine));
+        let running = old
+            .iter_jobs()
+            .find(|record| record.key.as_ref() == "c")
+            .expect("job c");
+        let first = machine.job("jobs", "c").and_then(|r| r.id).expect("an id");
+        assert_ne!(running.task, Some(first), "c was claimed since its add");
+        assert_eq!(old.job_by_id(first), None, "format 5 knows no job ids");
+        let live = running.task.expect("c runs");
+        assert_eq!(old.job_by_id(live).map(|r| &*r.key), Some("c"));
     }
 
     #[test]

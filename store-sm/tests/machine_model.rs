@@ -2,6 +2,7 @@
 //! random command sequences of the seed API and the job layer, with the invariants of
 //! ENGINEERING.md 3.1 checked after every step.
 
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
@@ -412,6 +413,20 @@ fn check_state(machine: &TaskMachine, model: &Model) -> Result<(), TestCaseError
     let records: Vec<&JobRecord> = machine.iter_jobs().collect();
     let expected: Vec<&JobRecord> = model.records.values().collect();
     prop_assert_eq!(records, expected);
+    // Reads by id: a job's id, its live task and the version a cancel removed name it;
+    // every other id (a seed task's, an earlier run's, a dropped record's) names none.
+    let mut named: BTreeMap<u64, &JobRecord> = BTreeMap::new();
+    for record in model.records.values() {
+        for id in [record.id, record.task, record.cancelled_task]
+            .into_iter()
+            .flatten()
+        {
+            named.insert(id, record);
+        }
+    }
+    for id in 1..=machine.next_id() {
+        prop_assert_eq!(machine.job_by_id(id), named.get(&id).copied(), "id {}", id);
+    }
     let settings: Vec<(String, GroupSettings)> = machine
         .configured_groups()
         .map(|(group, settings)| (group.to_string(), *settings))

@@ -371,9 +371,20 @@ impl TaskMachine {
                 };
                 let task = self.insert_new(group, add.data.clone(), available_at, client, job);
                 self.note_new_version(&task);
+                self.name_run(&task.group, &key, task.id);
                 Some(task)
             }
         }
+    }
+
+    /// Gives a job the id of the task its new run began with, in place of its last
+    /// run's.
+    fn name_run(&mut self, group: &GroupName, key: &JobKey, id: TaskId) {
+        if let Some(Some(old)) = self.with_record(group, key, |record| record.id.replace(id)) {
+            self.job_ids.remove(&old);
+        }
+        self.job_ids
+            .insert(id, (Arc::clone(group), Arc::clone(key)));
     }
 
     /// Creates the record of a new job, or starts a new run of a finished or dead one,
@@ -390,6 +401,8 @@ impl TaskMachine {
         if let Some(previous) = &previous {
             self.forget_finish(previous);
         }
+        // Kept until the run's task has its id, which then replaces it in the index.
+        let previous_id = previous.as_ref().and_then(|p| p.id);
         let record = JobRecord {
             group: Arc::clone(group),
             key: Arc::clone(key),
@@ -412,6 +425,7 @@ impl TaskMachine {
             dependants: Vec::new(),
             resubmit: None,
             cancelled_task: None,
+            id: previous_id,
         };
         self.put_record(record);
         for prerequisite in &after {
@@ -776,6 +790,7 @@ impl TaskMachine {
         };
         let task = self.insert_new(Arc::clone(group), data, at, owner, job);
         self.note_new_version(&task);
+        self.name_run(group, key, task.id);
     }
 
     /// Starts the retention clock of a record that just finished.
@@ -1084,6 +1099,9 @@ impl TaskMachine {
         if let Some(id) = record.cancelled_task {
             self.cancelled.remove(&id);
         }
+        if let Some(id) = record.id {
+            self.job_ids.remove(&id);
+        }
         if now_empty {
             self.jobs.remove(group);
         }
@@ -1096,6 +1114,20 @@ impl TaskMachine {
             .records
             .get(key)
             .map(|record| &**record)
+    }
+
+    /// The record of the job with id `id`: the first task of its current run (what its
+    /// add answered), one of its live task versions, or a version a cancel removed.
+    pub fn job_by_id(&self, id: TaskId) -> Option<&JobRecord> {
+        let (group, key) = match self.job_ids.get(&id).or_else(|| self.cancelled.get(&id)) {
+            Some((group, key)) => (&**group, &**key),
+            None => {
+                let task = self.tasks.get(&id)?;
+                (&*task.group, task.job.key.as_deref()?)
+            }
+        };
+        self.job(group, key)
+            .filter(|record| [record.id, record.task, record.cancelled_task].contains(&Some(id)))
     }
 
     /// Job records of `group` in key order, only those in `state` if given, starting

@@ -450,6 +450,58 @@ fn finished_records_are_dropped_after_the_retention() {
 }
 
 #[test]
+fn a_job_is_read_by_the_id_its_add_answered_until_its_record_is_dropped() {
+    let mut store = Store::new();
+    store.settings(
+        "g",
+        SettingsChange {
+            retention_ms: Some(10_000),
+            ..SettingsChange::default()
+        },
+    );
+    let added = tasks(store.add(vec![job("k")]))[0].id;
+    let key_of = |machine: &TaskMachine, id| machine.job_by_id(id).map(|r| r.key.to_string());
+    assert_eq!(key_of(&store.machine, added), Some("k".into()));
+    let claimed = store.claim(7, "g").expect("claimable");
+    assert_eq!(
+        key_of(&store.machine, claimed.id),
+        Some("k".into()),
+        "the live version"
+    );
+    tasks(store.finish(7, claimed.id, Some("42")));
+    let record = store
+        .machine
+        .job_by_id(added)
+        .expect("read by id after it finished");
+    assert_eq!(record.state, JobState::Succeeded);
+    assert_eq!(record.result.as_deref(), Some("42"));
+    assert_eq!(
+        key_of(&store.machine, claimed.id),
+        None,
+        "a replaced version"
+    );
+
+    // A new run gets a new id; the old one names no job any more.
+    let again = tasks(store.add(vec![job("k")]))[0].id;
+    assert_eq!(key_of(&store.machine, again), Some("k".into()));
+    assert_eq!(key_of(&store.machine, added), None, "an earlier run's id");
+    let claimed = store.claim(7, "g").expect("claimable");
+    tasks(store.finish(7, claimed.id, None));
+
+    store.wait(10_000);
+    store.claim(7, "g");
+    assert!(store.machine.job("g", "k").is_none(), "dropped");
+    assert_eq!(key_of(&store.machine, again), None);
+    assert!(
+        store.machine.job_ids.is_empty(),
+        "no id outlives its record"
+    );
+
+    let seed = tasks(store.add(vec![AddTask::seed("g", "plain", None)]))[0].id;
+    assert_eq!(key_of(&store.machine, seed), None, "a seed task is no job");
+}
+
+#[test]
 fn a_seed_worker_deleting_its_task_after_the_lease_lapsed_finishes_the_job() {
     let mut store = Store::new();
     tasks(store.add(vec![job("k")]));

@@ -267,6 +267,12 @@ pub struct JobRecord {
     /// The task version a cancel removed, so that its owner's next write names the
     /// cancellation rather than a missing task.
     pub cancelled_task: Option<TaskId>,
+    /// The job's id: the task id its current run began with (what the add answered),
+    /// by which its outcome can be read. `None` only for records from snapshots older
+    /// than format 6. Not in the record's serde form: format 6 writes it after the
+    /// record, so that formats 3 to 5 still decode.
+    #[serde(skip)]
+    pub id: Option<TaskId>,
 }
 
 impl JobRecord {

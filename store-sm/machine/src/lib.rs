@@ -99,6 +99,8 @@ pub struct TaskMachine {
     expiries: OrdSet<(LogTime, GroupName, JobKey)>,
     /// Task versions a cancel removed, so their owner's next write is told why.
     cancelled: OrdMap<TaskId, (GroupName, JobKey)>,
+    /// Job records by their id (the first task id of their current run).
+    job_ids: OrdMap<TaskId, (GroupName, JobKey)>,
     /// Access tokens by id.
     tokens: OrdMap<String, TokenRecord>,
     /// Whether the first admin token was ever made (it can be made once).
@@ -128,6 +130,7 @@ impl TaskMachine {
             leases: OrdSet::new(),
             expiries: OrdSet::new(),
             cancelled: OrdMap::new(),
+            job_ids: OrdMap::new(),
             tokens: OrdMap::new(),
             auth_bootstrapped: false,
             changes: Vec::new(),

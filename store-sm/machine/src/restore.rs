@@ -163,6 +163,18 @@ impl TaskMachine {
                     .cancelled
                     .insert(id, (Arc::clone(&record.group), Arc::clone(&record.key)));
             }
+            if let Some(id) = record.id
+                && let Some((group, key)) = machine
+                    .job_ids
+                    .insert(id, (Arc::clone(&record.group), Arc::clone(&record.key)))
+            {
+                return Err(InvalidParts::BadJob {
+                    what: format!(
+                        "jobs {key:?} of group {group:?} and {:?} of group {:?} both have id {id}",
+                        record.key, record.group
+                    ),
+                });
+            }
             machine.put_record(record);
         }
         for task in tasks {

@@ -519,6 +519,7 @@ impl Model {
                         dependants: vec![],
                         resubmit: None,
                         cancelled_task: None,
+                        id: None,
                     };
                     self.records
                         .insert((add.group.clone(), key.clone()), record);
@@ -533,7 +534,9 @@ impl Model {
                         attempt: 0,
                         leased: false,
                     };
-                    out.push(self.new_task(&add.group, &add.data, when, u.client, job));
+                    let task = self.new_task(&add.group, &add.data, when, u.client, job);
+                    self.record_mut(&add.group, &key).id = Some(task.id);
+                    out.push(task);
                 }
             }
         }
@@ -791,7 +794,8 @@ impl Model {
                     attempt: 0,
                     leased: false,
                 };
-                self.new_task(&group, &data, when, task.owner, job);
+                let again = self.new_task(&group, &data, when, task.owner, job);
+                self.record_mut(&group, &key).id = Some(again.id);
             }
             None => self.expire_later(&group, &key, now),
         }
