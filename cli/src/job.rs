@@ -242,6 +242,7 @@ pub fn render_job(job: &JobJson) -> String {
     let rows = [
         ("group", job.group.clone()),
         ("key", job.key.clone()),
+        ("id", or_dash(job.id)),
         ("state", job.state.clone()),
         ("task", or_dash(job.task)),
         ("available at", or_dash(job.available_at.map(format_time))),
@@ -490,6 +491,7 @@ mod tests {
         JobJson {
             group: "mail".into(),
             key: "welcome-42".into(),
+            id: Some(7),
             state: "dead".into(),
             task: None,
             available_at: None,
@@ -523,6 +525,7 @@ mod tests {
     fn a_job_shows_its_fields_and_history() {
         let text = render_job(&job());
         assert!(text.contains("state:        dead\n"), "{text}");
+        assert!(text.contains("id:           7\n"), "{text}");
         assert!(text.contains("max attempts: 1\n"), "{text}");
         assert!(text.contains("dependants:   report\n"), "{text}");
         assert!(
@@ -546,7 +549,7 @@ mod tests {
         // A record and a page as a node writes them: --json prints them unchanged, every
         // field kept (nulls included) and the result's JSON as it was recorded.
         let node = serde_json::json!({"jobs": [{
-            "group": "etl", "key": "extract", "state": "succeeded", "task": null,
+            "group": "etl", "key": "extract", "id": 2, "state": "succeeded", "task": null,
             "available_at": null, "data": null, "priority": 5, "max_attempts": 1,
             "every_ms": null, "run": 1, "attempts": 1,
             "history": [{"run": 1, "attempt": 1, "owner": 7, "started_at": 10,

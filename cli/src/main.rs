@@ -336,17 +336,21 @@ enum JobCommand {
     },
     /// Show a job's record: state, attempts and their history, result, reason.
     #[command(
-        after_help = "Example:\n  rota job get --url 127.0.0.1:7001 --group mail --key welcome-42"
+        after_help = "Examples:\n  rota job get --url 127.0.0.1:7001 --group mail --key welcome-42\n  rota job get --url 127.0.0.1:7001 --id 17"
     )]
     Get {
         #[command(flatten)]
         target: Target,
         /// The group.
-        #[arg(long)]
-        group: String,
+        #[arg(long, required_unless_present = "id", requires = "key")]
+        group: Option<String>,
         /// The job's key.
-        #[arg(long)]
-        key: String,
+        #[arg(long, required_unless_present = "id", requires = "group")]
+        key: Option<String>,
+        /// Instead of --group and --key: the job's id (the task id its add printed,
+        /// until its next run) or its live task's id.
+        #[arg(long, conflicts_with_all = ["group", "key"])]
+        id: Option<u64>,
     },
     /// Wait until jobs have finished (succeeded, dead or cancelled) and show them; exit 1
     /// if some have not within --timeout.
@@ -901,14 +905,24 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
             let written = writer.write(&target, writer.update().with_add(add)).await?;
             print_tasks(&written, target.json)
         }
-        JobCommand::Get { target, group, key } => {
-            let job: rpc::job::JobJson = Nodes::new(&target.url)?
-                .get_json(&format!(
-                    "/job?group={}&key={}",
-                    encode(&group),
-                    encode(&key)
-                ))
-                .await?;
+        JobCommand::Get {
+            target,
+            group,
+            key,
+            id,
+        } => {
+            let path = match (id, group, key) {
+                (Some(id), _, _) => format!("/job?id={id}"),
+                (None, Some(group), Some(key)) => {
+                    format!("/job?group={}&key={}", encode(&group), encode(&key))
+                }
+                _ => {
+                    return Err(cli::CliError::Usage(
+                        "name the job with --group and --key, or with --id".into(),
+                    ));
+                }
+            };
+            let job: rpc::job::JobJson = Nodes::new(&target.url)?.get_json(&path).await?;
             emit(target.json, &job, cli::job::render_job)
         }
         JobCommand::Wait {

@@ -174,6 +174,11 @@ async fn a_jobs_whole_life_through_the_cli() {
         shown.contains("1 7             "),
         "the attempt's owner: {shown}"
     );
+    let by_id = cluster
+        .rota(&["job", "get", "--id", &id_of(&extract), "--json"])
+        .await
+        .json();
+    assert_eq!(by_id, record, "the id its add printed names the job");
 
     // Now load is claimable.
     let load = claim(&cluster, "etl", "7").await.expect("load");
@@ -411,6 +416,10 @@ async fn a_jobs_whole_life_through_the_cli() {
         &["job", "list", "--group", "g", "--state", "sleeping"],
         &["job", "list", "--group", "g", "--limit", "1001"],
         &["job", "add", "--group", "g", "--at", "tomorrow"],
+        &["job", "get", "--group", "g"],
+        &["job", "get", "--key", "k"],
+        &["job", "get", "--id", "3", "--group", "g", "--key", "k"],
+        &["job", "get", "--id", "x"],
     ] {
         let run = cluster.rota(args).await;
         assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);

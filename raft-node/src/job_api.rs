@@ -3,6 +3,7 @@
 //! same relay, request ids and answer shapes as the worker API.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 
 use axum::Json;
 use axum::Router;
@@ -49,6 +50,7 @@ use store_sm::machine::Request;
 use store_sm::machine::RetryRequest;
 use store_sm::machine::SettingsChange;
 use store_sm::machine::SettingsRequest;
+use store_sm::machine::TaskId;
 
 use crate::http::ApiError;
 use crate::json::job_json;
@@ -188,14 +190,69 @@ fn required<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a s
     }
 }
 
+/// The `id` query parameter of `GET /job`, if given.
+fn job_id_param(params: &HashMap<String, String>) -> Result<Option<TaskId>, ApiError> {
+    let Some(value) = params.get("id") else {
+        return Ok(None);
+    };
+    if params.contains_key("group") || params.contains_key("key") {
+        return Err(ApiError::bad_request(
+            "name a job either by id or by group and key, not both",
+        ));
+    }
+    match value.parse::<TaskId>() {
+        Ok(id) if id > 0 => Ok(Some(id)),
+        _ => Err(ApiError::bad_request(format!(
+            "query parameter id is a job's id, a positive integer (the task id its add answered); got {value:?}"
+        ))),
+    }
+}
+
+/// How a `GET /job` names its job.
+enum JobName {
+    Id(TaskId),
+    Key { group: String, key: String },
+}
+
+/// `GET /job?group=G&key=K` or `GET /job?id=N`: a job's record, by key or by id.
 async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<Response, ApiError> {
     let params = query_params(Some(incoming.query()))?;
-    let group = required(&params, "group")?.to_string();
-    incoming.caller.check_group(&group)?;
-    let key = required(&params, "key")?.to_string();
-    check_key("key", &key).map_err(ApiError::bad_request)?;
+    let name = match job_id_param(&params)? {
+        Some(id) => JobName::Id(id),
+        None => {
+            let group = required(&params, "group")?.to_string();
+            incoming.caller.check_group(&group)?;
+            let key = required(&params, "key")?.to_string();
+            check_key("key", &key).map_err(ApiError::bad_request)?;
+            JobName::Key { group, key }
+        }
+    };
     let wait = wait_param(&params)?;
     let consistency = consistency(&params)?;
+    let (group, key) = match name {
+        JobName::Key { group, key } => (group, key),
+        JobName::Id(id) => match node.read(consistency).await {
+            // A token that does not cover the job's group learns nothing of it.
+            Ok(view) => view
+                .state
+                .machine
+                .job_by_id(id)
+                .filter(|record| incoming.caller.check_group(&record.group).is_ok())
+                .map(|record| (record.group.to_string(), record.key.to_string()))
+                .ok_or_else(|| {
+                    ApiError::not_found(format!(
+                        "no job with id {id}: name a job by the task id its add answered or \
+                         by its live task's id (a task without a key is no job); an id names \
+                         its job until the job's next run or the group's retention, so read \
+                         older runs by group and key"
+                    ))
+                })?,
+            Err(e) => {
+                let never: Result<Infallible, _> = Err(e);
+                return Ok(respond(&node, incoming, never, |never| match never {}).await);
+            }
+        },
+    };
     let keys = [key.clone()];
     let view = node.wait_jobs(&group, &keys, consistency, wait).await;
     Ok(respond(&node, incoming.waiting(wait), view, |view| {

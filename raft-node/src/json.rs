@@ -89,6 +89,7 @@ pub fn job_json(machine: &TaskMachine, record: &JobRecord) -> JobJson {
     JobJson {
         group: record.group.to_string(),
         key: record.key.to_string(),
+        id: record.id,
         state: record.state.as_str().to_string(),
         task: task.map(|t| t.id),
         available_at: task.map(|t| t.available_at.as_millis()),

@@ -283,6 +283,18 @@ async fn tokens_and_roles_refuse_what_they_do_not_allow_and_change_nothing() {
     .await;
     assert_eq!(status, 200, "{theirs}");
     let theirs_id = theirs["tasks"][0]["id"].as_u64().expect("an id");
+    let their_job = json!({"clientid": 2, "adds": [{"group": "other", "key": "k"}]});
+    let (status, their_job) = call(
+        &cluster,
+        1,
+        Some(&worker),
+        Method::POST,
+        "/update",
+        Some(their_job),
+    )
+    .await;
+    assert_eq!(status, 200, "{their_job}");
+    let their_job_id = their_job["tasks"][0]["id"].as_u64().expect("an id");
 
     for via in [leader, follower] {
         assert_refused(
@@ -365,7 +377,28 @@ async fn tokens_and_roles_refuse_what_they_do_not_allow_and_change_nothing() {
         )
         .await;
         assert_eq!(status, 404, "another group's task is not there: {task}");
+        let (status, job) = call(
+            &cluster,
+            via,
+            Some(&limited),
+            Method::GET,
+            &format!("/job?id={their_job_id}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 404, "another group's job is not there by id: {job}");
     }
+    let (status, job) = call(
+        &cluster,
+        follower,
+        Some(&worker),
+        Method::GET,
+        &format!("/job?id={their_job_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "a token of every group reads it by id: {job}");
+    assert_eq!(job["key"], "k");
     let (status, still) = call(
         &cluster,
         leader,

@@ -703,3 +703,84 @@ async fn a_job_read_back_is_accepted_as_an_update_and_keeps_its_job_fields() {
     assert_eq!(status, 200, "{settings}");
     assert_eq!(settings["running"], 1, "{settings}");
 }
+
+#[tokio::test]
+async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let adds = json!({"clientid": 1, "adds": [
+        {"group": "ids", "key": "report", "data": "q3"},
+        {"group": "ids", "data": "a seed task"}]});
+    let added = post(&cluster, follower, "/update", adds).await;
+    let id = added["tasks"][0]["id"].as_u64().expect("the job's task id");
+    let seed = added["tasks"][1]["id"]
+        .as_u64()
+        .expect("the seed task's id");
+
+    let job = get(&cluster, follower, &format!("/job?id={id}")).await;
+    assert_eq!(
+        (job["key"].clone(), job["id"].clone()),
+        (json!("report"), json!(id))
+    );
+    assert_eq!(job["state"], "waiting");
+
+    // A wait by id through a follower ends when a worker finishes the job.
+    let waiter = {
+        let api = cluster.api(follower).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let path = format!("/job?id={id}&wait_ms=30000");
+            let answer = client
+                .get(&api, &path, std::time::Duration::from_secs(45))
+                .await
+                .expect("answered");
+            serde_json::from_slice::<Value>(&answer.body).expect("JSON")
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let claimed = first_task(&post(&cluster, leader, "/claim", claim("ids", 5)).await);
+    let running = get(&cluster, leader, &format!("/job?id={}", claimed["id"])).await;
+    assert_eq!(
+        (running["state"].clone(), running["id"].clone()),
+        (json!("running"), json!(id)),
+        "the live task's id names the job too"
+    );
+    let body = json!({"clientid": 5, "id": claimed["id"], "result": {"rows": 7}});
+    post(&cluster, leader, "/finish", body).await;
+    let waited = waiter.await.expect("the wait ended");
+    assert_eq!(waited["state"], "succeeded", "{waited}");
+    assert_eq!(waited["result"], json!({"rows": 7}));
+    let read = get(&cluster, leader, &format!("/job?id={id}&consistency=stale")).await;
+    assert_eq!(read["result"], json!({"rows": 7}));
+
+    // A new run of the key has a new id; the old one, a seed task and an unknown id
+    // name no job.
+    let again = json!({"clientid": 1, "adds": [{"group": "ids", "key": "report"}]});
+    let rerun = first_task(&post(&cluster, leader, "/update", again).await);
+    let job = get(&cluster, follower, &format!("/job?id={}", rerun["id"])).await;
+    assert_eq!(
+        (job["run"].clone(), job["id"].clone()),
+        (json!(2), rerun["id"].clone())
+    );
+    for gone in [id, seed, 1_000_000] {
+        let path = format!("/job?id={gone}");
+        let (status, json) = call(&cluster, follower, Method::GET, &path, None).await;
+        assert_eq!(status, 404, "{path}: {json}");
+        let message = json["error"].as_str().unwrap_or_default();
+        assert!(message.contains("by group and key"), "{path}: {message}");
+    }
+    for path in [
+        "/job?id=0",
+        "/job?id=abc",
+        "/job?id=-3",
+        "/job?id=",
+        "/job?id=4&group=ids",
+        "/job?id=4&key=report",
+    ] {
+        let (status, json) = call(&cluster, leader, Method::GET, path, None).await;
+        assert_eq!(status, 400, "{path}: {json}");
+        let message = json["error"].as_str().unwrap_or_default();
+        assert!(message.contains("id"), "{path}: {message}");
+    }
+}

@@ -61,7 +61,7 @@ async fn a_worker_client_runs_tasks_and_jobs_through_any_node() {
         key: Some("report".into()),
         ..AddJson::in_group("jobs").with_data("q3")
     };
-    worker.add_task(job).await.expect("added");
+    let added = worker.add_task(job).await.expect("added");
     let first = worker
         .claim("jobs", Duration::from_secs(60))
         .await
@@ -87,6 +87,12 @@ async fn a_worker_client_runs_tasks_and_jobs_through_any_node() {
         (record.state.as_str(), &record.result),
         ("succeeded", &Some(json!({"rows": 3})))
     );
+    let by_id = worker.job_by_id(added.id).await.expect("a record by id");
+    assert_eq!(by_id, record, "the id its add answered names the job");
+    assert!(matches!(
+        worker.job_by_id(second.id).await,
+        Err(WorkerError::NotFound(_))
+    ));
     let waited = worker
         .wait_jobs("jobs", &["report"], Duration::from_secs(5))
         .await

@@ -294,6 +294,11 @@ pub struct JobJson {
     pub group: String,
     /// The job's key.
     pub key: String,
+    /// The job's id: the task id its current run began with (what its add answered),
+    /// by which `GET /job?id=` reads it. Null for a job last enqueued before the
+    /// store's snapshot format 6, and absent from older servers' answers.
+    #[serde(default)]
+    pub id: Option<u64>,
     /// `waiting`, `running`, `failed` (waiting for its retry), `succeeded`, `dead` or
     /// `cancelled`, as of the last applied command.
     pub state: String,

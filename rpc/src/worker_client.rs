@@ -703,6 +703,12 @@ impl WorkerClient {
         self.read(&path, Duration::ZERO).await
     }
 
+    /// The record of the job with id `id`: the task id its add answered (until its next
+    /// run), or its live task's id. `NotFound` if no job has that id.
+    pub async fn job_by_id(&self, id: u64) -> Result<JobJson, WorkerError> {
+        self.read(&format!("/job?id={id}"), Duration::ZERO).await
+    }
+
     /// The records of the jobs `keys` of `group` once all have finished, or as they are
     /// after `wait` (at most a minute).
     pub async fn wait_jobs(

@@ -129,6 +129,10 @@ def test_jobs_finish_fail_cancel_retry_and_records(client: RotaClient, group: st
     fetched = client.job(group, "fetch")
     assert (fetched.state, fetched.result, fetched.finished) == ("succeeded", {"commit": "abc"}, True)
     assert fetched.history[-1].outcome == "succeeded"
+    # The id its add answered reads the outcome too; the finished version's does not.
+    assert fetched.id == fetch.id and client.job_by_id(fetch.id) == fetched
+    with pytest.raises(NotFound, match="by group and key"):
+        client.job_by_id(claimed.id)
 
     claimed = client.claim(group, 60_000)
     assert claimed is not None and claimed.key == "build"

@@ -739,6 +739,20 @@ class RotaClient:
         query = _query(group=group, key=key, wait_ms=wait or None, consistency=consistency)
         return Job.from_json(self._read(f"/job{query}", wait))
 
+    def job_by_id(
+        self,
+        id: int,
+        *,
+        wait_ms: int = 0,
+        consistency: Optional[str] = None,
+    ) -> Job:
+        """The record of the job with id ``id``: the task id its add answered (until the
+        job's next run), or its live task's id; ``wait_ms`` as for :meth:`job`.
+        :class:`~rota.errors.NotFound` if no job has that id."""
+        wait = _wait_ms(wait_ms)
+        query = _query(id=int(id), wait_ms=wait or None, consistency=consistency)
+        return Job.from_json(self._read(f"/job{query}", wait))
+
     def jobs(
         self,
         group: str,

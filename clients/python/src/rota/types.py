@@ -199,6 +199,10 @@ class Job:
     after: List[str]
     dependants: List[str]
     resubmitted: bool
+    id: Optional[int] = None
+    """The job's id: the task id its current run began with (what its add answered);
+    :meth:`~rota.RotaClient.job_by_id` reads the record by it. ``None`` from servers
+    before it was added, and for jobs last enqueued before snapshot format 6."""
 
     @property
     def finished(self) -> bool:
@@ -228,6 +232,7 @@ class Job:
             after=[str(k) for k in obj.get("after") or []],
             dependants=[str(k) for k in obj.get("dependants") or []],
             resubmitted=bool(obj.get("resubmitted", False)),
+            id=_opt_int(obj.get("id")),
         )
 
 
