@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use madsim::rand::Rng;
 use madsim::rand::seq::SliceRandom;
+use raft_node::clock::RESUME_FORGOTTEN_AFTER;
 use rpc::admin::AddLearnerJson;
 use rpc::admin::NodeIdJson;
 use rpc::worker::TaskJson;
@@ -838,10 +839,12 @@ async fn outage(f: &mut Faults<'_>, trace: &mut Trace) -> Vec<String> {
     // jumped back (in an earlier round) would shrink the catch-up by the jump, which is
     // safe but not what this checks. And a node restarted in an earlier round has
     // dropped the estimate it resumed from (after `RESUME_FORGOTTEN_AFTER` with a
-    // leader): kept, one that jumped forward just before that restart would make a
-    // second inflated estimate, more than the minority this checks (seed 173 found it
-    // once a node could also be silent after the restart).
-    hold(5_000, 6_000).await;
+    // leader, given 2-3 s more to learn one after the restart): kept, one that
+    // jumped forward just before that restart would make a second inflated
+    // estimate, more than the minority this checks (seed 173 found it once a node could
+    // also be silent after the restart).
+    let forgotten_ms = RESUME_FORGOTTEN_AFTER.as_millis() as u64;
+    hold(forgotten_ms + 2_000, forgotten_ms + 3_000).await;
     let Some(lag_before) = f.log_lag().await else {
         trace.fault("no leader to read log time from: outage skipped".into());
         return Vec::new();
