@@ -342,10 +342,10 @@ enum JobCommand {
         #[command(flatten)]
         target: Target,
         /// The group.
-        #[arg(long, required_unless_present = "id", requires = "key")]
+        #[arg(long, requires = "key")]
         group: Option<String>,
         /// The job's key.
-        #[arg(long, required_unless_present = "id", requires = "group")]
+        #[arg(long, requires = "group")]
         key: Option<String>,
         /// Instead of --group and --key: the job's id (the task id its add printed,
         /// until its next run) or its live task's id.

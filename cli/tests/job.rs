@@ -416,6 +416,7 @@ async fn a_jobs_whole_life_through_the_cli() {
         &["job", "list", "--group", "g", "--state", "sleeping"],
         &["job", "list", "--group", "g", "--limit", "1001"],
         &["job", "add", "--group", "g", "--at", "tomorrow"],
+        &["job", "get"],
         &["job", "get", "--group", "g"],
         &["job", "get", "--key", "k"],
         &["job", "get", "--id", "3", "--group", "g", "--key", "k"],

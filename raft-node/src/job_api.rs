@@ -200,7 +200,8 @@ fn job_id_param(params: &HashMap<String, String>) -> Result<Option<TaskId>, ApiE
             "name a job either by id or by group and key, not both",
         ));
     }
-    match value.parse::<TaskId>() {
+    // Parsed as a task id in a path is: digits only, so `+5` is no id here either.
+    match rpc::worker::parse_id(value) {
         Ok(id) if id > 0 => Ok(Some(id)),
         _ => Err(ApiError::bad_request(format!(
             "query parameter id is a job's id, a positive integer (the task id its add answered); got {value:?}"
@@ -229,43 +230,56 @@ async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<R
     };
     let wait = wait_param(&params)?;
     let consistency = consistency(&params)?;
-    let (group, key) = match name {
-        JobName::Key { group, key } => (group, key),
-        JobName::Id(id) => match node.read(consistency).await {
+    let (group, key, run, by_id) = match name {
+        JobName::Key { group, key } => (group, key, None, None),
+        JobName::Id(id) => {
+            let view = match node.read(consistency).await {
+                Ok(view) => view,
+                Err(e) => {
+                    let never: Result<Infallible, _> = Err(e);
+                    let incoming = incoming.waiting(wait);
+                    return Ok(respond(&node, incoming, never, |never| match never {}).await);
+                }
+            };
+            let machine = view.state.machine.as_of(view.now);
             // A token that does not cover the job's group learns nothing of it.
-            Ok(view) => view
-                .state
-                .machine
+            let record = machine
                 .job_by_id(id)
                 .filter(|record| incoming.caller.check_group(&record.group).is_ok())
-                .map(|record| (record.group.to_string(), record.key.to_string()))
-                .ok_or_else(|| {
-                    ApiError::not_found(format!(
-                        "no job with id {id}: name a job by the task id its add answered or \
-                         by its live task's id (a task without a key is no job); an id names \
-                         its job until the job's next run or the group's retention, so read \
-                         older runs by group and key"
-                    ))
-                })?,
-            Err(e) => {
-                let never: Result<Infallible, _> = Err(e);
-                return Ok(respond(&node, incoming, never, |never| match never {}).await);
+                .ok_or_else(|| no_job_with_id(id))?;
+            if wait.is_zero() {
+                return Ok(Json(job_json(&machine, record)).into_response());
             }
-        },
+            let (group, key) = (record.group.to_string(), record.key.to_string());
+            (group, key, Some(record.run), Some(id))
+        }
     };
-    let keys = [key.clone()];
-    let view = node.wait_jobs(&group, &keys, consistency, wait).await;
+    let view = node
+        .wait_job_run(&group, &key, run, consistency, wait)
+        .await;
     Ok(respond(&node, incoming.waiting(wait), view, |view| {
         let machine = &view.state.machine.as_of(view.now);
-        match machine.job(&group, &key) {
-            Some(record) => Json(job_json(machine, record)).into_response(),
-            None => ApiError::not_found(format!(
+        match (machine.job(&group, &key), by_id) {
+            (Some(record), _) => Json(job_json(machine, record)).into_response(),
+            (None, Some(id)) => no_job_with_id(id).into_response(),
+            (None, None) => ApiError::not_found(format!(
                 "no job with key {key:?} in group {group:?} (never added, or its record passed the group's retention)"
             ))
             .into_response(),
         }
     })
     .await)
+}
+
+/// The 404 of `GET /job?id=` for an id that names no job (or one outside the caller's
+/// groups).
+fn no_job_with_id(id: TaskId) -> ApiError {
+    ApiError::not_found(format!(
+        "no job with id {id}: name a job by its id (the record's id: the task id its run \
+         began with) or by its live task's id (a task without a key is no job); an id \
+         names its job until the job's next run or the group's retention, so read older \
+         runs by group and key"
+    ))
 }
 
 /// `GET /jobs/wait?group=G&key=A&key=B&wait_ms=`: the named jobs once all finished.

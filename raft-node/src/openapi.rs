@@ -179,7 +179,7 @@ fn job_paths(limits: &Limits) -> Value {
                 "requestBody": json_body(ref_schema("KeysRequest")), "responses": write_responses(limits)}},
             "/job": {"get": {"tags": ["jobs"], "summary": "A job's record by group and key, or by id; with wait_ms, answered once the job has finished (succeeded, dead or cancelled) or at the deadline",
                 "parameters": [query("group", "the job's group (with key; not with id)", false), query("key", "the job's key (with group; not with id)", false),
-                    {"name": "id", "in": "query", "required": false, "description": "instead of group and key: the job's id (the task id its add answered, until the job's next run) or its live task's id", "schema": {"type": "integer", "format": "int64", "minimum": 1}},
+                    {"name": "id", "in": "query", "required": false, "description": "instead of group and key: the job's id (the record's id, the task id its current run began with) or its live task's id; with wait_ms, the answer comes when that run ends", "schema": {"type": "integer", "format": "uint64", "minimum": 1}},
                     consistency(), wait_ms()],
                 "responses": merge(json!({"200": ok("the record", ref_schema("Job")), "404": error("no job with this key in the group, or with this id (never added, past the retention, or the id of an earlier run)")}), read_errors())}},
             "/jobs": {"get": {"tags": ["jobs"], "summary": "A group's job records in key order, by state if asked, one page at a time",

@@ -770,8 +770,103 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
         let message = json["error"].as_str().unwrap_or_default();
         assert!(message.contains("by group and key"), "{path}: {message}");
     }
+    // A wait by id ends with the run its id names: a recurring job's next run begins at
+    // the finish, and the answer shows it with the ended run's result and attempts.
+    let recurring = json!({"clientid": 1, "adds": [
+        {"group": "nightly", "key": "report", "every_ms": 600_000}]});
+    let first_run = first_task(&post(&cluster, leader, "/update", recurring).await)["id"].clone();
+    let waiter = {
+        let api = cluster.api(follower).to_string();
+        let client = cluster.client.clone();
+        let first_run = first_run.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let path = format!("/job?id={first_run}&wait_ms=30000");
+            let answer = client
+                .get(&api, &path, std::time::Duration::from_secs(45))
+                .await
+                .expect("answered");
+            let json = serde_json::from_slice::<Value>(&answer.body).expect("JSON");
+            (answer.status.as_u16(), json, started.elapsed())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let claimed = first_task(&post(&cluster, leader, "/claim", claim("nightly", 5)).await);
+    let body = json!({"clientid": 5, "id": claimed["id"], "result": "run 1 done"});
+    post(&cluster, leader, "/finish", body).await;
+    let (status, waited, took) = waiter.await.expect("the wait ended");
+    assert_eq!(status, 200, "{waited}");
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "woken by the finish"
+    );
+    assert_eq!(
+        (
+            waited["run"].clone(),
+            waited["state"].clone(),
+            waited["result"].clone()
+        ),
+        (json!(2), json!("waiting"), json!("run 1 done")),
+        "{waited}"
+    );
+    let ended = &waited["history"][0];
+    assert_eq!(
+        (ended["run"].clone(), ended["outcome"].clone()),
+        (json!(1), json!("succeeded")),
+        "{waited}"
+    );
+    let path = format!("/job?id={first_run}");
+    let (status, json) = call(&cluster, leader, Method::GET, &path, None).await;
+    assert_eq!(
+        status, 404,
+        "run 1's id names no job once run 2 began: {json}"
+    );
+
+    // With a retention of 0 the record goes with the finish: the wait ends with a 404.
+    let settings = json!({"retention_ms": 0});
+    let (status, json) = call(
+        &cluster,
+        leader,
+        Method::PUT,
+        "/groups/gone/settings",
+        Some(settings),
+    )
+    .await;
+    assert_eq!(status, 200, "{json}");
+    let add = json!({"clientid": 1, "adds": [{"group": "gone", "key": "k"}]});
+    let gone_id = first_task(&post(&cluster, leader, "/update", add).await)["id"].clone();
+    let waiter = {
+        let api = cluster.api(leader).to_string();
+        let client = cluster.client.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let path = format!("/job?id={gone_id}&wait_ms=30000");
+            let answer = client
+                .get(&api, &path, std::time::Duration::from_secs(45))
+                .await
+                .expect("answered");
+            (answer.status.as_u16(), started.elapsed())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let claimed = first_task(&post(&cluster, leader, "/claim", claim("gone", 5)).await);
+    post(
+        &cluster,
+        leader,
+        "/finish",
+        json!({"clientid": 5, "id": claimed["id"]}),
+    )
+    .await;
+    let (status, took) = waiter.await.expect("the wait ended");
+    assert_eq!(status, 404);
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "ended by the drop"
+    );
+
     for path in [
         "/job?id=0",
+        "/job?id=%2B5",
         "/job?id=abc",
         "/job?id=-3",
         "/job?id=",

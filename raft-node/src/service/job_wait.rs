@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use store_sm::machine::TaskMachine;
 use tokio::time::Instant;
 
 use super::Consistency;
@@ -22,6 +23,50 @@ impl Node {
         keys: &[String],
         consistency: Consistency,
         wait: Duration,
+    ) -> Result<ReadView, ServiceError> {
+        let all_finished = |machine: &TaskMachine| {
+            keys.iter().all(|key| {
+                machine
+                    .job(group, key)
+                    .is_some_and(|record| record.state.has_ended())
+            })
+        };
+        self.wait_for_jobs(group, consistency, wait, all_finished)
+            .await
+    }
+
+    /// A view to answer from once the run of job `key` in `group` that this wait saw
+    /// first (or `run`, when the caller already saw it) is over: the job finished, went
+    /// on to its next run (a recurring or resubmitted job), or its record was dropped
+    /// (a retention of 0). A key with no record is waited for until it has one that
+    /// finishes.
+    pub async fn wait_job_run(
+        &self,
+        group: &str,
+        key: &str,
+        run: Option<u32>,
+        consistency: Consistency,
+        wait: Duration,
+    ) -> Result<ReadView, ServiceError> {
+        let mut seen = run;
+        let run_over = |machine: &TaskMachine| match machine.job(group, key) {
+            Some(record) => {
+                let run = *seen.get_or_insert(record.run);
+                record.state.has_ended() || record.run != run
+            }
+            None => seen.is_some(),
+        };
+        self.wait_for_jobs(group, consistency, wait, run_over).await
+    }
+
+    /// A view to answer from once `done` holds for the machine as of the read's time,
+    /// or at the end of `wait`. `done` is asked after each read of `group`'s changes.
+    async fn wait_for_jobs(
+        &self,
+        group: &str,
+        consistency: Consistency,
+        wait: Duration,
+        mut done: impl FnMut(&TaskMachine) -> bool,
     ) -> Result<ReadView, ServiceError> {
         if wait.is_zero() {
             return self.read(consistency).await;
@@ -51,12 +96,7 @@ impl Node {
                     Err(e) => break Err(e),
                 },
             };
-            let machine = view.state.machine.as_of(view.now);
-            let finished = keys.iter().all(|key| {
-                machine
-                    .job(group, key)
-                    .is_some_and(|record| record.state.has_ended())
-            });
+            let finished = done(&view.state.machine.as_of(view.now));
             if woken {
                 slot.woken(!finished);
             }
