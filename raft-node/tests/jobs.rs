@@ -50,6 +50,26 @@ async fn get(cluster: &TestCluster, via: u64, path: &str) -> Value {
     json
 }
 
+/// Starts `GET path` on node `via` in the background (a wait): its status, JSON body and
+/// how long it took.
+fn spawn_get(
+    cluster: &TestCluster,
+    via: u64,
+    path: String,
+) -> tokio::task::JoinHandle<(u16, Value, std::time::Duration)> {
+    let api = cluster.api(via).to_string();
+    let client = cluster.client.clone();
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let answer = client
+            .get(&api, &path, std::time::Duration::from_secs(45))
+            .await
+            .expect("answered");
+        let json = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+        (answer.status.as_u16(), json, started.elapsed())
+    })
+}
+
 fn first_task(answer: &Value) -> Value {
     answer["tasks"][0].clone()
 }
@@ -726,18 +746,7 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
     assert_eq!(job["state"], "waiting");
 
     // A wait by id through a follower ends when a worker finishes the job.
-    let waiter = {
-        let api = cluster.api(follower).to_string();
-        let client = cluster.client.clone();
-        tokio::spawn(async move {
-            let path = format!("/job?id={id}&wait_ms=30000");
-            let answer = client
-                .get(&api, &path, std::time::Duration::from_secs(45))
-                .await
-                .expect("answered");
-            serde_json::from_slice::<Value>(&answer.body).expect("JSON")
-        })
-    };
+    let waiter = spawn_get(&cluster, follower, format!("/job?id={id}&wait_ms=30000"));
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let claimed = first_task(&post(&cluster, leader, "/claim", claim("ids", 5)).await);
     let running = get(&cluster, leader, &format!("/job?id={}", claimed["id"])).await;
@@ -748,7 +757,7 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
     );
     let body = json!({"clientid": 5, "id": claimed["id"], "result": {"rows": 7}});
     post(&cluster, leader, "/finish", body).await;
-    let waited = waiter.await.expect("the wait ended");
+    let (_, waited, _) = waiter.await.expect("the wait ended");
     assert_eq!(waited["state"], "succeeded", "{waited}");
     assert_eq!(waited["result"], json!({"rows": 7}));
     let read = get(&cluster, leader, &format!("/job?id={id}&consistency=stale")).await;
@@ -775,21 +784,8 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
     let recurring = json!({"clientid": 1, "adds": [
         {"group": "nightly", "key": "report", "every_ms": 600_000}]});
     let first_run = first_task(&post(&cluster, leader, "/update", recurring).await)["id"].clone();
-    let waiter = {
-        let api = cluster.api(follower).to_string();
-        let client = cluster.client.clone();
-        let first_run = first_run.clone();
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let path = format!("/job?id={first_run}&wait_ms=30000");
-            let answer = client
-                .get(&api, &path, std::time::Duration::from_secs(45))
-                .await
-                .expect("answered");
-            let json = serde_json::from_slice::<Value>(&answer.body).expect("JSON");
-            (answer.status.as_u16(), json, started.elapsed())
-        })
-    };
+    let path = format!("/job?id={first_run}&wait_ms=30000");
+    let waiter = spawn_get(&cluster, follower, path);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let claimed = first_task(&post(&cluster, leader, "/claim", claim("nightly", 5)).await);
     let body = json!({"clientid": 5, "id": claimed["id"], "result": "run 1 done"});
@@ -835,19 +831,7 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
     assert_eq!(status, 200, "{json}");
     let add = json!({"clientid": 1, "adds": [{"group": "gone", "key": "k"}]});
     let gone_id = first_task(&post(&cluster, leader, "/update", add).await)["id"].clone();
-    let waiter = {
-        let api = cluster.api(leader).to_string();
-        let client = cluster.client.clone();
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let path = format!("/job?id={gone_id}&wait_ms=30000");
-            let answer = client
-                .get(&api, &path, std::time::Duration::from_secs(45))
-                .await
-                .expect("answered");
-            (answer.status.as_u16(), started.elapsed())
-        })
-    };
+    let waiter = spawn_get(&cluster, leader, format!("/job?id={gone_id}&wait_ms=30000"));
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let claimed = first_task(&post(&cluster, leader, "/claim", claim("gone", 5)).await);
     post(
@@ -857,8 +841,8 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
         json!({"clientid": 5, "id": claimed["id"]}),
     )
     .await;
-    let (status, took) = waiter.await.expect("the wait ended");
-    assert_eq!(status, 404);
+    let (status, json, took) = waiter.await.expect("the wait ended");
+    assert_eq!(status, 404, "{json}");
     assert!(
         took < std::time::Duration::from_secs(20),
         "ended by the drop"
