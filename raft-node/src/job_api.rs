@@ -204,7 +204,7 @@ fn job_id_param(params: &HashMap<String, String>) -> Result<Option<TaskId>, ApiE
     match rpc::worker::parse_id(value) {
         Ok(id) if id > 0 => Ok(Some(id)),
         _ => Err(ApiError::bad_request(format!(
-            "query parameter id is a job's id, a positive integer (the task id its add answered); got {value:?}"
+            "query parameter id is a job's id, a positive integer (the record's id, or its live task's id); got {value:?}"
         ))),
     }
 }
@@ -220,6 +220,11 @@ async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<R
     let params = query_params(Some(incoming.query()))?;
     let name = match job_id_param(&params)? {
         Some(id) => JobName::Id(id),
+        None if !params.contains_key("group") && !params.contains_key("key") => {
+            return Err(ApiError::bad_request(
+                "name a job with the query parameters group and key, or with id",
+            ));
+        }
         None => {
             let group = required(&params, "group")?.to_string();
             incoming.caller.check_group(&group)?;

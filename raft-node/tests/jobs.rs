@@ -849,6 +849,8 @@ async fn an_outcome_is_read_by_the_id_its_add_answered_through_any_node() {
     );
 
     for path in [
+        "/job",
+        "/job?consistency=stale",
         "/job?id=0",
         "/job?id=%2B5",
         "/job?id=abc",
