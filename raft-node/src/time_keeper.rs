@@ -186,7 +186,7 @@ const CATCH_UP_RETRY: Duration = Duration::from_millis(50);
 /// moves forward grants a lease that ends early in real time (a restarted leader stamps
 /// from the old state it opened until its catch-up; the simulation found this).
 pub async fn catch_up(node: SharedNode, term: u64) {
-    while leads_in(&node, term) {
+    while node.leading_term() == Some(term) {
         if let Some(target) = settled_estimate(&node).await {
             let before = node.clock.now();
             if target > before {
@@ -202,12 +202,6 @@ pub async fn catch_up(node: SharedNode, term: u64) {
         }
         tokio::time::sleep(CATCH_UP_RETRY).await;
     }
-}
-
-fn leads_in(node: &SharedNode, term: u64) -> bool {
-    let watch = node.raft.metrics();
-    let metrics = watch.borrow_watched();
-    metrics.state == ServerState::Leader && metrics.current_term == term
 }
 
 /// A majority's smallest estimate at most this far ahead of a new leader's clock is taken

@@ -23,6 +23,7 @@ pub use self::read::ReadView;
 pub use self::watch::WatchRequest;
 
 use openraft::AsyncRuntime;
+use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::ForwardToLeader;
 
@@ -120,6 +121,13 @@ impl Node {
                 "no leader is known or its lease has lapsed; retry shortly".into(),
             ),
         }
+    }
+
+    /// The term this node leads in, or `None` while it does not lead.
+    pub fn leading_term(&self) -> Option<u64> {
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        (metrics.state == ServerState::Leader).then_some(metrics.current_term)
     }
 
     /// Refuses to serve when this node was removed from the cluster: its state will never

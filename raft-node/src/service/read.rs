@@ -1,7 +1,6 @@
 //! Reads: linearizable on the leader through read-index, stale from this node's state.
 
 use openraft::ReadPolicy;
-use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::LinearizableReadError;
 use openraft::error::RaftError;
@@ -100,8 +99,7 @@ impl Node {
     /// and retention at (SPEC 2): on the leader the larger of it and the leader's clock,
     /// so time passes on an idle cluster; elsewhere the last applied entry's time.
     pub(super) fn read_time(&self, applied: LogTime) -> LogTime {
-        let leading = self.raft.metrics().borrow_watched().state == ServerState::Leader;
-        if leading {
+        if self.leading_term().is_some() {
             applied.max(self.clock.now())
         } else {
             applied

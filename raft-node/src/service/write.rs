@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::ClientWriteError;
 use openraft::error::ForwardToLeader;
@@ -99,23 +98,14 @@ impl Node {
     async fn settled_leader(&self) -> Result<(), ServiceError> {
         let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
         loop {
-            let (leading, term, leader_id) = {
-                let watch = self.raft.metrics();
-                let now = watch.borrow_watched();
-                (
-                    now.state == ServerState::Leader,
-                    now.current_term,
-                    now.current_leader,
-                )
-            };
-            if !leading {
+            let Some(term) = self.leading_term() else {
                 let forward = ForwardToLeader {
-                    leader_id,
+                    leader_id: self.raft.metrics().borrow_watched().current_leader,
                     leader_node: None,
                     reason: Default::default(),
                 };
                 return Err(self.not_leader(&forward));
-            }
+            };
             if self.clock_settled_term.load(Ordering::Acquire) >= term {
                 return Ok(());
             }
