@@ -42,6 +42,7 @@ use std::sync::Arc;
 use axum::Router;
 use openraft::storage::RaftLogStorage;
 use rpc::client::HttpClient;
+use store_sm::log_stats::LatencyHistogram;
 use store_sm::log_stats::LogStats;
 use store_sm::machine::LogTime;
 use store_sm::state_machine::TaskStateMachine;
@@ -299,7 +300,13 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     // What the log held before Raft starts on it: see `Node::log_at_start`.
     let log_at_start = log_at_start(&mut log_store).await?;
     let clock = Arc::new(LogClock::new(wall));
-    let network = Network::new(client.clone(), config.timing.clone(), Arc::clone(&clock));
+    let append_latency = Arc::new(LatencyHistogram::default());
+    let network = Network::new(
+        client.clone(),
+        config.timing.clone(),
+        Arc::clone(&clock),
+        Arc::clone(&append_latency),
+    );
     let raft = NodeRaft::new(
         config.id,
         Arc::new(raft_config(&config)?),
@@ -332,6 +339,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         &observer,
     );
     node.log_at_start = log_at_start;
+    node.append_latency = append_latency;
     let node = Arc::new(node);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![

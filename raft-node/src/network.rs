@@ -37,6 +37,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use store_sm::codec::decode_value;
 use store_sm::codec::encode_value;
+use store_sm::log_stats::LatencyHistogram;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaNode;
 use store_sm::raft_types::RotaSnapshot;
@@ -176,15 +177,23 @@ pub struct Network {
     client: HttpClient,
     timing: RaftTiming,
     clock: Arc<LogClock>,
+    append_latency: Arc<LatencyHistogram>,
 }
 
 impl Network {
-    /// A network using `client`'s pool, sending `clock`'s time with every append.
-    pub fn new(client: HttpClient, timing: RaftTiming, clock: Arc<LogClock>) -> Self {
+    /// A network using `client`'s pool, sending `clock`'s time with every append and
+    /// timing, in `append_latency`, each append with entries from send to answer.
+    pub fn new(
+        client: HttpClient,
+        timing: RaftTiming,
+        clock: Arc<LogClock>,
+        append_latency: Arc<LatencyHistogram>,
+    ) -> Self {
         Self {
             client,
             timing,
             clock,
+            append_latency,
         }
     }
 }
@@ -199,6 +208,7 @@ impl RaftNetworkFactory<NodeTypes> for Network {
             client: self.client.clone(),
             timing: self.timing.clone(),
             clock: Arc::clone(&self.clock),
+            append_latency: Some(Arc::clone(&self.append_latency)),
         }
     }
 }
@@ -211,6 +221,8 @@ pub struct PeerClient {
     client: HttpClient,
     timing: RaftTiming,
     clock: Arc<LogClock>,
+    /// Where appends with entries are timed; `None` for a client that sends no appends.
+    append_latency: Option<Arc<LatencyHistogram>>,
 }
 
 /// A transport failure: unreachable peers get openraft's backoff, the rest are retried.
@@ -236,6 +248,7 @@ impl PeerClient {
             client,
             timing,
             clock,
+            append_latency: None,
         }
     }
 
@@ -362,7 +375,20 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
         rpc: AppendEntriesRequest<NodeTypes>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeTypes>, RPCError<NodeTypes>> {
-        self.rpc(paths::APPEND, &rpc).await
+        // Entry-less appends (heartbeats, a new commit index) carry nothing to commit:
+        // the histogram is the replication leg of a write's latency.
+        let timed = self
+            .append_latency
+            .as_ref()
+            .filter(|_| !rpc.entries.is_empty());
+        let started = std::time::Instant::now();
+        let answer = self.rpc(paths::APPEND, &rpc).await;
+        if let Some(histogram) = timed
+            && answer.is_ok()
+        {
+            histogram.record(started.elapsed());
+        }
+        answer
     }
 
     async fn vote(

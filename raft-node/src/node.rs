@@ -45,6 +45,8 @@ pub struct Node {
     pub http_metrics: Arc<HttpMetrics>,
     /// The log store's write counters, when the store keeps them.
     pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
+    /// Round trips of the appends with entries this node sent while leading.
+    pub append_latency: Arc<store_sm::log_stats::LatencyHistogram>,
     /// Every change this node applied, recently, by group; wakes waiters.
     pub feed: Arc<ChangeFeed>,
     /// The waiting requests this node holds.
@@ -112,6 +114,7 @@ impl Node {
             client,
             http_metrics: Arc::default(),
             log_stats,
+            append_latency: Arc::default(),
             request_nonce: u64::from_le_bytes(crate::random::random_bytes()),
             request_counter: AtomicU64::new(0),
             removed_notice: std::sync::OnceLock::new(),

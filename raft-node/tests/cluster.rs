@@ -165,6 +165,13 @@ async fn three_nodes_form_and_serve_through_every_node() {
             "metrics lack {expected:?}:\n{text}"
         );
     }
+    // The leader timed the appends that carried the writes above to its followers.
+    let appends_timed = text
+        .lines()
+        .find_map(|line| line.strip_prefix("rota_raft_append_seconds_count "))
+        .and_then(|count| count.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no rota_raft_append_seconds_count in:\n{text}"));
+    assert!(appends_timed > 0, "no append timed:\n{text}");
 }
 
 /// What one worker saw acknowledged.

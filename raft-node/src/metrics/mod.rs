@@ -9,8 +9,9 @@ use std::fmt::Write;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::response::Response;
+use store_sm::log_stats::LATENCY_BUCKETS_US;
+use store_sm::log_stats::LatencySnapshot;
 use store_sm::log_stats::LogStatsSnapshot;
-use store_sm::log_stats::SYNC_BUCKETS_US;
 
 pub use self::requests::LATENCY_BUCKETS_S;
 pub use self::requests::TrackLayer;
@@ -34,6 +35,12 @@ pub fn render(node: &Node) -> String {
     if let Some(stats) = &node.log_stats {
         render_log(&mut out, &stats.snapshot());
     }
+    latency(
+        &mut out,
+        "rota_raft_append_seconds",
+        "Round trips of log appends with entries this node sent to followers while leading, from send to answer.",
+        &node.append_latency.snapshot(),
+    );
     requests::render(&mut out, &node.http_metrics);
     out
 }
@@ -216,32 +223,26 @@ fn render_log(out: &mut String, s: &LogStatsSnapshot) {
         "Log entries appended.",
         s.entries,
     );
-    header(
+    latency(
         out,
         "rota_log_sync_seconds",
-        "histogram",
         "Latency of synced log writes.",
+        &s.syncs,
     );
+}
+
+/// A latency histogram in seconds, from its counts in microseconds.
+fn latency(out: &mut String, name: &str, help: &str, s: &LatencySnapshot) {
+    header(out, name, "histogram", help);
     let mut cumulative = 0;
-    for (bound, count) in SYNC_BUCKETS_US.iter().zip(&s.sync_buckets) {
+    for (bound, count) in LATENCY_BUCKETS_US.iter().zip(&s.buckets) {
         cumulative += count;
         let le = *bound as f64 / 1e6;
-        let _ = writeln!(
-            out,
-            "rota_log_sync_seconds_bucket{{le=\"{le}\"}} {cumulative}"
-        );
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
     }
-    let _ = writeln!(
-        out,
-        "rota_log_sync_seconds_bucket{{le=\"+Inf\"}} {}",
-        s.syncs
-    );
-    let _ = writeln!(
-        out,
-        "rota_log_sync_seconds_sum {}",
-        s.sync_us_total as f64 / 1e6
-    );
-    let _ = writeln!(out, "rota_log_sync_seconds_count {}", s.syncs);
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", s.count);
+    let _ = writeln!(out, "{name}_sum {}", s.us_total as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {}", s.count);
 }
 
 /// The `/metrics` handler.
