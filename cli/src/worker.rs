@@ -8,9 +8,10 @@
 //! cancelled, and finishes the task on exit 0 (result: exit status, duration, the last
 //! 64 KiB of stdout and stderr) or fails it otherwise (the same, as the error). On
 //! SIGTERM or Ctrl-C it stops claiming, lets running commands go on for the grace
-//! period, then kills them and fails their tasks so they run elsewhere. With
+//! period, then kills them and gives their tasks back so they run elsewhere. With
 //! `--metrics-addr` it serves Prometheus metrics.
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +34,14 @@ pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
 /// Most commands one worker runs at once.
 pub const CONCURRENCY_MAX: usize = 1024;
 
-/// The most a failure's error may hold (the job layer's limit), with room for the
-/// exit status line.
-const ERROR_BYTES_MAX: usize = 64 * 1024 - 256;
+/// The most one stream's end may take in a failure's error: half the job layer's
+/// limit, less room for the exit status line.
+const ERROR_TAIL_BYTES_MAX: usize = (rpc::job::JOB_ERROR_BYTES_MAX - 256) / 2;
+
+/// The most one stream's end may take in a success's result as compact JSON: half the
+/// job layer's limit, less room for the other fields. Control characters take up to six
+/// bytes there, so binary output is cut to fit this rather than [`OUTPUT_TAIL_BYTES`].
+const RESULT_TAIL_JSON_MAX: usize = (rpc::job::JOB_RESULT_BYTES_MAX - 256) / 2;
 
 /// Most groups one worker works.
 pub const GROUPS_MAX: usize = 64;
@@ -228,11 +234,39 @@ pub fn check_groups(groups: &[GroupWork]) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The last `max` bytes of `bytes`, as text (cut at a character boundary).
-fn tail(bytes: &[u8], max: usize) -> String {
-    let start = bytes.len().saturating_sub(max);
+/// The end of `bytes` as text (bytes that are not UTF-8 become U+FFFD): its last
+/// [`OUTPUT_TAIL_BYTES`] at most, then cut at a character boundary to at most
+/// `max_text` bytes of text and `max_json` bytes as a JSON string, so that an outcome
+/// made of it always fits the job layer's limits, whatever the command wrote.
+fn tail(bytes: &[u8], max_text: usize, max_json: usize) -> String {
+    let mut start = bytes.len().saturating_sub(OUTPUT_TAIL_BYTES);
+    // Not inside a character: a UTF-8 character continues for at most three bytes.
+    for _ in 0..3 {
+        if bytes.get(start).is_some_and(|b| b & 0xc0 == 0x80) {
+            start += 1;
+        }
+    }
     let text = String::from_utf8_lossy(&bytes[start..]);
-    text.into_owned()
+    let (mut text_len, mut json_len) = (0, 0);
+    let mut cut = text.len();
+    for (at, c) in text.char_indices().rev() {
+        text_len += c.len_utf8();
+        json_len += json_escaped_len(c);
+        if text_len > max_text || json_len > max_json {
+            break;
+        }
+        cut = at;
+    }
+    text[cut..].to_string()
+}
+
+/// Bytes `c` takes inside a JSON string as serde_json writes it.
+fn json_escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
 }
 
 /// Reads a stream to its end, keeping only its last [`OUTPUT_TAIL_BYTES`].
@@ -355,19 +389,19 @@ async fn run_command(
         return Ok(Some(json!({
             "exit": 0,
             "duration_ms": duration_ms,
-            "stdout": tail(&stdout, OUTPUT_TAIL_BYTES),
-            "stderr": tail(&stderr, OUTPUT_TAIL_BYTES),
+            "stdout": tail(&stdout, OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX),
+            "stderr": tail(&stderr, OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX),
         })));
     }
-    let how = match code {
-        Some(code) => format!("exit status {code}"),
-        None => "killed by a signal".to_string(),
+    let how = match (code, status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => "killed by a signal".to_string(),
     };
-    let half = ERROR_BYTES_MAX / 2;
     Err(format!(
         "{how} after {duration_ms} ms\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}",
-        tail(&stdout, half),
-        tail(&stderr, half)
+        tail(&stdout, ERROR_TAIL_BYTES_MAX, usize::MAX),
+        tail(&stderr, ERROR_TAIL_BYTES_MAX, usize::MAX)
     ))
 }
 
@@ -441,12 +475,30 @@ async fn wait_for_stop_signal() {
     }
 }
 
-/// `--lease` and `--grace` values must leave room for renewals.
+/// Nodes grant claims of at most this long unless started with a longer
+/// `--claim-duration-max-ms`.
+const NODE_CLAIM_DEFAULT_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// `--lease` must leave room for renewals and be a claim some node can grant; one over
+/// what nodes grant by default gets a warning, since every claim would be refused
+/// unless the cluster was configured for it.
 pub fn check_lease(lease: Duration) -> Result<(), CliError> {
     if lease < Duration::from_secs(1) {
         return Err(CliError::Usage(
             "--lease: use at least 1s, so that renewals at a third of it can land".into(),
         ));
+    }
+    if lease.as_millis() > rpc::worker::CLAIM_DURATION_MS_MAX as u128 {
+        return Err(CliError::Usage(format!(
+            "--lease: use at most {}ms (a year), the longest claim any node grants",
+            rpc::worker::CLAIM_DURATION_MS_MAX
+        )));
+    }
+    if lease > NODE_CLAIM_DEFAULT_MAX {
+        eprintln!(
+            "rota worker: warning: a lease of {}s is longer than the 24h nodes grant unless started with a longer --claim-duration-max-ms; if claims are refused, use a shorter --lease (renewals keep long commands running)",
+            lease.as_secs()
+        );
     }
     Ok(())
 }
@@ -454,6 +506,62 @@ pub fn check_lease(lease: Duration) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every byte value, over and over: control characters, quotes, invalid UTF-8.
+    fn binary(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 256) as u8).collect()
+    }
+
+    #[test]
+    fn any_output_makes_a_result_and_an_error_within_the_job_layers_limits() {
+        for output in [binary(200_000), vec![0u8; 200_000], vec![0xff; 200_000]] {
+            let result = json!({
+                "exit": 0,
+                "duration_ms": u64::MAX,
+                "stdout": tail(&output, OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX),
+                "stderr": tail(&output, OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX),
+            });
+            rpc::job::result_text(&result).expect("the result fits");
+            let error = format!(
+                "killed by signal 9 after {} ms\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}",
+                u64::MAX,
+                tail(&output, ERROR_TAIL_BYTES_MAX, usize::MAX),
+                tail(&output, ERROR_TAIL_BYTES_MAX, usize::MAX)
+            );
+            assert!(
+                error.len() <= rpc::job::JOB_ERROR_BYTES_MAX,
+                "{}",
+                error.len()
+            );
+        }
+    }
+
+    #[test]
+    fn text_output_keeps_its_last_64_kib_cut_at_a_character() {
+        let text = "é".repeat(40_000) + "end";
+        let kept = tail(text.as_bytes(), OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX);
+        assert!(kept.ends_with("end"));
+        assert!(kept.len() <= OUTPUT_TAIL_BYTES && kept.len() > OUTPUT_TAIL_BYTES - 4);
+        assert!(!kept.contains('\u{fffd}'), "cut inside a character");
+        let ascii = "x".repeat(100_000);
+        assert_eq!(
+            tail(ascii.as_bytes(), OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX).len(),
+            OUTPUT_TAIL_BYTES
+        );
+        let short = tail(b"line\n", OUTPUT_TAIL_BYTES, RESULT_TAIL_JSON_MAX);
+        assert_eq!(short, "line\n");
+    }
+
+    #[test]
+    fn json_escape_lengths_match_serde_json() {
+        for c in (0u32..0x100)
+            .filter_map(char::from_u32)
+            .chain(['é', '€', '😀'])
+        {
+            let encoded = serde_json::to_string(&c.to_string()).expect("a string encodes");
+            assert_eq!(json_escaped_len(c), encoded.len() - 2, "{c:?}");
+        }
+    }
 
     const EXAMPLE: &str = r#"
 url = ["127.0.0.1:7001"]
@@ -525,6 +633,10 @@ grace = "1s"
         refused(
             "[[group]]\nname = \"a\"\ncommand = [\"x\"]\nlease = \"soon\"\n",
             "lease",
+        );
+        refused(
+            "[[group]]\nname = \"a\"\ncommand = [\"x\"]\nlease = \"400d\"\n",
+            "at most",
         );
     }
 }

@@ -90,7 +90,7 @@ fn label(value: &str) -> String {
 /// The metrics page.
 pub fn render(groups: &[GroupStats]) -> String {
     type Read = fn(&WorkerStats, usize) -> f64;
-    let metrics: [(&str, &str, &str, Read); 8] = [
+    let metrics: [(&str, &str, &str, Read); 9] = [
         (
             "rota_worker_tasks_claimed_total",
             "counter",
@@ -106,8 +106,14 @@ pub fn render(groups: &[GroupStats]) -> String {
         (
             "rota_worker_tasks_failed_total",
             "counter",
-            "Tasks failed: the command exited non-zero, or the worker stopped past its grace.",
+            "Tasks failed: the command exited non-zero or could not start.",
             |s, _| WorkerStats::get(&s.failed) as f64,
+        ),
+        (
+            "rota_worker_tasks_released_total",
+            "counter",
+            "Tasks given back, to run elsewhere at once, because the worker stopped while their command ran past the grace.",
+            |s, _| WorkerStats::get(&s.released) as f64,
         ),
         (
             "rota_worker_leases_lost_total",
@@ -177,6 +183,7 @@ mod tests {
         assert!(page.contains("rota_worker_command_seconds_total{group=\"a\\\"b\"} 2.5\n"));
         assert!(page.contains("rota_worker_concurrency{group=\"c\"} 1\n"));
         assert!(page.contains("# TYPE rota_worker_running gauge\n"));
-        assert_eq!(page.matches("# HELP").count(), 8);
+        assert!(page.contains("rota_worker_tasks_released_total{group=\"c\"} 0\n"));
+        assert_eq!(page.matches("# HELP").count(), 9);
     }
 }

@@ -178,3 +178,90 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
     );
     assert!(terminate(&mut worker).success());
 }
+
+#[tokio::test]
+async fn binary_output_still_finishes_and_a_stop_past_the_grace_gives_the_task_back() {
+    let dev = DevCluster::up().await;
+    let url = dev.url.clone();
+    // Random bytes and NULs: invalid UTF-8 takes three bytes as text and a control
+    // character six once JSON-escaped, so the raw 64 KiB of each stream would not fit
+    // the result's limit.
+    json(
+        &dev,
+        &[
+            "job",
+            "add",
+            "--group",
+            "bin",
+            "--key",
+            "noise",
+            "--max-attempts",
+            "1",
+        ],
+    )
+    .await;
+    let mut noisy = worker(
+        &dev,
+        &["--group", "bin"],
+        &[
+            "sh",
+            "-c",
+            "cat >/dev/null; head -c 200000 /dev/urandom; head -c 200000 /dev/zero >&2",
+        ],
+    );
+    let waited = rota(&[
+        "job",
+        "wait",
+        "--group",
+        "bin",
+        "--timeout",
+        "60s",
+        "--url",
+        &url,
+        "noise",
+    ])
+    .await;
+    terminate(&mut noisy);
+    let noise = job_state(&dev, "bin", "noise").await;
+    assert_eq!(waited.code, 0, "{}: {noise}", waited.stderr);
+    assert_eq!(noise["state"], "succeeded", "{noise}");
+    assert!(
+        noise["result"]["stdout"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+
+    // On its only attempt: a stop must not make it dead, and it is claimable at once.
+    json(
+        &dev,
+        &[
+            "job",
+            "add",
+            "--group",
+            "stop",
+            "--key",
+            "long",
+            "--max-attempts",
+            "1",
+        ],
+    )
+    .await;
+    let mut stopped = worker(
+        &dev,
+        &["--group", "stop", "--grace", "0s"],
+        &["sh", "-c", "cat >/dev/null; exec sleep 120"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while job_state(&dev, "stop", "long").await["state"] != "running" {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = terminate(&mut stopped);
+    assert!(status.success(), "{status}");
+    let long = job_state(&dev, "stop", "long").await;
+    assert_eq!(long["state"], "waiting", "{long}");
+    let last = &long["history"][long["history"].as_array().map_or(0, Vec::len) - 1];
+    assert_eq!(last["outcome"], "released", "{long}");
+    let claimed = json(&dev, &["task", "claim", "--group", "stop"]).await;
+    assert_eq!(claimed.as_array().map(Vec::len), Some(1), "{claimed}");
+}

@@ -167,6 +167,13 @@ impl Lease {
         self.client.finish(task.id, result).await
     }
 
+    /// Ends the claim by giving the task back, to be claimed again at once (for a job,
+    /// a released attempt, which never makes it dead).
+    pub async fn release(&self) -> Result<(), WorkerError> {
+        let task = self.end().await?;
+        self.client.release(&task).await
+    }
+
     /// Ends the claim with an error: the task is retried after the group's back-off (or
     /// `retry_in`), or is dead after its last attempt.
     pub async fn fail(&self, error: &str, retry_in: Option<Duration>) -> Result<(), WorkerError> {
@@ -253,7 +260,7 @@ pub struct WorkerOptions {
     /// How long a claim waits for a task (at most a minute, and at most a third of the
     /// lease).
     pub wait: Duration,
-    /// After a stop, how long running work may go on before it is failed.
+    /// After a stop, how long running work may go on before its task is given back.
     pub grace: Duration,
     /// Counters of what the loop did, for metrics; share one to read them.
     pub stats: Arc<WorkerStats>,
@@ -267,8 +274,10 @@ pub struct WorkerStats {
     pub claimed: AtomicU64,
     /// Tasks finished (the finish was acknowledged).
     pub finished: AtomicU64,
-    /// Tasks failed by their work (or by a stop past the grace period).
+    /// Tasks failed by their work.
     pub failed: AtomicU64,
+    /// Tasks given back because the worker stopped while their work ran, past the grace.
+    pub released: AtomicU64,
     /// Leases lost while the work ran (refused renewal, cancel, expiry).
     pub lost: AtomicU64,
     /// Claims that ended in an error (no node answered, a refusal).
@@ -288,6 +297,16 @@ impl WorkerStats {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
+}
+
+/// How one claim's work ended.
+enum Ended {
+    /// The work returned: a result to finish with, or an error to fail with.
+    Done(Result<Option<Value>, String>),
+    /// The worker was stopped and the grace ran out first.
+    Stopped,
+    /// The lease was lost (cancel, refused renewal, expiry).
+    Lost,
 }
 
 /// The pause before claiming again after `empties` claims in a row came back empty
@@ -435,33 +454,43 @@ async fn work_slot<F, Fut>(
         let started = Instant::now();
         let outcome = tokio::select! {
             biased;
-            _ = lease.lost() => None,
+            _ = lease.lost() => Ended::Lost,
             () = async {
                 let _ = stop_for_grace.wait_for(|s| *s).await;
                 tokio::time::sleep(grace).await;
-            } => Some(Err("stopped: the worker shut down before the task ended".into())),
-            outcome = work(Arc::clone(&lease)) => Some(outcome),
+            } => Ended::Stopped,
+            outcome = work(Arc::clone(&lease)) => Ended::Done(outcome),
         };
         stats
             .work_ms
             .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
         stats.running.fetch_sub(1, Ordering::Relaxed);
         match outcome {
-            Some(Ok(result)) => {
+            Ended::Done(Ok(result)) => {
                 if lease.finish(result).await.is_ok() {
                     WorkerStats::add(&stats.finished);
                 } else {
                     WorkerStats::add(&stats.lost);
                 }
             }
-            Some(Err(error)) => {
+            Ended::Done(Err(error)) => {
                 if lease.fail(&error, None).await.is_ok() {
                     WorkerStats::add(&stats.failed);
                 } else {
                     WorkerStats::add(&stats.lost);
                 }
             }
-            None => WorkerStats::add(&stats.lost),
+            // Not the task's failure: a worker going away must not spend its attempts
+            // (a rolling restart would make jobs on their last attempt dead), and
+            // another worker may take it at once, without the group's back-off.
+            Ended::Stopped => {
+                if lease.release().await.is_ok() {
+                    WorkerStats::add(&stats.released);
+                } else {
+                    WorkerStats::add(&stats.lost);
+                }
+            }
+            Ended::Lost => WorkerStats::add(&stats.lost),
         }
     }
 }

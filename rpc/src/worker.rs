@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde::de;
 use task_machine::check_claim_count;
 pub use task_machine::constants::CLAIM_COUNT_MAX;
+pub use task_machine::constants::CLAIM_DURATION_MS_MAX;
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 /// A task as the API shows it.
@@ -333,6 +334,15 @@ impl ChangeJson {
         Self {
             id,
             ..Self::default()
+        }
+    }
+
+    /// The release of claimed task `id`: the same payload `data`, available now, so
+    /// owned by no one (for a job, a released attempt: it counts, but never kills it).
+    pub fn release(id: u64, data: impl Into<String>) -> Self {
+        Self {
+            data: Some(data.into()),
+            ..Self::of_task(id)
         }
     }
 

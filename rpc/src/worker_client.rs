@@ -591,6 +591,14 @@ impl WorkerClient {
         Self::first(tasks, "a renewal")
     }
 
+    /// Gives an owned task back: available to any claim at once, with its data.
+    pub async fn release(&self, task: &TaskJson) -> Result<(), WorkerError> {
+        let change = ChangeJson::release(task.id, task.data.clone());
+        self.write(UpdateRequestJson::by(self.client_id).with_change(change))
+            .await
+            .map(drop)
+    }
+
     /// Deletes task version `id` (owned by this client, or available).
     pub async fn delete(&self, id: u64) -> Result<(), WorkerError> {
         self.write(UpdateRequestJson::by(self.client_id).with_deletes([id]))

@@ -53,7 +53,6 @@ log = logging.getLogger("rota.worker")
 Handler = Callable[[Task, Lease], Any]
 """A handler: called with the claimed task and its lease; returns the result."""
 
-STOPPED_ERROR = "stopped: the worker shut down before the task ended"
 CLAIM_ERROR_PAUSE = 0.5
 
 
@@ -205,10 +204,12 @@ class Worker:
         with self._lock:
             leftover = list(self._active.values())
             self._failed_by_stop.update(leftover)
+        # Given back, not failed: a worker going away is not the task's failure, and must
+        # not spend its attempts (a rolling restart would make jobs on their last one dead).
         for lease in leftover:
             try:
-                lease.fail(STOPPED_ERROR)
-                log.warning("task %d of %r failed: %s", lease.task.id, self.group, STOPPED_ERROR)
+                lease.release()
+                log.warning("task %d of %r given back: the worker stopped past its grace", lease.task.id, self.group)
             except RotaError:
                 pass
         self._done.set()
@@ -299,7 +300,7 @@ class Worker:
             failed_by_stop = lease in self._failed_by_stop
             self._failed_by_stop.discard(lease)
         if failed_by_stop:
-            self._count_lost(lease, "the stop failed the task after the grace period")
+            self._count_lost(lease, "the stop gave the task back after the grace period")
         elif saw_lost:
             self._count_lost(lease, "the handler saw its lease lost")
         elif lease.ended and not lease.lost:
