@@ -70,6 +70,25 @@ async fn claim(
     }
 }
 
+/// POSTs a blocking claim to node `via` in the background; its answer, whatever the
+/// status, and how long it took.
+fn spawn_claim(
+    cluster: &TestCluster,
+    via: u64,
+    request: ClaimRequestJson,
+) -> tokio::task::JoinHandle<(rpc::client::HttpResponse, Duration)> {
+    let api = cluster.api(via).to_string();
+    let client = cluster.client.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let answer = client
+            .post_json(&api, "/claim", &request, Duration::from_secs(90))
+            .await
+            .expect("answered");
+        (answer, started.elapsed())
+    })
+}
+
 async fn metric(cluster: &TestCluster, id: u64, series: &str) -> f64 {
     let response = cluster
         .client
@@ -96,23 +115,11 @@ async fn a_waiting_claim_is_served_by_an_add_through_another_node() {
         .expect("another follower");
 
     // Sent to a follower, which relays the whole wait to the leader.
-    let waiting = {
-        let request = waiting_claim(7, "q", 60_000, 30_000);
-        let api = cluster.api(follower).to_string();
-        let client = cluster.client.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let answer = client
-                .post_json(&api, "/claim", &request, Duration::from_secs(45))
-                .await
-                .expect("answered");
-            let tasks: WriteResultJson = answer.json(&api).expect("JSON");
-            (tasks, started.elapsed())
-        })
-    };
+    let waiting = spawn_claim(&cluster, follower, waiting_claim(7, "q", 60_000, 30_000));
     tokio::time::sleep(Duration::from_millis(500)).await;
     add(&cluster, other, "q", "wanted").await;
     let (answer, waited) = waiting.await.expect("the claim ended");
+    let answer: WriteResultJson = answer.json(cluster.api(follower)).expect("JSON");
     let WriteResultJson::Tasks { tasks } = answer else {
         panic!("refused: {answer:?}");
     };
@@ -464,6 +471,43 @@ async fn a_waiting_claim_wakes_when_a_lease_lapses_and_when_the_group_resumes() 
     };
     assert_eq!(tasks[0].data, "waits");
     assert!(answered_at >= resumed_at);
+}
+
+#[tokio::test]
+async fn a_waiting_claim_wakes_for_a_task_that_a_write_during_the_wait_makes_claimable_later() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    // The waiter sets its timer when it starts, with nothing in the group; the add then
+    // brings a claimable time into its wait, which must move the timer forward.
+    let waiting = spawn_claim(&cluster, 1, waiting_claim(7, "later", 60_000, 30_000));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut later = AddJson::in_group("later").with_data("in a second");
+    later.timespec = Some(-1_000);
+    let added = cluster
+        .write(1, "/update", &UpdateRequestJson::by(1).with_add(later))
+        .await
+        .expect("added");
+    assert!(matches!(added, WriteResultJson::Tasks { .. }), "{added:?}");
+    // Without the new timer the claim would sleep to its deadline (30 s) and only then
+    // look again.
+    let (answer, waited) = waiting.await.expect("joined");
+    let answer: WriteResultJson = answer.json(cluster.api(1)).expect("JSON");
+    assert!(
+        waited < Duration::from_secs(15),
+        "woken for the task claimable after a second, not at the deadline: {waited:?}"
+    );
+    let WriteResultJson::Tasks { tasks } = answer else {
+        panic!("refused: {answer:?}")
+    };
+    assert_eq!(
+        tasks.len(),
+        1,
+        "the task claimable during the wait: {tasks:?}"
+    );
+    assert_eq!(
+        (tasks[0].data.as_str(), tasks[0].ownerid),
+        ("in a second", 7)
+    );
 }
 
 /// The status and body of a POST of `body` to node `via`.

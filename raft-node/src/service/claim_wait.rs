@@ -142,9 +142,9 @@ impl Node {
             if self.waiters.is_stopping() || Instant::now() >= deadline {
                 return self.settle_claim(&claim, request_id.as_deref()).await;
             }
-            let wake_at = self
-                .next_claimable_at(&claim.claim.group)
-                .map_or(deadline, |at| at.min(deadline));
+            let next = self.next_claimable(&claim.claim.group);
+            ticket.armed_for(next.map(|(at, _)| at));
+            let wake_at = next.map_or(deadline, |(_, at)| at.min(deadline));
             let stopped = self.waiters.stopped();
             tokio::pin!(stopped);
             stopped.as_mut().enable();
@@ -302,11 +302,16 @@ impl Node {
     /// When, by this node's clock, a task of `group` next becomes claimable by time
     /// alone: a delay or back-off passes, or a lease ends (which may also end a job).
     pub(super) fn next_claimable_at(&self, group: &str) -> Option<Instant> {
+        self.next_claimable(group).map(|(_, at)| at)
+    }
+
+    /// [`Node::next_claimable_at`], with the log time it comes from.
+    pub(super) fn next_claimable(&self, group: &str) -> Option<(LogTime, Instant)> {
         let now = self.clock.now();
         let at: LogTime = self
             .state
             .read(|state| state.machine.next_claimable_after(group, now))?;
         let ms = at.as_millis().saturating_sub(now.as_millis()).max(1) as u64;
-        Some(Instant::now() + Duration::from_millis(ms))
+        Some((at, Instant::now() + Duration::from_millis(ms)))
     }
 }

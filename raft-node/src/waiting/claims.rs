@@ -2,7 +2,9 @@
 //! many of them hold a grant (their claim is being proposed). When a group's claimable
 //! count changes, the oldest waiters without a grant get one, as many as there are
 //! claimable tasks beyond the grants already out, and only those are woken: a thousand
-//! waiters and ten adds wake ten claims, longest waiter first.
+//! waiters and ten adds wake ten claims, longest waiter first. Waiters without a grant
+//! sleep until the group's next task becomes claimable (a lease ending, a retry delay);
+//! a change that brings that time forward wakes them to set their timers again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +15,7 @@ use std::sync::atomic::Ordering;
 
 use store_sm::machine::ClientId;
 use store_sm::machine::GroupName;
+use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
 use tokio::sync::Notify;
 use tokio::sync::watch;
@@ -67,6 +70,9 @@ struct GroupQueue {
     /// By arrival: the longest waiter first.
     waiting: BTreeMap<u64, Queued>,
     granted: usize,
+    /// When the waiters last looked, the group's next task would become claimable then
+    /// (`None`: none would), and their timers are set for it.
+    armed_for: Option<LogTime>,
 }
 
 /// Every group's blocking claims on this node.
@@ -129,6 +135,26 @@ impl ClaimQueues {
         woken
     }
 
+    /// `group`'s next task becomes claimable at `at`: if that is sooner than the waiters'
+    /// timers are set for, those without a grant are woken to set them again. Returns
+    /// how many were woken.
+    pub fn retime(&self, group: &str, at: LogTime) -> usize {
+        let mut groups = self.lock();
+        let Some(queue) = groups.get_mut(group) else {
+            return 0;
+        };
+        if queue.armed_for.is_some_and(|armed| armed <= at) {
+            return 0;
+        }
+        queue.armed_for = Some(at);
+        let mut woken = 0;
+        for queued in queue.waiting.values().filter(|q| !q.granted) {
+            queued.wake.notify_one();
+            woken += 1;
+        }
+        woken
+    }
+
     fn set_granted(&self, ticket: &ClaimTicket, granted: bool) -> bool {
         let mut groups = self.lock();
         let Some(queue) = groups.get_mut(&ticket.group) else {
@@ -159,10 +185,19 @@ pub struct ClaimTicket {
 }
 
 impl ClaimTicket {
-    /// Resolves when this waiter is granted a claim (a permit is kept if the grant came
-    /// first, so none is lost).
+    /// Resolves when this waiter is granted a claim, or should set its timer again (see
+    /// [`ClaimQueues::retime`]); a permit is kept if the wake came first, so none is lost.
     pub async fn woken(&self) {
         self.wake.notified().await;
+    }
+
+    /// This waiter's timer is set for `at`, when the group's next task becomes claimable
+    /// as it just looked (`None`: no task will without a change).
+    pub fn armed_for(&self, at: Option<LogTime>) {
+        let mut groups = self.queues.lock();
+        if let Some(queue) = groups.get_mut(&self.group) {
+            queue.armed_for = at;
+        }
     }
 
     /// Whether this waiter holds a grant.
@@ -206,6 +241,28 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::*;
+
+    #[test]
+    fn waiters_are_woken_to_set_their_timers_only_for_a_sooner_claimable_time() {
+        let queues = Arc::new(ClaimQueues::default());
+        let tickets: Vec<ClaimTicket> = (0..3).map(|_| queues.join("g")).collect();
+        assert_eq!(queues.grant("g", 1), 1);
+        // Nothing was to become claimable: any time is sooner, for the two without a grant.
+        for ticket in &tickets {
+            ticket.armed_for(None);
+        }
+        assert_eq!(queues.retime("g", LogTime::from_millis(5_000)), 2);
+        assert!(tickets[1].woken().now_or_never().is_some());
+        assert!(tickets[2].woken().now_or_never().is_some());
+        // They looked and set their timers for it: the same time, or a later one, wakes no one.
+        tickets[1].armed_for(Some(LogTime::from_millis(5_000)));
+        assert_eq!(queues.retime("g", LogTime::from_millis(5_000)), 0);
+        assert_eq!(queues.retime("g", LogTime::from_millis(9_000)), 0);
+        assert!(tickets[2].woken().now_or_never().is_none());
+        // A sooner one does.
+        assert_eq!(queues.retime("g", LogTime::from_millis(2_000)), 2);
+        assert_eq!(queues.retime("other", LogTime::from_millis(1)), 0);
+    }
 
     #[test]
     fn grants_go_to_the_oldest_waiters_only_and_are_not_given_twice() {

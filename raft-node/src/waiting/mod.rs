@@ -46,7 +46,9 @@ impl ApplyObserver for Observer {
 }
 
 /// Grants `group`'s blocking claims as many claims as `machine` (as of `now`) has
-/// claimable tasks; how many waiters that woke.
+/// claimable tasks, and wakes the others to set their timers again if a task now becomes
+/// claimable sooner than they expected (an add for later, a fail with a retry delay, a
+/// shorter renewal); how many waiters were granted.
 pub fn grant_claims(
     claims: &ClaimQueues,
     machine: &TaskMachine,
@@ -57,7 +59,13 @@ pub fn grant_claims(
     if waiting == 0 {
         return 0;
     }
-    claims.grant(group, machine.claimable_count(group, now, waiting))
+    let granted = claims.grant(group, machine.claimable_count(group, now, waiting));
+    if granted < waiting
+        && let Some(at) = machine.next_claimable_after(group, now)
+    {
+        claims.retime(group, at);
+    }
+    granted
 }
 
 /// Why a node takes no more waiters.
