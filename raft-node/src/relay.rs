@@ -68,6 +68,8 @@ pub struct Incoming {
     needs_request_id: bool,
     /// How long a relay of this request may take (longer for one that waits).
     relay_timeout: Duration,
+    /// Whether the request waits at the leader (a blocking claim, a wait for jobs).
+    waits: bool,
     /// Who sent it, as the token check found.
     pub caller: Caller,
 }
@@ -91,6 +93,7 @@ impl FromRequest<SharedNode> for Incoming {
             body,
             needs_request_id: false,
             relay_timeout: FORWARD_TIMEOUT,
+            waits: false,
             caller,
         })
     }
@@ -106,6 +109,7 @@ impl Incoming {
     /// the leader before it answers.
     pub fn waiting(mut self, wait: Duration) -> Self {
         self.relay_timeout = FORWARD_TIMEOUT + wait;
+        self.waits = !wait.is_zero();
         self
     }
 
@@ -166,17 +170,32 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
         }
     }
     let path_and_query = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
-    let sent = node
-        .client
-        .send(
-            leader_api,
-            incoming.method,
-            path_and_query,
-            &headers,
-            incoming.body,
-            incoming.relay_timeout,
-        )
-        .await;
+    let send = node.client.send(
+        leader_api,
+        incoming.method,
+        path_and_query,
+        &headers,
+        incoming.body,
+        incoming.relay_timeout,
+    );
+    let sent = if incoming.waits {
+        // A leader that froze (or lost its quorum) answers nothing until the relay's
+        // deadline, the wait's length and more, while a new leader already serves; the
+        // client is told to retry once this node has known of that new leader for a
+        // moment (see `leader_moved_from`).
+        tokio::select! {
+            biased;
+            sent = send => sent,
+            () = leader_moved_from(node, leader_api) => {
+                return ApiError::unavailable(
+                    "the leader changed while this waiting request was relayed to it; retry (with the same requestid for writes)",
+                )
+                .into_response();
+            }
+        }
+    } else {
+        send.await
+    };
     match sent {
         Ok(answer) => {
             let mut response = (answer.status, answer.body).into_response();
@@ -195,5 +214,37 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
             "forwarding to the leader failed ({e}); retry (with the same requestid for writes)"
         ))
         .into_response(),
+    }
+}
+
+/// How often a waiting relay looks whether the leader it relays to is still the one
+/// this node knows. Polled rather than woken: the metrics' watch wakes its waiters in
+/// an order the simulation cannot replay.
+const LEADER_POLL: Duration = Duration::from_millis(100);
+
+/// How long another leader must have been known before a waiting relay gives up on the
+/// old one: a leader that stepped down in good order answers its relayed waits within
+/// that time (possibly with a task it claimed for them), and only a frozen one does not.
+const LEADER_MOVED_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves once this node has known of a leader other than the one at `leader_api`
+/// (itself included) for [`LEADER_MOVED_GRACE`]; never while it knows of none (an
+/// election under way).
+async fn leader_moved_from(node: &Node, leader_api: &str) {
+    let mut moved_for = Duration::ZERO;
+    loop {
+        tokio::time::sleep(LEADER_POLL).await;
+        let moved = node
+            .leader_id()
+            .and_then(|id| node.member_api_addr(id))
+            .is_some_and(|api| api != leader_api);
+        moved_for = if moved {
+            moved_for + LEADER_POLL
+        } else {
+            Duration::ZERO
+        };
+        if moved_for >= LEADER_MOVED_GRACE {
+            return;
+        }
     }
 }

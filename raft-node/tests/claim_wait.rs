@@ -510,6 +510,34 @@ async fn a_waiting_claim_wakes_for_a_task_that_a_write_during_the_wait_makes_cla
     );
 }
 
+#[tokio::test]
+async fn a_wait_relayed_to_a_leader_that_froze_is_told_to_retry_once_a_new_leader_serves() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let waiting = spawn_claim(
+        &cluster,
+        follower,
+        waiting_claim(7, "frozen", 60_000, 20_000),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.signal(leader, "STOP");
+    let others: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    let new_leader = cluster.wait_leader(&others).await;
+    let (answer, _) = waiting.await.expect("joined");
+    cluster.signal(leader, "CONT");
+    // Not the relay's timeout (the wait and 10 s more) on a leader that answers nothing:
+    // a retry now reaches the new one.
+    let body = String::from_utf8_lossy(&answer.body).to_string();
+    assert_eq!(answer.status.as_u16(), 503, "{body}");
+    assert!(body.contains("the leader changed"), "{body}");
+    let retried = claim(&cluster, follower, &waiting_claim(7, "frozen", 60_000, 0)).await;
+    assert!(
+        retried.is_ok(),
+        "node {new_leader} serves the retry: {retried:?}"
+    );
+}
+
 /// The status and body of a POST of `body` to node `via`.
 async fn post(
     cluster: &TestCluster,
