@@ -475,10 +475,6 @@ async fn wait_for_stop_signal() {
     }
 }
 
-/// Nodes grant claims of at most this long unless started with a longer
-/// `--claim-duration-max-ms`.
-const NODE_CLAIM_DEFAULT_MAX: Duration = Duration::from_secs(24 * 3600);
-
 /// `--lease` must leave room for renewals and be a claim some node can grant; one over
 /// what nodes grant by default gets a warning, since every claim would be refused
 /// unless the cluster was configured for it.
@@ -494,7 +490,7 @@ pub fn check_lease(lease: Duration) -> Result<(), CliError> {
             rpc::worker::CLAIM_DURATION_MS_MAX
         )));
     }
-    if lease > NODE_CLAIM_DEFAULT_MAX {
+    if lease.as_millis() > rpc::worker::CLAIM_DURATION_MAX_MS_DEFAULT as u128 {
         eprintln!(
             "rota worker: warning: a lease of {}s is longer than the 24h nodes grant unless started with a longer --claim-duration-max-ms; if claims are refused, use a shorter --lease (renewals keep long commands running)",
             lease.as_secs()

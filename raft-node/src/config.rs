@@ -16,9 +16,7 @@ use store_sm::raft_types::SyncMode;
 use crate::service::auth::AuthMode;
 use crate::tls::TlsFiles;
 
-/// Default longest claim: one day.
-pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
-const _: () = assert!(CLAIM_DURATION_MAX_MS_DEFAULT <= CLAIM_DURATION_MS_MAX);
+pub use rpc::worker::CLAIM_DURATION_MAX_MS_DEFAULT;
 
 /// Waiting requests (blocking claims, waits for outcomes, watches) a node holds by
 /// default.

@@ -68,8 +68,6 @@ pub struct Incoming {
     needs_request_id: bool,
     /// How long a relay of this request may take (longer for one that waits).
     relay_timeout: Duration,
-    /// Whether the request waits at the leader (a blocking claim, a wait for jobs).
-    waits: bool,
     /// Who sent it, as the token check found.
     pub caller: Caller,
 }
@@ -93,7 +91,6 @@ impl FromRequest<SharedNode> for Incoming {
             body,
             needs_request_id: false,
             relay_timeout: FORWARD_TIMEOUT,
-            waits: false,
             caller,
         })
     }
@@ -109,7 +106,6 @@ impl Incoming {
     /// the leader before it answers.
     pub fn waiting(mut self, wait: Duration) -> Self {
         self.relay_timeout = FORWARD_TIMEOUT + wait;
-        self.waits = !wait.is_zero();
         self
     }
 
@@ -178,7 +174,9 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
         incoming.body,
         incoming.relay_timeout,
     );
-    let sent = if incoming.waits {
+    // Only a request that waits at the leader (a blocking claim, a wait for jobs) has
+    // its relay deadline stretched.
+    let sent = if incoming.relay_timeout > FORWARD_TIMEOUT {
         // A leader that froze (or lost its quorum) answers nothing until the relay's
         // deadline, the wait's length and more, while a new leader already serves; the
         // client is told to retry once this node has known of that new leader for a

@@ -15,6 +15,11 @@ use serde::de;
 use task_machine::check_claim_count;
 pub use task_machine::constants::CLAIM_COUNT_MAX;
 pub use task_machine::constants::CLAIM_DURATION_MS_MAX;
+
+/// The longest claim a node grants unless started with another
+/// `--claim-duration-max-ms` (one day); clients warn about longer leases.
+pub const CLAIM_DURATION_MAX_MS_DEFAULT: i64 = 24 * 60 * 60 * 1000;
+const _: () = assert!(CLAIM_DURATION_MAX_MS_DEFAULT <= CLAIM_DURATION_MS_MAX);
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
 /// A task as the API shows it.
