@@ -8,7 +8,8 @@
 //! cancelled, and finishes the task on exit 0 (result: exit status, duration, the last
 //! 64 KiB of stdout and stderr) or fails it otherwise (the same, as the error). On
 //! SIGTERM or Ctrl-C it stops claiming, lets running commands go on for the grace
-//! period, then kills them and gives their tasks back so they run elsewhere. With
+//! period (a second signal ends it), then kills them and gives their tasks back so they
+//! run elsewhere. It logs what went wrong to stderr (docs/worker.md). With
 //! `--metrics-addr` it serves Prometheus metrics.
 
 use std::os::unix::process::ExitStatusExt;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
+use rpc::lease::EventHook;
 use rpc::lease::Lease;
 use rpc::lease::WorkerOptions;
 use rpc::lease::WorkerStats;
@@ -269,21 +271,56 @@ fn json_escaped_len(c: char) -> usize {
     }
 }
 
-/// Reads a stream to its end, keeping only its last [`OUTPUT_TAIL_BYTES`].
-async fn read_tail(mut stream: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
-    let mut kept: Vec<u8> = Vec::new();
+/// How long a command's output pipes are read after it exits: a process it left
+/// behind may hold them open for ever, and must not keep its task from finishing.
+const PIPES_READ_AFTER_EXIT: Duration = Duration::from_secs(1);
+
+/// The end of an output stream as read so far, shared with the task reading it.
+type Kept = Arc<std::sync::Mutex<Vec<u8>>>;
+
+/// Reads a stream to its end into `kept`, keeping only its last [`OUTPUT_TAIL_BYTES`].
+async fn read_tail(mut stream: impl tokio::io::AsyncRead + Unpin, kept: Kept) {
     let mut buffer = [0u8; 8192];
     loop {
         match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => return kept,
+            Ok(0) | Err(_) => return,
             Ok(n) => {
+                let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
                 kept.extend_from_slice(&buffer[..n]);
                 if kept.len() > 2 * OUTPUT_TAIL_BYTES {
-                    kept.drain(..kept.len() - OUTPUT_TAIL_BYTES);
+                    let cut = kept.len() - OUTPUT_TAIL_BYTES;
+                    kept.drain(..cut);
                 }
             }
         }
     }
+}
+
+/// Reads `stream` in the background; what it read so far, and the reader.
+fn spawn_reader(
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> (Kept, tokio::task::JoinHandle<()>) {
+    let kept = Kept::default();
+    let reader = tokio::spawn(read_tail(stream, Arc::clone(&kept)));
+    (kept, reader)
+}
+
+/// Waits for both readers to reach the end of their streams, for at most `within`,
+/// then stops them (closing the pipes) and takes what they read.
+async fn collect_output(
+    readers: [(Kept, tokio::task::JoinHandle<()>); 2],
+    within: Duration,
+) -> [Vec<u8>; 2] {
+    let [(out, mut out_reader), (err, mut err_reader)] = readers;
+    let _ = tokio::time::timeout(within, async {
+        let _ = (&mut out_reader).await;
+        let _ = (&mut err_reader).await;
+    })
+    .await;
+    out_reader.abort();
+    err_reader.abort();
+    let take = |kept: &Kept| std::mem::take(&mut *kept.lock().unwrap_or_else(|p| p.into_inner()));
+    [take(&out), take(&err)]
 }
 
 /// Kills process group `pgid` (the command and everything it started).
@@ -367,23 +404,26 @@ async fn run_command(
         .spawn()
         .map_err(|e| format!("could not start {:?}: {e}", command[0]))?;
     let guard = GroupGuard(child.id());
-    if let Some(mut stdin) = child.stdin.take() {
+    let stdin = child.stdin.take().map(|mut stdin| {
         let data = task.data.clone();
         tokio::spawn(async move {
             let _ = stdin.write_all(data.as_bytes()).await;
-        });
-    }
-    let stdout = tokio::spawn(read_tail(child.stdout.take().ok_or("no stdout")?));
-    let stderr = tokio::spawn(read_tail(child.stderr.take().ok_or("no stderr")?));
+        })
+    });
+    let stdout = spawn_reader(child.stdout.take().ok_or("no stdout")?);
+    let stderr = spawn_reader(child.stderr.take().ok_or("no stderr")?);
     let status = child
         .wait()
         .await
         .map_err(|e| format!("waiting for the command: {e}"))?;
     // The command has ended: its group need not be killed any more.
     std::mem::forget(guard);
-    let stdout = stdout.await.unwrap_or_default();
-    let stderr = stderr.await.unwrap_or_default();
     let duration_ms = started.elapsed().as_millis() as u64;
+    let [stdout, stderr] = collect_output([stdout, stderr], PIPES_READ_AFTER_EXIT).await;
+    // A process left behind may hold stdin open without reading it.
+    if let Some(stdin) = stdin {
+        stdin.abort();
+    }
     let code = status.code();
     if status.success() {
         return Ok(Some(json!({
@@ -428,24 +468,28 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
         tokio::spawn(crate::worker_metrics::serve(listener, groups));
     }
     // Each running command's fence file lives here, gone when the worker stops.
-    let fence_dir = std::env::temp_dir().join(format!("rota-worker-{}", std::process::id()));
-    std::fs::create_dir_all(&fence_dir)
-        .map_err(|e| CliError::Failed(format!("creating {}: {e}", fence_dir.display())))?;
-    let fence_dir = Arc::new(fence_dir);
+    let fence_dir = Arc::new(private_dir(&std::env::temp_dir())?);
+    let graces: Vec<Duration> = config.groups.iter().map(|g| g.options.grace).collect();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_stop_signal().await;
-        let _ = stop.send(true);
-    });
+    tokio::spawn(stop_on_signals(
+        stop,
+        graces.into_iter().max().unwrap_or_default(),
+    ));
     let workers: Vec<_> = config
         .groups
         .into_iter()
         .map(|group| {
             let command = Arc::new(group.command);
             let fence_dir = Arc::clone(&fence_dir);
+            let options = WorkerOptions {
+                events: EventHook::new(|group, event| {
+                    eprintln!("rota worker: group {group:?}: {event}");
+                }),
+                ..group.options
+            };
             tokio::spawn(run_worker(
                 Arc::clone(&client),
-                group.options,
+                options,
                 stopped.clone(),
                 move |lease| run_command(Arc::clone(&command), Arc::clone(&fence_dir), lease),
             ))
@@ -459,19 +503,65 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
     Ok(finished)
 }
 
-async fn wait_for_stop_signal() {
+/// Creates a new directory only this user can enter, under `parent`: a name another
+/// user could guess and create first (a symbolic link to their files, say) would let
+/// them read or replace the fence files.
+fn private_dir(parent: &std::path::Path) -> Result<std::path::PathBuf, CliError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut last = None;
+    for attempt in 0u64..16 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let name = format!(
+            "rota-worker-{}-{:x}",
+            std::process::id(),
+            u64::from(nanos) ^ attempt.rotate_left(40)
+        );
+        let path = parent.join(name);
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(CliError::Failed(format!(
+                    "creating a directory for fence files in {}: {e} (set TMPDIR to a writable directory)",
+                    parent.display()
+                )));
+            }
+        }
+    }
+    Err(CliError::Failed(format!(
+        "creating a directory for fence files in {}: {}",
+        parent.display(),
+        last.map_or_else(|| "no free name".to_string(), |e| e.to_string())
+    )))
+}
+
+/// Sends on `stop` at the first SIGTERM or Ctrl-C (no new claims; running commands get
+/// their grace) and again at the second (their grace ends at once).
+async fn stop_on_signals(stop: tokio::sync::watch::Sender<bool>, grace: Duration) {
     use tokio::signal::unix::SignalKind;
     use tokio::signal::unix::signal;
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        std::future::pending::<()>().await;
-        return;
+        eprintln!("rota worker: cannot catch SIGTERM or Ctrl-C: they will kill it at once");
+        return std::future::pending().await;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    for nth in 0.. {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if nth == 0 {
+            eprintln!(
+                "rota worker: stopping: no new claims; running commands have up to {grace:?} to end, then their tasks are given back (again to give them back now)"
+            );
+        } else {
+            eprintln!("rota worker: stopping now: running commands' tasks are given back");
+        }
+        let _ = stop.send(true);
     }
 }
 

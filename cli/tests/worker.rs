@@ -43,10 +43,23 @@ async fn job_state(dev: &DevCluster, group: &str, key: &str) -> Value {
 }
 
 fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    signal(child, "TERM");
     child.wait().expect("the worker exits")
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status();
+}
+
+/// What an ended worker wrote to stderr.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    let mut text = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+    }
+    text
 }
 
 #[tokio::test]
@@ -82,10 +95,7 @@ async fn a_worker_runs_each_task_once_and_records_its_outcome() {
     .await;
     if waited.code != 0 {
         terminate(&mut worker);
-        let mut stderr = String::new();
-        if let Some(mut pipe) = worker.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-        }
+        let stderr = stderr_of(&mut worker);
         let jobs = rota(&["job", "list", "--group", "w", "--url", &url, "--json"]).await;
         panic!("{}\nworker: {stderr}\njobs: {}", waited.stderr, jobs.stdout);
     }
@@ -93,6 +103,12 @@ async fn a_worker_runs_each_task_once_and_records_its_outcome() {
     assert!(
         status.success(),
         "the worker stops cleanly on SIGTERM: {status}"
+    );
+    // An operator reads of each failure in the worker's log.
+    let log = stderr_of(&mut worker);
+    assert!(
+        log.contains(r#"(key "k2") failed: exit status 1 after"#),
+        "{log}"
     );
 
     let k0 = job_state(&dev, "w", "k0").await;
@@ -176,7 +192,23 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
         !std::path::Path::new(fence_path).exists(),
         "the fence file goes with its command"
     );
+    // Only its owner may enter the fence files' directory.
+    let fence_dir = std::path::Path::new(fence_path)
+        .parent()
+        .expect("a directory");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(fence_dir)
+            .expect("the directory lasts while the worker runs")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "{}", fence_dir.display());
     assert!(terminate(&mut worker).success());
+    let log = stderr_of(&mut worker);
+    assert!(
+        log.contains(r#"(key "long"): lease lost, its work stopped (renewal refused"#),
+        "{log}"
+    );
+    assert!(!fence_dir.exists(), "the directory goes with the worker");
 }
 
 #[tokio::test]
@@ -258,10 +290,82 @@ async fn binary_output_still_finishes_and_a_stop_past_the_grace_gives_the_task_b
     }
     let status = terminate(&mut stopped);
     assert!(status.success(), "{status}");
+    let log = stderr_of(&mut stopped);
+    assert!(log.contains(r#"(key "long") given back"#), "{log}");
     let long = job_state(&dev, "stop", "long").await;
     assert_eq!(long["state"], "waiting", "{long}");
     let last = &long["history"][long["history"].as_array().map_or(0, Vec::len) - 1];
     assert_eq!(last["outcome"], "released", "{long}");
     let claimed = json(&dev, &["task", "claim", "--group", "stop"]).await;
     assert_eq!(claimed.as_array().map(Vec::len), Some(1), "{claimed}");
+}
+
+#[tokio::test]
+async fn a_process_left_holding_the_output_does_not_hold_the_task_and_a_second_stop_hurries() {
+    let dev = DevCluster::up().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid_file = dir.path().join("pid");
+    json(&dev, &["job", "add", "--group", "bg", "--key", "daemon"]).await;
+    // The command ends at once, but the sleep it leaves behind holds stdout and stderr
+    // open for five minutes.
+    let script = format!(
+        "cat >/dev/null; sleep 300 & echo $! > {}; echo started",
+        pid_file.to_str().expect("utf-8")
+    );
+    let mut daemon = worker(&dev, &["--group", "bg"], &["sh", "-c", &script]);
+    let waited = rota(&[
+        "job",
+        "wait",
+        "--group",
+        "bg",
+        "--timeout",
+        "30s",
+        "--url",
+        &dev.url,
+        "daemon",
+    ])
+    .await;
+    if let Some(pid) = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    {
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+    }
+    terminate(&mut daemon);
+    assert_eq!(waited.code, 0, "{}", waited.stderr);
+    let record = job_state(&dev, "bg", "daemon").await;
+    assert_eq!(record["state"], "succeeded", "{record}");
+    assert_eq!(record["result"]["stdout"], "started\n", "{record}");
+
+    // A minute's grace, cut short by a second SIGTERM.
+    json(&dev, &["job", "add", "--group", "slow", "--key", "long"]).await;
+    let mut slow = worker(
+        &dev,
+        &["--group", "slow", "--grace", "60s"],
+        &["sh", "-c", "cat >/dev/null; exec sleep 120"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while job_state(&dev, "slow", "long").await["state"] != "running" {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal(&slow, "TERM");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        slow.try_wait().expect("a status").is_none(),
+        "the first SIGTERM leaves the command its grace"
+    );
+    let hurried = Instant::now();
+    signal(&slow, "TERM");
+    let status = slow.wait().expect("the worker exits");
+    assert!(status.success(), "{status}");
+    assert!(
+        hurried.elapsed() < Duration::from_secs(30),
+        "the second SIGTERM ended the grace: {:?}",
+        hurried.elapsed()
+    );
+    let long = job_state(&dev, "slow", "long").await;
+    assert_eq!(long["state"], "waiting", "given back: {long}");
 }

@@ -360,6 +360,140 @@ async fn run_worker_finishes_every_task_with_its_concurrency_and_stops_when_told
     );
 }
 
+#[tokio::test]
+async fn run_worker_tells_of_failures_lost_leases_and_an_unreachable_cluster_once() {
+    use rpc::lease::EventHook;
+    use rpc::lease::LeaseLost;
+    use rpc::lease::WorkerEvent;
+    use rpc::lease::WorkerOptions;
+    use rpc::lease::WorkerStats;
+    use rpc::lease::run_worker;
+    use std::sync::Arc;
+    use std::sync::Mutex;
+
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let producer = client(&cluster, &[1], 1);
+    for key in ["fails", "held"] {
+        let job = AddJson {
+            key: Some(key.into()),
+            max_attempts: Some(1),
+            ..AddJson::in_group("told")
+        };
+        producer.add_task(job).await.expect("added");
+    }
+    let worker = client(&cluster, &[1], 2)
+        .with_timeouts(Duration::from_millis(300), Duration::from_millis(500));
+    let events: Arc<Mutex<Vec<(String, WorkerEvent)>>> = Arc::default();
+    let told = Arc::clone(&events);
+    let options = WorkerOptions {
+        concurrency: 3,
+        lease: Duration::from_secs(3),
+        wait: Duration::from_millis(500),
+        events: EventHook::new(move |group, event| {
+            told.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((group.to_string(), event.clone()));
+        }),
+        ..WorkerOptions::new("told")
+    };
+    let stats = Arc::clone(&options.stats);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(run_worker(
+        Arc::new(worker),
+        options,
+        stopped,
+        |lease| async move {
+            match lease.task().key.as_deref() {
+                Some("fails") => Err("boom\nmore detail".to_string()),
+                _ => std::future::pending().await,
+            }
+        },
+    ));
+    let seen = |pick: &dyn Fn(&WorkerEvent) -> bool| {
+        events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(group, event)| group == "told" && pick(event))
+            .count()
+    };
+    let key_is = |task: &rpc::lease::ClaimedTask, key: &str| task.key.as_deref() == Some(key);
+    let told_of = |what: &str, n: usize| {
+        let all = format!("{:?}", events.lock().unwrap_or_else(|p| p.into_inner()));
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{what} told {n} times: {all}"))
+        }
+    };
+    common::eventually(|| async {
+        let failed = seen(&|e| {
+            matches!(e, WorkerEvent::WorkFailed { task, error } if key_is(task, "fails") && error == "boom")
+        });
+        told_of("the failure", failed)
+    })
+    .await;
+    common::eventually(|| async {
+        let state = producer.job("told", "held").await.map(|j| j.state);
+        match state {
+            Ok(state) if state == "running" => Ok(()),
+            other => Err(format!("held: {other:?}")),
+        }
+    })
+    .await;
+    producer.cancel("told", &["held"]).await.expect("cancelled");
+    common::eventually(|| async {
+        let lost = seen(&|e| {
+            matches!(e, WorkerEvent::LeaseLost { task, reason: LeaseLost::Refused(_) } if key_is(task, "held"))
+        });
+        told_of("the lost lease", lost)
+    })
+    .await;
+
+    // Three slots failing over and over are told of once, then their recovery once.
+    cluster.kill(1);
+    common::eventually(|| async {
+        let errors = WorkerStats::get(&stats.claim_errors);
+        if errors >= 6 {
+            Ok(())
+        } else {
+            Err(format!("{errors} claim errors"))
+        }
+    })
+    .await;
+    assert_eq!(
+        seen(&|e| matches!(e, WorkerEvent::ClaimsFailing { failures: 1, .. })),
+        1
+    );
+    assert_eq!(seen(&|e| matches!(e, WorkerEvent::ClaimsFailing { .. })), 1);
+    cluster.start_node(1);
+    common::eventually(|| async {
+        let recovered =
+            seen(&|e| matches!(e, WorkerEvent::ClaimsRecovered { failures } if *failures >= 6));
+        told_of("the recovery", recovered)
+    })
+    .await;
+    stop.send(true).expect("the loop listens");
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the loop stops")
+        .expect("joined");
+    assert_eq!(
+        seen(&|e| matches!(e, WorkerEvent::ClaimsRecovered { .. })),
+        1
+    );
+    let text = WorkerEvent::WorkFailed {
+        task: rpc::lease::ClaimedTask {
+            id: 7,
+            key: Some("fails".into()),
+        },
+        error: "boom".into(),
+    }
+    .to_string();
+    assert_eq!(text, "task 7 (key \"fails\") failed: boom");
+}
+
 /// Established TCP connections of this machine whose far end is `addr` (`host:port`):
 /// the test process's own, since nodes reach each other's API ports only to relay.
 fn connections_to(addr: &str) -> usize {

@@ -264,6 +264,141 @@ pub struct WorkerOptions {
     pub grace: Duration,
     /// Counters of what the loop did, for metrics; share one to read them.
     pub stats: Arc<WorkerStats>,
+    /// Told of what an operator should hear of (lost leases, failures, give-backs).
+    pub events: EventHook,
+}
+
+/// Something [`run_worker`] did that an operator may want to read in a log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerEvent {
+    /// Claims fail: no node gave a definite answer, or the cluster refused the claim.
+    /// Told once when claims start failing and then at most every
+    /// [`CLAIM_FAILURE_REPORT_EVERY`] while they keep failing.
+    ClaimsFailing {
+        /// Claims that failed in a row so far.
+        failures: u64,
+        /// The last failure.
+        error: String,
+    },
+    /// Claims are answered again after `failures` failed in a row.
+    ClaimsRecovered {
+        /// Claims that had failed in a row.
+        failures: u64,
+    },
+    /// The work of task `task` failed; the task was failed with `error`.
+    WorkFailed {
+        /// The task.
+        task: ClaimedTask,
+        /// The error's first line.
+        error: String,
+    },
+    /// Task `task`'s lease was lost while its work ran: the work was dropped.
+    LeaseLost {
+        /// The task.
+        task: ClaimedTask,
+        /// Why.
+        reason: LeaseLost,
+    },
+    /// The work of task `task` ended but ending the claim (`how`: finish, fail or give
+    /// back) was not acknowledged; the task runs again once its lease lapses.
+    EndFailed {
+        /// The task.
+        task: ClaimedTask,
+        /// `"finish"`, `"fail"` or `"give back"`.
+        how: &'static str,
+        /// Why.
+        error: String,
+    },
+    /// Task `task` was given back: the worker stopped and its work ran past the grace.
+    Released {
+        /// The task.
+        task: ClaimedTask,
+    },
+}
+
+impl std::fmt::Display for WorkerEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ClaimsFailing { failures, error } => {
+                write!(f, "claims failing ({failures} in a row): {error}")
+            }
+            Self::ClaimsRecovered { failures } => {
+                write!(f, "claims answered again after {failures} failed")
+            }
+            Self::WorkFailed { task, error } => write!(f, "{task} failed: {error}"),
+            Self::LeaseLost { task, reason } => match reason {
+                LeaseLost::Refused(reasons) => write!(
+                    f,
+                    "{task}: lease lost, its work stopped (renewal refused: {})",
+                    reasons.join("; ")
+                ),
+                LeaseLost::Expired => write!(
+                    f,
+                    "{task}: lease lost, its work stopped (no renewal landed before it ran out)"
+                ),
+            },
+            Self::EndFailed { task, how, error } => write!(
+                f,
+                "{task}: its {how} was not acknowledged, so it runs again once its lease lapses: {error}"
+            ),
+            Self::Released { task } => write!(
+                f,
+                "{task} given back: the worker stopped and its work ran past the grace"
+            ),
+        }
+    }
+}
+
+/// The task an event is about: the id of the version claimed, and its job's key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedTask {
+    /// The id of the version claimed (later versions, written by renewals, have others).
+    pub id: u64,
+    /// Its job's key, for a task that has one.
+    pub key: Option<String>,
+}
+
+impl std::fmt::Display for ClaimedTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "task {} (key {key:?})", self.id),
+            None => write!(f, "task {}", self.id),
+        }
+    }
+}
+
+/// How often [`WorkerEvent::ClaimsFailing`] is told again while claims keep failing.
+pub const CLAIM_FAILURE_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Where [`run_worker`] tells its [`WorkerEvent`]s, with the group's name: a callback
+/// shared by every slot (the default tells no one).
+#[derive(Clone, Default)]
+pub struct EventHook(Option<Arc<TellEvent>>);
+
+/// A callback told of a group's name and one of its events.
+type TellEvent = dyn Fn(&str, &WorkerEvent) + Send + Sync;
+
+impl EventHook {
+    /// Calls `tell` with the group and each event.
+    pub fn new(tell: impl Fn(&str, &WorkerEvent) + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(tell)))
+    }
+
+    fn tell(&self, group: &str, event: WorkerEvent) {
+        if let Some(tell) = &self.0 {
+            tell(group, &event);
+        }
+    }
+}
+
+impl std::fmt::Debug for EventHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "EventHook(set)"
+        } else {
+            "EventHook(none)"
+        })
+    }
 }
 
 /// What [`run_worker`] has done so far, for metrics (every field only grows, except
@@ -337,6 +472,7 @@ impl WorkerOptions {
             wait: Duration::from_secs(20),
             grace: Duration::from_secs(10),
             stats: Arc::default(),
+            events: EventHook::default(),
         }
     }
 }
@@ -346,10 +482,11 @@ impl WorkerOptions {
 /// fails it (retried after the group's back-off). Claims wait at the node for a task
 /// (`options.wait`); a claim that comes back empty sooner is followed by a growing,
 /// jittered pause ([`poll_backoff`]), so a node that cannot wait is polled, not
-/// hammered. Work whose lease is lost is dropped (it no longer owns the task); after a
-/// stop, running work gets `options.grace`, then is dropped and its task failed so that
-/// it runs elsewhere. Returns how many tasks were finished; `options.stats` counts the
-/// rest.
+/// hammered; a claim that fails is followed by the same growing pause. Work whose lease
+/// is lost is dropped (it no longer owns the task); after a stop, running work gets
+/// `options.grace` (cut short by another send on `stop`), then is dropped and its task
+/// given back so that it runs elsewhere. Returns how many tasks were finished;
+/// `options.stats` counts the rest and `options.events` hears what went wrong.
 pub async fn run_worker<F, Fut>(
     client: Arc<WorkerClient>,
     options: WorkerOptions,
@@ -362,6 +499,7 @@ where
 {
     let work = Arc::new(work);
     let options = Arc::new(options);
+    let claims = Arc::new(ClaimHealth::default());
     let finished_before = WorkerStats::get(&options.stats.finished);
     // One loop per slot, each claiming for itself: claims run side by side, as the work
     // does, so one slow claim never holds up the others.
@@ -370,6 +508,7 @@ where
             tokio::spawn(work_slot(
                 Arc::clone(&client),
                 Arc::clone(&options),
+                Arc::clone(&claims),
                 stop.clone(),
                 Arc::clone(&work),
                 slot as u64,
@@ -390,10 +529,48 @@ async fn pause_unless_stopped(pause: Duration, stop: &mut watch::Receiver<bool>)
     }
 }
 
+/// Whether a group's claims are failing, shared by its slots so that a cluster out of
+/// reach is told once per group, not once per slot and retry.
+#[derive(Default)]
+struct ClaimHealth {
+    /// Claims failed in a row, and when that was last told.
+    failing: std::sync::Mutex<(u64, Option<Instant>)>,
+}
+
+impl ClaimHealth {
+    fn failed(&self, options: &WorkerOptions, error: &WorkerError) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        failing.0 += 1;
+        let due = failing
+            .1
+            .is_none_or(|told| told.elapsed() >= CLAIM_FAILURE_REPORT_EVERY);
+        if due {
+            failing.1 = Some(Instant::now());
+            let event = WorkerEvent::ClaimsFailing {
+                failures: failing.0,
+                error: error.to_string(),
+            };
+            options.events.tell(&options.group, event);
+        }
+    }
+
+    fn answered(&self, options: &WorkerOptions) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        if failing.0 > 0 {
+            let event = WorkerEvent::ClaimsRecovered {
+                failures: failing.0,
+            };
+            *failing = (0, None);
+            options.events.tell(&options.group, event);
+        }
+    }
+}
+
 /// One slot of [`run_worker`]: claim, work, finish or fail, until the stop.
 async fn work_slot<F, Fut>(
     client: Arc<WorkerClient>,
     options: Arc<WorkerOptions>,
+    claim_health: Arc<ClaimHealth>,
     mut stop: watch::Receiver<bool>,
     work: Arc<F>,
     slot: u64,
@@ -406,6 +583,7 @@ async fn work_slot<F, Fut>(
     // most a third of the lease: the first renewal, due then, still finds it held.
     let wait = options.wait.min(options.lease / 3);
     let mut empties: u32 = 0;
+    let mut errors: u32 = 0;
     let mut claims: u64 = 0;
     while !*stop.borrow() {
         let claimed_at = Instant::now();
@@ -416,6 +594,10 @@ async fn work_slot<F, Fut>(
             _ = stop.wait_for(|s| *s) => return,
             task = claim => task,
         };
+        if task.is_ok() {
+            errors = 0;
+            claim_health.answered(&options);
+        }
         let task = match task {
             Ok(Some(task)) => task,
             Ok(None) => {
@@ -432,15 +614,24 @@ async fn work_slot<F, Fut>(
                 }
                 continue;
             }
-            Err(_) => {
+            Err(error) => {
                 WorkerStats::add(&stats.claim_errors);
-                if pause_unless_stopped(Duration::from_millis(500), &mut stop).await {
+                claim_health.failed(&options, &error);
+                // Growing: a refused claim (a lease the cluster does not grant) fails
+                // at once every time, and must not become a stream of requests.
+                errors = errors.saturating_add(1);
+                let seed = slot.rotate_left(32) ^ claims;
+                if pause_unless_stopped(poll_backoff(errors, seed), &mut stop).await {
                     return;
                 }
                 continue;
             }
         };
         empties = 0;
+        let claimed = ClaimedTask {
+            id: task.id,
+            key: task.key.clone(),
+        };
         WorkerStats::add(&stats.claimed);
         stats.running.fetch_add(1, Ordering::Relaxed);
         let lease = Arc::new(Lease::hold(
@@ -457,7 +648,18 @@ async fn work_slot<F, Fut>(
             _ = lease.lost() => Ended::Lost,
             () = async {
                 let _ = stop_for_grace.wait_for(|s| *s).await;
-                tokio::time::sleep(grace).await;
+                // Another send on `stop` (a second Ctrl-C) cuts the grace short; a
+                // sender gone is not one.
+                let hurried = async {
+                    if stop_for_grace.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = hurried => {}
+                    () = tokio::time::sleep(grace) => {}
+                }
             } => Ended::Stopped,
             outcome = work(Arc::clone(&lease)) => Ended::Done(outcome),
         };
@@ -465,32 +667,51 @@ async fn work_slot<F, Fut>(
             .work_ms
             .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
         stats.running.fetch_sub(1, Ordering::Relaxed);
+        let tell = |event| options.events.tell(&options.group, event);
+        let end_failed = |how, error: WorkerError| {
+            WorkerStats::add(&stats.lost);
+            tell(WorkerEvent::EndFailed {
+                task: claimed.clone(),
+                how,
+                error: error.to_string(),
+            });
+        };
         match outcome {
-            Ended::Done(Ok(result)) => {
-                if lease.finish(result).await.is_ok() {
-                    WorkerStats::add(&stats.finished);
-                } else {
-                    WorkerStats::add(&stats.lost);
-                }
-            }
-            Ended::Done(Err(error)) => {
-                if lease.fail(&error, None).await.is_ok() {
+            Ended::Done(Ok(result)) => match lease.finish(result).await {
+                Ok(()) => WorkerStats::add(&stats.finished),
+                Err(error) => end_failed("finish", error),
+            },
+            Ended::Done(Err(error)) => match lease.fail(&error, None).await {
+                Ok(()) => {
                     WorkerStats::add(&stats.failed);
-                } else {
-                    WorkerStats::add(&stats.lost);
+                    let first_line = error.lines().next().unwrap_or_default().to_string();
+                    tell(WorkerEvent::WorkFailed {
+                        task: claimed.clone(),
+                        error: first_line,
+                    });
                 }
-            }
+                Err(error) => end_failed("fail", error),
+            },
             // Not the task's failure: a worker going away must not spend its attempts
             // (a rolling restart would make jobs on their last attempt dead), and
             // another worker may take it at once, without the group's back-off.
-            Ended::Stopped => {
-                if lease.release().await.is_ok() {
+            Ended::Stopped => match lease.release().await {
+                Ok(()) => {
                     WorkerStats::add(&stats.released);
-                } else {
-                    WorkerStats::add(&stats.lost);
+                    tell(WorkerEvent::Released {
+                        task: claimed.clone(),
+                    });
                 }
+                Err(error) => end_failed("give back", error),
+            },
+            Ended::Lost => {
+                WorkerStats::add(&stats.lost);
+                let reason = lease.lost_reason().unwrap_or(LeaseLost::Expired);
+                tell(WorkerEvent::LeaseLost {
+                    task: claimed.clone(),
+                    reason,
+                });
             }
-            Ended::Lost => WorkerStats::add(&stats.lost),
         }
     }
 }
