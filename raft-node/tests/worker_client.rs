@@ -197,6 +197,32 @@ async fn a_write_retried_under_one_request_id_applies_once_even_across_a_leader_
 }
 
 #[tokio::test]
+async fn a_client_given_one_node_learns_the_others_and_outlives_it() {
+    let cluster = TestCluster::start(3, "never");
+    cluster.wait_leader(&[1, 2, 3]).await;
+    let lonely = client(&cluster, &[1], 11);
+    lonely
+        .add("learn", "first")
+        .await
+        .expect("added through node 1");
+    let mut known = lonely.known_nodes();
+    known.sort();
+    let mut all: Vec<String> = (1..=3).map(|id| cluster.api(id).to_string()).collect();
+    all.sort();
+    assert_eq!(known, all);
+    cluster.kill(1);
+    lonely
+        .add("learn", "second")
+        .await
+        .expect("added through a member it learned of");
+    let tasks = lonely
+        .group_tasks("learn", false, false)
+        .await
+        .expect("listed");
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+}
+
+#[tokio::test]
 async fn a_lease_renews_itself_moves_its_fence_and_is_lost_when_cancelled() {
     use rpc::lease::Lease;
     use rpc::lease::LeaseLost;

@@ -1,8 +1,8 @@
 //! [`WorkerClient`]: the typed client of the worker and job API, for programs that
 //! add, claim and finish tasks. Every write goes to the leader when it is known
-//! (learned from `GET /cluster`), else to the nodes in turn, under one request id until
-//! its answer is definite, so a write applies exactly once however often it is retried;
-//! reads and waits go to any node.
+//! (learned from `GET /cluster`, with the members the client was not given), else to the
+//! nodes in turn, under one request id until its answer is definite, so a write applies
+//! exactly once however often it is retried; reads and waits go to any node.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), rpc::worker_client::WorkerError> {
@@ -136,14 +136,49 @@ impl<T> From<Unanswered> for Attempt<T> {
     }
 }
 
+/// Most nodes a client keeps, given and learned.
+pub const NODES_KNOWN_MAX: usize = 64;
+
+/// The nodes a client calls: those it was given first, then members it learned of.
+#[derive(Debug)]
+struct NodeList {
+    addrs: Vec<String>,
+    /// How many of `addrs`, from the start, were given (the rest were learned).
+    given: usize,
+    /// Index in `addrs` of the node to try first: the leader when known.
+    preferred: usize,
+}
+
+impl NodeList {
+    fn is_given(&self, addr: &str) -> bool {
+        self.addrs[..self.given].iter().any(|a| a == addr)
+    }
+
+    /// Replaces the learned nodes with the members of `status` that were not given
+    /// (a removed member is forgotten), keeping the preferred node where it still is.
+    fn learn(&mut self, status: &ClusterStatusJson) {
+        let preferred = self.addrs.get(self.preferred).cloned();
+        self.addrs.truncate(self.given);
+        for node in &status.nodes {
+            let addr = node_address(&node.api_addr);
+            if !addr.is_empty() && !self.addrs.contains(&addr) && self.addrs.len() < NODES_KNOWN_MAX
+            {
+                self.addrs.push(addr);
+            }
+        }
+        self.preferred = preferred
+            .and_then(|p| self.addrs.iter().position(|a| *a == p))
+            .unwrap_or(0);
+    }
+}
+
 /// The typed worker client. See the module documentation. Cheap to share behind an
 /// `Arc`: every method takes `&self`.
 #[derive(Debug)]
 pub struct WorkerClient {
     http: HttpClient,
-    addrs: Vec<String>,
-    /// The node to try first: the leader when known.
-    preferred: Mutex<usize>,
+    /// The nodes calls go to, and which first.
+    nodes: Mutex<NodeList>,
     /// Whether this client asked who leads yet (it does before its first write).
     asked_for_leader: AtomicBool,
     client_id: i64,
@@ -179,8 +214,11 @@ impl WorkerClient {
             ^ u64::from(std::process::id()).rotate_left(32);
         Ok(Self {
             http: HttpClient::new(),
-            addrs,
-            preferred: Mutex::new(0),
+            nodes: Mutex::new(NodeList {
+                given: addrs.len(),
+                addrs,
+                preferred: 0,
+            }),
             asked_for_leader: AtomicBool::new(false),
             client_id,
             id_prefix: format!("c{client_id}-{nonce:x}"),
@@ -234,7 +272,8 @@ impl WorkerClient {
     pub fn spread_from(mut self, first: usize) -> Self {
         self.spread = true;
         self.asked_for_leader = AtomicBool::new(true);
-        self.preferred = Mutex::new(first % self.addrs.len());
+        let nodes = self.nodes.get_mut().unwrap_or_else(|p| p.into_inner());
+        nodes.preferred = first % nodes.addrs.len();
         self
     }
 
@@ -251,8 +290,8 @@ impl WorkerClient {
 
     /// Starts the next calls at the node after the current one.
     pub fn next_node(&self) {
-        let mut preferred = self.preferred.lock().unwrap_or_else(|p| p.into_inner());
-        *preferred = (*preferred + 1) % self.addrs.len();
+        let mut nodes = self.nodes();
+        nodes.preferred = (nodes.preferred + 1) % nodes.addrs.len();
     }
 
     /// The same client with other deadlines: `call_timeout` per call, `give_up_after`
@@ -274,39 +313,67 @@ impl WorkerClient {
         format!("{}-{n}", self.id_prefix)
     }
 
+    fn nodes(&self) -> std::sync::MutexGuard<'_, NodeList> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The nodes to try, the preferred one first.
     fn order(&self) -> Vec<String> {
-        let first = *self.preferred.lock().unwrap_or_else(|p| p.into_inner());
-        (0..self.addrs.len())
-            .map(|i| self.addrs[(first + i) % self.addrs.len()].clone())
+        let nodes = self.nodes();
+        let (addrs, first) = (&nodes.addrs, nodes.preferred);
+        (0..addrs.len())
+            .map(|i| addrs[(first + i) % addrs.len()].clone())
             .collect()
     }
 
     fn prefer(&self, addr: &str) {
-        if let Some(i) = self.addrs.iter().position(|a| a == addr) {
-            *self.preferred.lock().unwrap_or_else(|p| p.into_inner()) = i;
+        let mut nodes = self.nodes();
+        if let Some(i) = nodes.addrs.iter().position(|a| a == addr) {
+            nodes.preferred = i;
         }
     }
 
+    /// Every node this client may call now: those it was given, then the other members
+    /// it learned of from `GET /cluster`.
+    pub fn known_nodes(&self) -> Vec<String> {
+        self.nodes().addrs.clone()
+    }
+
     /// Asks the nodes who leads and sends writes there first from now on; the leader's
-    /// address, if one is known and among this client's nodes.
+    /// address, if one is known and answers. Members the client was not given are
+    /// learned on the way, so that it outlives the nodes it was given (a member it
+    /// learned is preferred only once it has answered itself: the address a node
+    /// advertises may not be reachable from here).
     pub async fn find_leader(&self) -> Option<String> {
         for addr in self.order() {
-            let Ok(response) = self.http.get(&addr, "/cluster", self.call_timeout).await else {
+            let Some(status) = self.cluster_status(&addr).await else {
                 continue;
             };
-            let Ok(status) = response.json::<ClusterStatusJson>(&addr) else {
-                continue;
-            };
-            let leader = status
+            self.nodes().learn(&status);
+            let Some(leader) = status
                 .leader
                 .and_then(|id| status.nodes.iter().find(|n| n.id == id))
-                .map(|n| node_address(&n.api_addr));
-            if let Some(leader) = leader.filter(|l| self.addrs.contains(l)) {
+                .map(|n| node_address(&n.api_addr))
+            else {
+                continue;
+            };
+            let given = self.nodes().is_given(&leader);
+            if leader == addr || given || self.cluster_status(&leader).await.is_some() {
                 self.prefer(&leader);
                 return Some(leader);
             }
         }
         None
+    }
+
+    /// `GET /cluster` of the node at `addr`, if it answers.
+    async fn cluster_status(&self, addr: &str) -> Option<ClusterStatusJson> {
+        let response = self
+            .http
+            .get(addr, "/cluster", self.call_timeout)
+            .await
+            .ok()?;
+        response.json::<ClusterStatusJson>(addr).ok()
     }
 
     /// Calls `attempt` on the nodes in turn (the preferred one first) until one gives a
@@ -786,7 +853,7 @@ mod tests {
     #[test]
     fn addresses_are_normalised_and_request_ids_unique() {
         let client = WorkerClient::new(["http://127.0.0.1:1/", " 127.0.0.1:2 "], 3).expect("ok");
-        assert_eq!(client.addrs, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(client.known_nodes(), vec!["127.0.0.1:1", "127.0.0.1:2"]);
         let (a, b) = (client.next_request_id(), client.next_request_id());
         assert_ne!(a, b);
         assert!(a.starts_with("c3-") && a.len() <= 64, "{a}");
@@ -796,6 +863,56 @@ mod tests {
         ));
         client.prefer("127.0.0.1:2");
         assert_eq!(client.order(), vec!["127.0.0.1:2", "127.0.0.1:1"]);
+    }
+
+    fn status(addrs: &[&str]) -> ClusterStatusJson {
+        let nodes = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| crate::admin::NodeStatusJson {
+                id: i as u64 + 1,
+                api_addr: addr.to_string(),
+                raft_addr: String::new(),
+                role: "follower".into(),
+                lag: None,
+            })
+            .collect();
+        ClusterStatusJson {
+            id: 1,
+            leader: Some(1),
+            term: 1,
+            commit_index: None,
+            applied_index: None,
+            snapshot_index: None,
+            purged_index: None,
+            applied_time_ms: 0,
+            voters: Vec::new(),
+            learners: Vec::new(),
+            retired: Vec::new(),
+            membership_index: None,
+            membership_committed: true,
+            joint: false,
+            removed: false,
+            nodes,
+        }
+    }
+
+    #[test]
+    fn members_not_given_are_learned_after_the_given_and_forgotten_once_removed() {
+        let client = WorkerClient::new(["b:2"], 1).expect("ok");
+        client
+            .nodes()
+            .learn(&status(&["a:1", "http://b:2/", "c:3"]));
+        assert_eq!(client.known_nodes(), ["b:2", "a:1", "c:3"]);
+        client.prefer("c:3");
+        client.nodes().learn(&status(&["c:3", "b:2"]));
+        assert_eq!(client.order(), ["c:3", "b:2"], "a:1 was removed");
+        client.nodes().learn(&status(&["a:1"]));
+        assert_eq!(client.order(), ["b:2", "a:1"], "given nodes stay");
+        let many: Vec<String> = (0..100).map(|i| format!("n{i}:1")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        client.nodes().learn(&status(&many));
+        assert_eq!(client.known_nodes().len(), NODES_KNOWN_MAX);
     }
 
     #[test]

@@ -442,12 +442,31 @@ def test_a_follower_first_is_left_for_the_leader(cluster: Cluster, group: str) -
 def test_only_a_follower_works_through_its_relay(cluster: Cluster, group: str) -> None:
     follower = cluster.follower_urls()[0]
     c = RotaClient([follower])
+    c._discover_needed = False  # never asks who leads: every call goes through the relay
     task = c.add(group, "relayed", key="k")
     claimed = c.claim(group, 60_000)
     assert claimed is not None and claimed.key == "k" and claimed.id > task.id
     c.finish(claimed, 1)
     assert c.job(group, "k").result == 1
-    assert c.find_leader() is None, "the leader is not among this client's nodes"
+    assert c.known_urls == [follower.replace("http://", "")]
+    assert c.preferred == follower.replace("http://", "")
+
+
+def test_a_client_given_one_node_learns_the_others_and_outlives_it(cluster: Cluster, group: str) -> None:
+    follower = cluster.follower_urls()[0]
+    c = RotaClient([follower], give_up_after=30)
+    c.add(group, "first")
+    everyone = sorted(u.replace("http://", "") for u in cluster.urls)
+    assert sorted(c.known_urls) == everyone
+    assert c.urls == [follower.replace("http://", "")]
+    assert c.preferred == cluster.leader_url().replace("http://", ""), "writes go to the leader"
+    victim = next(n["id"] for n in cluster.status(follower)["nodes"] if n["api_addr"] == follower.replace("http://", ""))
+    cluster.kill(victim)
+    try:
+        c.add(group, "second")
+        assert sorted(t.data for t in c.group(group)) == ["first", "second"]
+    finally:
+        cluster.up()
 
 
 def test_one_dead_address_is_skipped(cluster: Cluster, group: str) -> None:

@@ -1,7 +1,7 @@
 """``RotaClient``: the typed, thread-safe client of Rota's worker and job API.
 
-Every write goes to the leader when it is known (learned from ``GET /cluster``), else to
-the nodes in turn, under one request id until its answer is definite, so a write applies
+Every write goes to the leader when it is known (learned from ``GET /cluster``, with the
+members the client was not given), else to the nodes in turn, under one request id until its answer is definite, so a write applies
 exactly once however often it is retried. Reads and waits go to any node (the leader
 first when known). A definite answer is the write's outcome (its tasks, or the cluster's
 refusal: :class:`~rota.errors.Refused`) or a 4xx (:class:`~rota.errors.Rejected`);
@@ -77,6 +77,9 @@ CLAIM_COUNT_MAX = 1_000
 
 REDISCOVER_PAUSE = 1.0
 """Least time between two looks for the leader while none is known."""
+
+NODES_KNOWN_MAX = 64
+"""Most nodes a client keeps, given and learned."""
 
 SLOW_DOWN_MAX = 10.0
 """Longest pause, in seconds, that a 429's ``Retry-After`` can impose before the same node
@@ -179,7 +182,7 @@ class RotaClient:
 
     ``urls``: node addresses (``host:port``, ``http://host:port``), a list or one
     comma-separated string; give every node of the cluster, so that the client can go
-    on when some are down. ``client_id``: the owner of every task this client writes
+    on when some are down (it also learns the other members from any node that answers). ``client_id``: the owner of every task this client writes
     (a signed 64-bit integer); ``None`` picks a random one, unique in practice.
     ``token``: the bearer token sent with every request (a node with ``--auth=tokens``
     needs one); ``None`` reads ``ROTA_TOKEN`` from the environment, if set. ``ca``: the
@@ -225,6 +228,7 @@ class RotaClient:
             raise TypeError(f"client_id must be an int, not {type(client_id).__name__}")
         if not _I64_MIN <= client_id <= _I64_MAX:
             raise ValueError(f"client_id {client_id} is not a signed 64-bit integer")
+        self._given = list(nodes)
         self._nodes = nodes
         self._client_id = client_id
         self.call_timeout = float(call_timeout)
@@ -254,7 +258,14 @@ class RotaClient:
     @property
     def urls(self) -> List[str]:
         """The nodes' addresses (``host:port``), in the order given."""
-        return [n.addr for n in self._nodes]
+        return [n.addr for n in self._given]
+
+    @property
+    def known_urls(self) -> List[str]:
+        """Every node this client may call now: those given, then the other members it
+        learned of from ``GET /cluster``."""
+        with self._preferred_lock:
+            return [n.addr for n in self._nodes]
 
     @property
     def preferred(self) -> str:
@@ -291,45 +302,78 @@ class RotaClient:
 
     def _order(self) -> List[Node]:
         with self._preferred_lock:
-            first = self._preferred
-        n = len(self._nodes)
-        return [self._nodes[(first + i) % n] for i in range(n)]
+            first, nodes = self._preferred, self._nodes
+        n = len(nodes)
+        return [nodes[(first + i) % n] for i in range(n)]
 
     def _prefer(self, addr: str) -> None:
-        for i, node in enumerate(self._nodes):
-            if node.addr == addr:
-                with self._preferred_lock:
+        with self._preferred_lock:
+            for i, node in enumerate(self._nodes):
+                if node.addr == addr:
                     self._preferred = i
-                return
+                    return
+
+    def _member(self, api_addr: object) -> Optional[Node]:
+        """A member named by ``GET /cluster``, dialled as the given nodes are (TLS if any
+        of them is)."""
+        https = any(n.https for n in self._given)
+        try:
+            return Node.parse(("https://" if https else "") + str(api_addr))
+        except ValueError:
+            return None
+
+    def _learn(self, status: Dict[str, Any]) -> None:
+        """Keeps the given nodes, then the members of ``status`` not among them (a
+        removed member is forgotten); the preferred node stays first."""
+        members = [self._member(m.get("api_addr")) for m in status.get("nodes") or [] if isinstance(m, dict)]
+        with self._preferred_lock:
+            preferred = self._nodes[self._preferred].addr
+            nodes = list(self._given)
+            for node in members:
+                if node is not None and len(nodes) < NODES_KNOWN_MAX and all(n.addr != node.addr for n in nodes):
+                    nodes.append(node)
+            self._nodes = nodes
+            self._preferred = next((i for i, n in enumerate(nodes) if n.addr == preferred), 0)
+
+    def _cluster_status(self, node: Node) -> Optional[Dict[str, Any]]:
+        try:
+            response = self._pool.request(node, "GET", "/cluster", None, self.call_timeout)
+            status = json.loads(response.body) if response.status == 200 else None
+        except (TransportError, ValueError):
+            return None
+        return status if isinstance(status, dict) else None
 
     def _look_for_leader(self) -> Tuple[Optional[str], bool]:
-        """Asks the nodes who leads; (the leader's address if it is one of ours, whether
-        any node knew a leader)."""
+        """Asks the nodes who leads, learning the members this client was not given;
+        (the leader's address if it answers, whether any node knew a leader). A learned
+        member is preferred only once it has answered itself: the address a node
+        advertises may not be reachable from here."""
         known = False
         for node in self._order():
-            try:
-                response = self._pool.request(node, "GET", "/cluster", None, self.call_timeout)
-                status = json.loads(response.body) if response.status == 200 else None
-            except (TransportError, ValueError):
+            status = self._cluster_status(node)
+            if status is None:
                 continue
-            if not isinstance(status, dict) or status.get("leader") is None:
+            self._learn(status)
+            if status.get("leader") is None:
                 continue
             known = True
-            for member in status.get("nodes") or []:
-                if isinstance(member, dict) and member.get("id") == status["leader"]:
-                    try:
-                        addr = Node.parse(str(member.get("api_addr", ""))).addr
-                    except ValueError:
-                        break
-                    if any(n.addr == addr for n in self._nodes):
-                        self._prefer(addr)
-                        return addr, True
-                    break
+            leader = next(
+                (m for m in status.get("nodes") or [] if isinstance(m, dict) and m.get("id") == status["leader"]),
+                None,
+            )
+            found = self._member(leader.get("api_addr")) if leader is not None else None
+            if found is None:
+                continue
+            given = any(n.addr == found.addr for n in self._given)
+            if found.addr == node.addr or given or self._cluster_status(found) is not None:
+                self._prefer(found.addr)
+                return found.addr, True
         return None, known
 
     def find_leader(self) -> Optional[str]:
         """Asks the nodes who leads and sends calls there first from now on; the leader's
-        address, if one is known and among this client's nodes."""
+        address, if one is known and answers. Members the client was not given are
+        learned on the way, so that it outlives the nodes it was given."""
         leader, known = self._look_for_leader()
         if known:
             self._discover_needed = False
