@@ -212,7 +212,7 @@ fn job_paths(limits: &Limits) -> Value {
                     "parameters": [{"name": "group", "in": "path", "required": true, "schema": {"type": "string"}}, idempotency_key()],
                     "requestBody": json_body(ref_schema("SettingsChange")),
                     "responses": {
-                        "200": ok("the settings afterwards (running is 0 here; GET shows it)", ref_schema("GroupSettings")),
+                        "200": ok("the settings afterwards (running as counted right after the change applied)", ref_schema("GroupSettings")),
                         "400": error("malformed request or a setting out of range, named"),
                         "503": error("no leader known or its lease lapsed; retry with the same requestid")}}}
     })

@@ -525,7 +525,8 @@ impl TaskMachine {
         job
     }
 
-    /// Refuses a finish or fail of a task that `client` does not hold at `now`.
+    /// Refuses a finish or fail of a task that `client` does not hold at `now`, and of a
+    /// job's version that it owns without a claim (a job's outcome is an attempt's).
     fn check_held(
         &self,
         list: ListName,
@@ -541,7 +542,14 @@ impl TaskMachine {
                 owner: task.owner,
                 available_at: task.available_at,
             }),
-            Some(_) => Ok(()),
+            Some(task) => match &task.job.key {
+                Some(key) if !task.job.leased => Err(Refusal::NotClaimed {
+                    list,
+                    id,
+                    key: key.clone(),
+                }),
+                _ => Ok(()),
+            },
         }
     }
 

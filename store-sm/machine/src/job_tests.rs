@@ -240,6 +240,71 @@ fn finish_and_fail_are_fenced_and_fail_backs_off() {
 }
 
 #[test]
+fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
+    let mut store = Store::new();
+    let not_claimed = |id: TaskId, key: &str, list: &str| {
+        format!(
+            "{list}: task {id} of job {key:?} is waiting to run, not claimed: only a claim's lease can be finished or failed; claim it first (POST /claim)"
+        )
+    };
+    // Scheduled by its adder, who owns it until it is due.
+    let scheduled = tasks(store.add(vec![AddTask {
+        timespec: Some(-60_000),
+        ..job("later")
+    }]))
+    .remove(0);
+    assert_eq!(
+        refusals(&store.finish(1, scheduled.id, Some("never ran"))),
+        vec![not_claimed(scheduled.id, "later", "finish")]
+    );
+    assert_eq!(
+        refusals(&store.fail(1, scheduled.id, None)),
+        vec![not_claimed(scheduled.id, "later", "fail")]
+    );
+    // Made someone's own by a seed update that puts it off: still waiting.
+    let waiting = tasks(store.add(vec![job("w")])).remove(0);
+    let put_off = tasks(store.run(Request::Update(UpdateRequest {
+        client: 2,
+        updates: vec![UpdateTask {
+            id: waiting.id,
+            data: waiting.data.to_string(),
+            timespec: Some(-60_000),
+        }],
+        ..UpdateRequest::default()
+    })))
+    .remove(0);
+    assert_eq!(
+        refusals(&store.finish(2, put_off.id, None)),
+        vec![not_claimed(put_off.id, "w", "finish")]
+    );
+    // Backing off after a failure: its failing worker owns the retry until it is due.
+    tasks(store.add(vec![job("r")]));
+    let claimed = store
+        .claim(7, "g")
+        .filter(|t| t.job.key.as_deref() == Some("r"))
+        .expect("r is the only available job");
+    let retry = tasks(store.fail(7, claimed.id, Some(60_000))).remove(0);
+    assert_eq!(
+        refusals(&store.finish(7, retry.id, None)),
+        vec![not_claimed(retry.id, "r", "finish")]
+    );
+    assert_eq!(
+        refusals(&store.fail(7, retry.id, None)),
+        vec![not_claimed(retry.id, "r", "fail")]
+    );
+    for (key, state) in [
+        ("later", JobState::Waiting),
+        ("w", JobState::Waiting),
+        ("r", JobState::Failed),
+    ] {
+        let record = store.machine.job("g", key).expect("a record");
+        assert_eq!(record.state, state, "{key}");
+        assert!(record.result.is_none(), "{key}");
+    }
+    assert_eq!(store.machine.job("g", "r").expect("r").history.len(), 1);
+}
+
+#[test]
 fn backoff_grows_to_its_maximum_and_jitter_is_deterministic() {
     let backoff = Backoff {
         base_ms: 100,
@@ -341,7 +406,12 @@ fn a_recurring_job_comes_back_after_its_interval() {
         .task(record.task.expect("next run"))
         .expect("task");
     assert_eq!(next.available_at.as_millis(), store.now + 60_000);
+    let next_id = next.id;
     assert!(store.claim(7, "g").is_none(), "not before its interval");
+    assert!(
+        refusals(&store.finish(7, next_id, None))[0].contains("is waiting to run, not claimed"),
+        "a run is never skipped by finishing it before it ran"
+    );
     store.wait(60_000);
     assert!(store.claim(7, "g").is_some());
 }

@@ -481,6 +481,16 @@ pub enum Refusal {
         /// When its lease ends or ended.
         available_at: LogTime,
     },
+    /// A finish or fail names a job's task version that its client owns but no claim
+    /// leased: one waiting to run (scheduled, backing off, a recurring job's next run).
+    NotClaimed {
+        /// Where the id was named.
+        list: ListName,
+        /// The id.
+        id: TaskId,
+        /// The job's key.
+        key: JobKey,
+    },
     /// A write names a task version that a cancel removed: the worker should stop.
     Cancelled {
         /// Where the id was named.
@@ -629,6 +639,11 @@ impl fmt::Display for Refusal {
                 f,
                 "{list}: task {id} is not held by this client (owner {owner}, lease ends \
                  {available_at}); claim it again"
+            ),
+            Refusal::NotClaimed { list, id, key } => write!(
+                f,
+                "{list}: task {id} of job {key:?} is waiting to run, not claimed: only a \
+                 claim's lease can be finished or failed; claim it first (POST /claim)"
             ),
             Refusal::Cancelled { list, id, key } => write!(
                 f,

@@ -685,6 +685,12 @@ impl Model {
                     available_at: t.available_at,
                 })
             }
+            // A job's outcome is an attempt's: only a claimed version can have one.
+            Some(t) if !t.job.leased => t.job.key.as_ref().map(|key| Refusal::NotClaimed {
+                list,
+                id,
+                key: Arc::clone(key),
+            }),
             Some(_) => None,
         }
     }
