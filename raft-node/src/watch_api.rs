@@ -123,11 +123,10 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
     }
     if wants_event_stream(&incoming.headers) {
         if request.after.is_none() {
-            request.after = incoming
-                .headers
-                .get("last-event-id")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok());
+            match last_event_id(&incoming.headers) {
+                Ok(after) => request.after = after,
+                Err(e) => return e.into_response(),
+            }
         }
         let id = node.id();
         let mut response = stream(node, request).into_response();
@@ -142,6 +141,25 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
         Ok(Err(forgotten)) => (StatusCode::GONE, Json(gone(&forgotten))).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
+}
+
+/// The revision a reconnecting event stream resumes after. The ids this node sends are
+/// revisions, so anything else is a client's mistake: resuming from now instead would
+/// silently skip the changes it missed. An empty id is none (the SSE rule for a reset).
+fn last_event_id(headers: &axum::http::HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("\u{fffd}").trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        ApiError::bad_request(format!(
+            "Last-Event-ID {text:?} is not a revision (the ids of this stream are whole numbers); \
+             reconnect with the id of the last event received, or with after=REVISION"
+        ))
+    })
 }
 
 /// What the event stream does next.

@@ -272,6 +272,27 @@ async fn an_event_stream_sends_each_change_with_resumable_ids() {
         resumed.contains("three") && !resumed.contains("\"two\""),
         "{resumed}"
     );
+
+    // An id this stream never sent is refused, not taken as "from now".
+    let mut stream = tokio::net::TcpStream::connect(cluster.api(1))
+        .await
+        .expect("connect");
+    let request = format!(
+        "GET /watch?group=s HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nLast-Event-ID: abc\r\nConnection: close\r\n\r\n",
+        cluster.api(1)
+    );
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut refused = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut refused))
+        .await
+        .expect("answered")
+        .expect("read");
+    let refused = String::from_utf8_lossy(&refused);
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    assert!(
+        refused.contains("Last-Event-ID \\\"abc\\\" is not a revision"),
+        "{refused}"
+    );
 }
 
 #[tokio::test]
