@@ -190,6 +190,14 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
                 )
                 .into_response();
             }
+            // As this node's own waits are answered when it stops, so are those it
+            // relays: its client hears at once, not when the connection is cut.
+            () = stopping(node) => {
+                return ApiError::unavailable(
+                    "this node is stopping; retry on another node (with the same requestid for writes)",
+                )
+                .into_response();
+            }
         }
     } else {
         send.await
@@ -212,6 +220,16 @@ async fn relay(node: &Node, leader_api: &str, incoming: Incoming) -> Response {
             "forwarding to the leader failed ({e}); retry (with the same requestid for writes)"
         ))
         .into_response(),
+    }
+}
+
+/// Resolves once this node starts to stop.
+async fn stopping(node: &Node) {
+    let stopped = node.waiters.stopped();
+    tokio::pin!(stopped);
+    stopped.as_mut().enable();
+    if !node.waiters.is_stopping() {
+        stopped.await;
     }
 }
 

@@ -538,6 +538,32 @@ async fn a_wait_relayed_to_a_leader_that_froze_is_told_to_retry_once_a_new_leade
     );
 }
 
+#[tokio::test]
+async fn a_wait_relayed_by_a_follower_that_stops_is_answered_at_once() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let waiting = spawn_claim(
+        &cluster,
+        follower,
+        waiting_claim(7, "leaving", 60_000, 30_000),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopped_at = Instant::now();
+    let status = cluster.terminate(follower).expect("the follower stops");
+    assert!(status.success(), "{status}");
+    let (answer, _) = waiting.await.expect("joined");
+    let body = String::from_utf8_lossy(&answer.body).to_string();
+    assert_eq!(answer.status.as_u16(), 503, "{body}");
+    assert!(body.contains("this node is stopping"), "{body}");
+    // Not the connection's cut-off (10 s) nor the wait's end (30 s).
+    assert!(
+        stopped_at.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        stopped_at.elapsed()
+    );
+}
+
 /// The status and body of a POST of `body` to node `via`.
 async fn post(
     cluster: &TestCluster,
