@@ -181,3 +181,22 @@ def test_a_handler_may_stop_its_own_worker(client: RotaClient, group: str) -> No
     assert w.join(10) and time.monotonic() - started < 5
     assert w.finished == 1
     assert client.job(group, "last").result == "stopped myself"
+
+
+def test_failing_claims_are_logged_once_for_all_slots(caplog: Any) -> None:
+    import logging
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    errors: List[BaseException] = []
+    client = RotaClient([dead], call_timeout=0.2, give_up_after=0.3)
+    w = Worker(client, "nowhere", lambda task, lease: None, threads=3, wait_ms=100, on_error=errors.append)
+    with caplog.at_level(logging.WARNING, logger="rota.worker"):
+        w.start()
+        wait_until(lambda: len(errors) >= 6, timeout=30)
+        w.stop()
+    failing = [r for r in caplog.records if "failing" in r.getMessage()]
+    assert len(failing) == 1, [r.getMessage() for r in caplog.records]
+    assert "claims from 'nowhere' failing (1 in a row)" in failing[0].getMessage()

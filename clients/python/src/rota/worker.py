@@ -15,8 +15,9 @@ the task any more (the finish is refused): it should watch
 
 :meth:`Worker.stop` stops claiming at once (waiting claims are abandoned; a claim the
 cluster granted at that very moment stays this client's until its lease lapses, as
-when a worker dies), lets running handlers go on for ``grace_ms``, then fails the tasks
-of those still running (so they run elsewhere) and returns; such a handler's thread is
+when a worker dies), lets running handlers go on for ``grace_ms``, then gives the tasks
+of those still running back (so they run elsewhere, without spending an attempt) and
+returns; such a handler's thread is
 left to end on its own.
 
 ::
@@ -53,7 +54,8 @@ log = logging.getLogger("rota.worker")
 Handler = Callable[[Task, Lease], Any]
 """A handler: called with the claimed task and its lease; returns the result."""
 
-CLAIM_ERROR_PAUSE = 0.5
+CLAIM_FAILURE_REPORT_EVERY = 60.0
+"""While claims keep failing, how often (seconds) the log is told again."""
 
 
 def poll_backoff(empties: int) -> float:
@@ -115,6 +117,10 @@ class Worker:
         self.on_fail = on_fail
         self.on_error = on_error
         self._lock = threading.Lock()
+        # Claims failed in a row, and when that was last logged: shared by the slots, so
+        # that a cluster out of reach is logged once, not once per slot and retry.
+        self._claim_failures = 0
+        self._claim_failure_logged: Optional[float] = None
         self._active: Dict[int, Lease] = {}
         self._failed_by_stop: Set[Lease] = set()
         self._slots: List[threading.Thread] = []
@@ -158,6 +164,23 @@ class Worker:
             slot.start()
         threading.Thread(target=self._supervise, name=f"rota-worker-{self.group}-stop", daemon=True).start()
         return self
+
+    def _claim_failed(self, error: RotaError) -> None:
+        with self._lock:
+            self._claim_failures += 1
+            failures, logged = self._claim_failures, self._claim_failure_logged
+            due = logged is None or time.monotonic() - logged >= CLAIM_FAILURE_REPORT_EVERY
+            if due:
+                self._claim_failure_logged = time.monotonic()
+        if due:
+            log.warning("claims from %r failing (%d in a row): %s", self.group, failures, error)
+
+    def _claims_answered(self) -> None:
+        with self._lock:
+            failures = self._claim_failures
+            self._claim_failures, self._claim_failure_logged = 0, None
+        if failures:
+            log.warning("claims from %r answered again after %d failed", self.group, failures)
 
     def run(self) -> int:
         """Starts the worker and blocks until it is stopped (by :meth:`stop` from another
@@ -224,6 +247,7 @@ class Worker:
         # again under its request id, and so gets that task rather than a second one.
         unsettled: Optional[str] = None
         empties = 0
+        errors = 0
         while not self._stop.is_set():
             wait_ms = 0 if busy else self.wait_ms
             sent = time.monotonic()
@@ -239,13 +263,18 @@ class Worker:
             except Cancelled:
                 return
             except RotaError as e:
-                log.warning("claim from %r failed: %s", self.group, e)
+                self._claim_failed(e)
                 unsettled = e.request_id if isinstance(e, Unavailable) else None
                 self._call(self.on_error, e)
                 busy = False
-                if self._cancel.wait(CLAIM_ERROR_PAUSE):
+                # Growing: a refused claim fails at once every time, and must not become
+                # a stream of requests.
+                errors += 1
+                if self._cancel.wait(poll_backoff(errors)):
                     return
                 continue
+            errors = 0
+            self._claims_answered()
             busy = lease is not None
             if lease is None:
                 if wait_ms and time.monotonic() - sent < wait_ms / 2000.0:
