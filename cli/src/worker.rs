@@ -465,7 +465,11 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
                 (o.group.clone(), Arc::clone(&o.stats), o.concurrency)
             })
             .collect();
-        tokio::spawn(crate::worker_metrics::serve(listener, groups));
+        tokio::spawn(crate::worker_metrics::serve(
+            listener,
+            groups,
+            Arc::clone(&client),
+        ));
     }
     // Each running command's fence file lives here, gone when the worker stops.
     let fence_dir = Arc::new(private_dir(&std::env::temp_dir())?);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc::lease::WorkerStats;
+use rpc::worker_client::WorkerClient;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -24,8 +25,9 @@ const CONNECTIONS_MAX: usize = 32;
 /// A group's name, its counters and its concurrency.
 pub type GroupStats = (String, Arc<WorkerStats>, usize);
 
-/// Answers scrapes on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, groups: Vec<GroupStats>) {
+/// Answers scrapes on `listener` until the process ends; `client` is the worker's
+/// client, whose retries count the calls that failed.
+pub async fn serve(listener: TcpListener, groups: Vec<GroupStats>, client: Arc<WorkerClient>) {
     let groups = Arc::new(groups);
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
@@ -37,15 +39,21 @@ pub async fn serve(listener: TcpListener, groups: Vec<GroupStats>) {
             return;
         };
         let groups = Arc::clone(&groups);
+        let client = Arc::clone(&client);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(READ_TIMEOUT, answer(stream, &groups)).await;
+            let page = answer(stream, &groups, &client);
+            let _ = tokio::time::timeout(READ_TIMEOUT, page).await;
             drop(slot);
         });
     }
 }
 
 /// Reads one request head and answers it.
-async fn answer(mut stream: TcpStream, groups: &[GroupStats]) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    groups: &[GroupStats],
+    client: &WorkerClient,
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buffer = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -64,7 +72,10 @@ async fn answer(mut stream: TcpStream, groups: &[GroupStats]) -> std::io::Result
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
     match (method, path) {
-        ("GET", "/metrics") => respond(&mut stream, "200 OK", &render(groups)).await,
+        ("GET", "/metrics") => {
+            let page = render(groups, client.retries());
+            respond(&mut stream, "200 OK", &page).await
+        }
         ("GET", _) => respond(&mut stream, "404 Not Found", "try GET /metrics\n").await,
         _ => respond(&mut stream, "405 Method Not Allowed", "use GET\n").await,
     }
@@ -87,8 +98,10 @@ fn label(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The metrics page.
-pub fn render(groups: &[GroupStats]) -> String {
+/// The metrics page; `node_retries` counts the client's calls that failed and were tried
+/// again (on the same node or another): the first sign of a node out of reach, long
+/// before a claim gives up and counts as a claim error.
+pub fn render(groups: &[GroupStats], node_retries: u64) -> String {
     type Read = fn(&WorkerStats, usize) -> f64;
     let metrics: [(&str, &str, &str, Read); 9] = [
         (
@@ -158,6 +171,11 @@ pub fn render(groups: &[GroupStats]) -> String {
             );
         }
     }
+    let name = "rota_worker_node_retries_total";
+    let _ = writeln!(
+        page,
+        "# HELP {name} Calls to a node that failed (no answer, a 5xx, a 429) and were tried again, on that node or another.\n# TYPE {name} counter\n{name} {node_retries}"
+    );
     page
 }
 
@@ -172,10 +190,13 @@ mod tests {
         stats
             .work_ms
             .store(2_500, std::sync::atomic::Ordering::Relaxed);
-        let page = render(&[
-            ("a\"b".to_string(), Arc::clone(&stats), 4),
-            ("c".to_string(), Arc::default(), 1),
-        ]);
+        let page = render(
+            &[
+                ("a\"b".to_string(), Arc::clone(&stats), 4),
+                ("c".to_string(), Arc::default(), 1),
+            ],
+            3,
+        );
         assert!(
             page.contains("rota_worker_tasks_claimed_total{group=\"a\\\"b\"} 5\n"),
             "{page}"
@@ -184,6 +205,9 @@ mod tests {
         assert!(page.contains("rota_worker_concurrency{group=\"c\"} 1\n"));
         assert!(page.contains("# TYPE rota_worker_running gauge\n"));
         assert!(page.contains("rota_worker_tasks_released_total{group=\"c\"} 0\n"));
-        assert_eq!(page.matches("# HELP").count(), 9);
+        assert!(page.contains(
+            "# TYPE rota_worker_node_retries_total counter\nrota_worker_node_retries_total 3\n"
+        ));
+        assert_eq!(page.matches("# HELP").count(), 10);
     }
 }

@@ -328,6 +328,12 @@ async fn word_count_survives_a_leader_kill_and_a_worker_kill() {
         metrics.contains("rota_worker_concurrency{group=\"ping\"} 1"),
         "{metrics}"
     );
+    // w1 was waiting on or renewing with the leader when it was killed.
+    let node_retries = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("rota_worker_node_retries_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(node_retries.is_some_and(|n| n >= 1), "{metrics}");
 }
 
 /// The killed worker's command may still be writing its temporary file: it was an
