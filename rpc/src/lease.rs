@@ -52,6 +52,15 @@ pub enum LeaseLost {
     Expired,
 }
 
+impl std::fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(reasons) => write!(f, "renewal refused: {}", reasons.join("; ")),
+            Self::Expired => f.write_str("no renewal landed before it ran out"),
+        }
+    }
+}
+
 struct Shared {
     /// The task as last written: its id is the current fence.
     task: std::sync::Mutex<TaskJson>,
@@ -155,7 +164,7 @@ impl Lease {
         self.renewer.abort();
         if let Some(reason) = self.lost_reason() {
             return Err(WorkerError::Refused(vec![format!(
-                "the lease was lost: {reason:?}"
+                "the lease was lost ({reason})"
             )]));
         }
         Ok(self.task())
@@ -326,17 +335,9 @@ impl std::fmt::Display for WorkerEvent {
                 write!(f, "claims answered again after {failures} failed")
             }
             Self::WorkFailed { task, error } => write!(f, "{task} failed: {error}"),
-            Self::LeaseLost { task, reason } => match reason {
-                LeaseLost::Refused(reasons) => write!(
-                    f,
-                    "{task}: lease lost, its work stopped (renewal refused: {})",
-                    reasons.join("; ")
-                ),
-                LeaseLost::Expired => write!(
-                    f,
-                    "{task}: lease lost, its work stopped (no renewal landed before it ran out)"
-                ),
-            },
+            Self::LeaseLost { task, reason } => {
+                write!(f, "{task}: lease lost, its work stopped ({reason})")
+            }
             Self::EndFailed { task, how, error } => write!(
                 f,
                 "{task}: its {how} was not acknowledged, so it runs again once its lease lapses: {error}"
