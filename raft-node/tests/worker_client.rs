@@ -314,6 +314,38 @@ async fn a_lease_renews_itself_moves_its_fence_and_is_lost_when_cancelled() {
 }
 
 #[tokio::test]
+async fn a_lease_whose_claim_was_retried_past_its_length_is_renewed_not_dropped() {
+    use rpc::lease::Lease;
+    use std::sync::Arc;
+
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    let worker = Arc::new(client(&cluster, &[1], 12));
+    let job = AddJson {
+        key: Some("late".into()),
+        max_attempts: Some(1),
+        ..AddJson::in_group("late")
+    };
+    worker.add_task(job).await.expect("added");
+    let lease_for = Duration::from_secs(3);
+    let task = worker
+        .claim("late", lease_for)
+        .await
+        .expect("answered")
+        .expect("the job");
+    // As if the claim had been sent ten seconds ago and retried through an outage
+    // until it was granted just now: by the local reckoning its lease is long over.
+    let claimed_at = tokio::time::Instant::now() - Duration::from_secs(10);
+    let lease = Lease::hold(Arc::clone(&worker), task.clone(), lease_for, claimed_at);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(lease.lost_reason().is_none(), "{:?}", lease.lost_reason());
+    assert!(lease.fence() > task.id, "renewed at once");
+    lease.finish(None).await.expect("finished with the fence");
+    let record = worker.job("late", "late").await.expect("a record");
+    assert_eq!((record.state.as_str(), record.attempts), ("succeeded", 1));
+}
+
+#[tokio::test]
 async fn run_worker_finishes_every_task_with_its_concurrency_and_stops_when_told() {
     use rpc::lease::WorkerOptions;
     use rpc::lease::run_worker;

@@ -199,7 +199,7 @@ impl Drop for Lease {
 
 /// The renewer: a renewal when a third of the lease has passed since it was granted
 /// (for a claim that waited, that may be at once); a refusal, or a lease that runs out
-/// first, is a loss. A renewal whose outcome is unknown is sent again under the same
+/// with no renewal known to have landed, is a loss. A renewal whose outcome is unknown is sent again under the same
 /// request id, so that one that did apply is not mistaken for a refusal.
 async fn renew(
     client: Arc<WorkerClient>,
@@ -220,15 +220,16 @@ async fn renew(
         if shared.ended.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        if Instant::now() >= *until {
-            let _ = lost.send(Some(LeaseLost::Expired));
-            return;
-        }
         let (request_id, sent) = pending
             .get_or_insert_with(|| (client.next_request_id(), Instant::now()))
             .clone();
-        // Bounded by what is left of the lease: past it, the task is not ours anyway.
-        let left = until.saturating_duration_since(Instant::now());
+        // Bounded by what is left of the lease (past it, the task is not ours unless
+        // nobody took it meanwhile), but long enough for one call when the local
+        // reckoning says it is already over: a claim that was retried for long may have
+        // been granted only just now, and a renewal, fenced by the version, settles it.
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(client.call_timeout());
         let task = shared.task();
         match tokio::time::timeout(left, client.renew_as(&task, lease, request_id)).await {
             Ok(Ok(task)) => {

@@ -302,6 +302,11 @@ impl WorkerClient {
         self
     }
 
+    /// The deadline of one call.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
     /// The client id this client writes as.
     pub fn client_id(&self) -> i64 {
         self.client_id
