@@ -291,7 +291,7 @@ pub fn document_for(limits: &Limits) -> Value {
             "/admin/add-learner": admin_post("Add a node that replicates without voting", Some(ref_schema("Member"))),
             "/admin/promote": admin_post("Make a learner a voter", Some(ref_schema("NodeId"))),
             "/admin/remove": admin_post("Remove a voter or learner from the cluster", Some(ref_schema("NodeId"))),
-            "/admin/transfer-leader": admin_post("Hand leadership to another voter", Some(ref_schema("NodeId"))),
+            "/admin/transfer-leader": admin_post("Hand leadership to another voter (naming the leader itself changes nothing; a voter that has not answered the leader for two election timeouts is refused with 409)", Some(ref_schema("NodeId"))),
             "/admin/snapshot": admin_post("Build a snapshot on this node now and compact its log", None),
             "/admin/backup": {"get": {"tags": ["admin"], "summary": "A consistent snapshot holding every acknowledged write",
                 "responses": merge(json!({"200": {"description": "snapshot bytes; headers x-rota-applied-index and x-rota-state-hash",

@@ -256,3 +256,50 @@ async fn a_removed_follower_and_a_removed_learner_say_so_and_serve_nothing() {
         assert!(error.contains(cluster.api(leader)), "{error}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_is_not_handed_to_its_holder_nor_to_a_voter_that_is_down() {
+    // A lone voter asked to hand leadership to itself keeps serving.
+    let single = TestCluster::start(1, "never");
+    single.wait_leader(&[1]).await;
+    let (code, body) = call(&single, 1, "/admin/transfer-leader", json!({"id": 1})).await;
+    assert_eq!(code, 200, "{body}");
+    let write = json!({"clientid": 1, "adds": [{"group": "g", "data": "after"}]});
+    let (code, body) = call(&single, 1, "/update", write).await;
+    assert_eq!(code, 200, "writes go on: {body}");
+
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let (code, body) = call(
+        &cluster,
+        leader,
+        "/admin/transfer-leader",
+        json!({"id": leader}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let term = status(&cluster, leader).await.term;
+    let down = (1..=3).find(|&id| id != leader).expect("a follower");
+    cluster.kill(down);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let (code, body) = call(
+        &cluster,
+        leader,
+        "/admin/transfer-leader",
+        json!({"id": down}),
+    )
+    .await;
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!("node {down} has not answered this leader"))),
+        "{body}"
+    );
+    let after = status(&cluster, leader).await;
+    assert_eq!(
+        (after.leader, after.term),
+        (Some(leader), term),
+        "nothing moved"
+    );
+}

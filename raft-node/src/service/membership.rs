@@ -275,11 +275,35 @@ impl Node {
                 },
             );
         }
+        // Already there: openraft would hand leadership to its own holder, and a lone
+        // voter would then wait for a transfer that never ends, refusing every write.
+        if id == self.id() {
+            return Ok(());
+        }
+        if let Some(silent) = self.silent_for(id) {
+            return Err(ServiceError::Conflict(format!(
+                "node {id} has not answered this leader for {silent:.1?}; is it running? \
+                 Leadership would not reach it (start it, or name another voter)"
+            )));
+        }
         self.raft
             .trigger()
             .transfer_leader(id)
             .await
             .map_err(Self::stopped)
+    }
+
+    /// How long member `id` has not answered this leader, when that is longer than an
+    /// election would take (it is likely down); `None` if it answers, or if this node
+    /// has no record of it.
+    fn silent_for(&self, id: NodeId) -> Option<std::time::Duration> {
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
+        let last = metrics.heartbeat.as_ref()?.get(&id).copied()?;
+        let silent = last.map_or(std::time::Duration::MAX, |at| {
+            openraft::Instant::elapsed(&*at)
+        });
+        (silent > 2 * self.config.timing.election_max).then_some(silent)
     }
 
     /// Builds a snapshot of this node's state machine now (and lets openraft purge the log
