@@ -866,13 +866,36 @@ async fn a_new_leader_that_joined_after_an_idle_spell_keeps_the_clusters_time() 
 /// promoted counted twice toward every majority), the learner's lag stays unknown, and
 /// promotion is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_learner_at_another_members_raft_address_is_not_answered_for_or_promoted() {
-    let cluster = TestCluster::start(3, "always").with_joiner(4);
+async fn a_learner_at_another_nodes_raft_address_is_refused_or_not_answered_for() {
+    let cluster = TestCluster::start(3, "always")
+        .with_joiner(4)
+        .with_joiner(5);
     cluster.start_node(4);
+    cluster.start_node(5);
     cluster.wait_ready(&[1, 2, 3]).await;
     let leader = cluster.wait_leader(&[1, 2, 3]).await;
     let follower = (1..=3).find(|&id| id != leader).expect("a follower");
-    let wrong_raft_addr = cluster.nodes[follower as usize - 1].raft_addr.clone();
+    // A member's address: refused before anything is written.
+    let members_addr = cluster.nodes[follower as usize - 1].raft_addr.clone();
+    let refused = cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/admin/add-learner",
+            &json!({"id": 4, "api_addr": cluster.nodes[3].api_addr, "raft_addr": members_addr}),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(refused.status.as_u16(), 409, "{:?}", refused.body);
+    let message = String::from_utf8_lossy(&refused.body).into_owned();
+    assert!(
+        message.contains(&format!("address {members_addr} is node {follower}'s")),
+        "{message}"
+    );
+    // The address of a node that is no member (node 5, started alone): Raft traffic
+    // for node 4 reaches it, and it does not answer for node 4.
+    let wrong_raft_addr = cluster.nodes[4].raft_addr.clone();
     let status = admin(
         &cluster,
         leader,

@@ -207,6 +207,20 @@ pub enum LearnerIdError {
         /// Every retired id, so the operator sees which to avoid.
         retired: Vec<u64>,
     },
+    /// An address is another member's (or both of the new node's addresses are one):
+    /// one process would then answer for two members, and Raft traffic meant for one
+    /// would reach the other.
+    #[error(
+        "address {addr} is node {owner}'s; give node {id} an API and a Raft address of its own"
+    )]
+    AddressTaken {
+        /// The new node's id.
+        id: u64,
+        /// The address.
+        addr: String,
+        /// The member it belongs to.
+        owner: u64,
+    },
 }
 
 impl LearnerIdError {
@@ -214,6 +228,7 @@ impl LearnerIdError {
     /// the cluster's members (HTTP 409).
     pub fn is_malformed(&self) -> bool {
         matches!(self, Self::Zero)
+            || matches!(self, Self::AddressTaken { id, owner, .. } if id == owner)
     }
 }
 
@@ -227,7 +242,7 @@ pub fn id_list(ids: &[u64]) -> String {
 
 /// Whether `member` may be added as a learner to the cluster that `cluster` describes
 /// (the leader's view): its id must be above 0, belong to no voter, to no learner at
-/// other addresses, and to no former member. The one rule for the node's
+/// other addresses, and to no former member, and its two addresses must be its own. The one rule for the node's
 /// `/admin/add-learner` and the CLI's check before it.
 pub fn check_new_learner(
     cluster: &ClusterStatusJson,
@@ -255,6 +270,24 @@ pub fn check_new_learner(
             id,
             retired: cluster.retired.clone(),
         });
+    }
+    if member.api_addr == member.raft_addr {
+        return Err(LearnerIdError::AddressTaken {
+            id,
+            addr: member.api_addr.clone(),
+            owner: id,
+        });
+    }
+    for node in &cluster.nodes {
+        for addr in [&member.api_addr, &member.raft_addr] {
+            if *addr == node.api_addr || *addr == node.raft_addr {
+                return Err(LearnerIdError::AddressTaken {
+                    id,
+                    addr: addr.clone(),
+                    owner: node.id,
+                });
+            }
+        }
     }
     Ok(NewLearner::New)
 }
@@ -396,6 +429,29 @@ mod tests {
                 retired: vec![4]
             })
         );
+        let taken = check(member(5, "a:5", "r:3"));
+        assert_eq!(
+            taken,
+            Err(LearnerIdError::AddressTaken {
+                id: 5,
+                addr: "r:3".into(),
+                owner: 3
+            })
+        );
+        let message = taken.map_err(|e| (e.is_malformed(), e.to_string()));
+        assert_eq!(
+            message,
+            Err((
+                false,
+                "address r:3 is node 3's; give node 5 an API and a Raft address of its own".into()
+            ))
+        );
+        assert!(matches!(
+            check(member(5, "a:1", "r:5")),
+            Err(LearnerIdError::AddressTaken { owner: 1, .. })
+        ));
+        let same = check(member(5, "x:5", "x:5")).map_err(|e| e.is_malformed());
+        assert_eq!(same, Err(true), "one address for both is malformed");
     }
 
     #[test]
