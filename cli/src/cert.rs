@@ -106,6 +106,16 @@ pub fn make_ca(dir: &Path) -> Result<Written, CliError> {
 /// Makes node `id`'s certificate in `dir` (`node-<id>.pem`, `node-<id>.key`), signed by
 /// the CA there, naming `rota-node-<id>` and `hosts`.
 pub fn make_node(dir: &Path, id: u64, hosts: &[String]) -> Result<Written, CliError> {
+    if id == 0 {
+        return Err(CliError::Usage(
+            "--id 0: node ids start at 1; give the id the node runs with".into(),
+        ));
+    }
+    if hosts.iter().all(|h| h.trim().is_empty()) {
+        return Err(CliError::Usage(
+            "--host: give at least one name or address clients and nodes dial this node by (e.g. --host 10.0.0.1 --host rota-1.internal)".into(),
+        ));
+    }
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(|e| {
@@ -168,6 +178,15 @@ mod tests {
             &["127.0.0.1".into(), "rota-3.example".into()],
         )
         .expect("a node certificate");
+        for (id, hosts) in [
+            (0, vec!["127.0.0.1".to_string()]),
+            (4, vec![" ".to_string()]),
+        ] {
+            assert!(
+                matches!(make_node(dir.path(), id, &hosts), Err(CliError::Usage(_))),
+                "id {id}, hosts {hosts:?}"
+            );
+        }
         let files = rpc::tls::ClientTlsFiles {
             ca: ca.cert.clone(),
             identity: Some((node.cert.clone(), node.key.clone())),

@@ -27,7 +27,7 @@ const EXIT_REFUSED: u8 = 1;
     name = "rota",
     version,
     about = "Rota: a replicated task store.",
-    after_help = "Every command that talks to a cluster takes --url HOST:PORT[,HOST:PORT...] (or ROTA_URL),\ntrying each node in turn.\n\nExit codes: 0 done; 1 refused by the cluster or failed; 2 usage error; 3 no node answered\n(or a wait timed out)."
+    after_help = "Every command that talks to a cluster takes --url HOST:PORT[,HOST:PORT...] (or ROTA_URL),\ntrying each node in turn.\n\nExit codes: 0 done; 1 refused by the cluster or failed (`rota job wait`: a job had not\nfinished in time); 2 usage error; 3 no node answered, or a cluster command's --timeout\nran out waiting for a leader or a catch-up."
 )]
 struct Cli {
     /// Bearer token sent with every request (a node with --auth=tokens needs one; `rota
@@ -81,7 +81,7 @@ enum Command {
     },
     /// Run a command once per task of a group: claim, run, renew, finish or fail.
     #[command(
-        after_help = "Examples:\n  rota worker --url 127.0.0.1:7001,127.0.0.1:7002 --group thumbs --concurrency 4 -- ./thumbnail.sh\n  rota worker --url 127.0.0.1:7001 --group etl --lease 2m --metrics-addr 127.0.0.1:9464 -- python3 step.py\n  rota worker --config worker.toml\n\nThe command gets the task's data on stdin and ROTA_TASK_ID, ROTA_TASK_KEY, ROTA_ATTEMPT\nand ROTA_GROUP in its environment. Exit 0 finishes the task (result: exit status,\nduration, the last 64 KiB of stdout and stderr); anything else fails it (retried after\nthe group's back-off). A lost lease or a cancel kills the command's process group.\nSIGTERM or Ctrl-C: stop claiming, give running commands --grace, then kill and fail them.\n\nA --config file (TOML) works several groups, each with its own command:\n  url = [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]\n  grace = \"10s\"\n  metrics_addr = \"127.0.0.1:9464\"\n  [[group]]\n  name = \"map\"\n  concurrency = 4\n  lease = \"30s\"\n  command = [\"./map.sh\"]"
+        after_help = "Examples:\n  rota worker --url 127.0.0.1:7001,127.0.0.1:7002 --group thumbs --concurrency 4 -- ./thumbnail.sh\n  rota worker --url 127.0.0.1:7001 --group etl --lease 2m --metrics-addr 127.0.0.1:9464 -- python3 step.py\n  rota worker --config worker.toml\n\nThe command gets the task's data on stdin and ROTA_TASK_ID, ROTA_TASK_KEY, ROTA_ATTEMPT,\nROTA_GROUP and ROTA_FENCE_FILE (a file holding the current fence, rewritten at each\nrenewal) in its environment. Exit 0 finishes the task (result: exit status, duration,\nthe last 64 KiB of stdout and stderr); anything else fails it (retried after the\ngroup's back-off). A lost lease or a cancel kills the command's process group.\nSIGTERM or Ctrl-C: stop claiming, give running commands --grace, then kill them and give\ntheir tasks back to run elsewhere (a second signal ends the grace at once).\nWhat goes wrong is logged on stderr (docs/worker.md).\n\nA --config file (TOML) works several groups, each with its own command:\n  url = [\"127.0.0.1:7001\", \"127.0.0.1:7002\"]\n  grace = \"10s\"\n  metrics_addr = \"127.0.0.1:9464\"\n  [[group]]\n  name = \"map\"\n  concurrency = 4\n  lease = \"30s\"\n  command = [\"./map.sh\"]"
     )]
     Worker {
         /// Nodes (host:port or http://host:port), comma-separated, tried in turn.

@@ -111,6 +111,7 @@ impl Nodes {
         timeout: Duration,
     ) -> Result<(String, HttpResponse), CliError> {
         let mut failures = Vec::new();
+        let mut answered = false;
         for addr in &self.addrs {
             let sent = self
                 .client
@@ -125,14 +126,28 @@ impl Nodes {
                 .await;
             match sent {
                 Ok(response) if response.status.is_server_error() => {
-                    failures.push(format!("{addr}: {}", response.status));
+                    // The node's own words (no quorum, "ask with consistency=stale")
+                    // say what to do better than the status does.
+                    answered = true;
+                    let said = serde_json::from_slice::<serde_json::Value>(&response.body)
+                        .ok()
+                        .and_then(|v| v.get("error")?.as_str().map(str::to_string));
+                    failures.push(match said {
+                        Some(said) => format!("{addr}: {}: {said}", response.status),
+                        None => format!("{addr}: {}", response.status),
+                    });
                 }
                 Ok(response) => return Ok((addr.clone(), response)),
                 Err(e) => failures.push(e.to_string()),
             }
         }
+        let what = if answered {
+            "no node could serve the request"
+        } else {
+            "no node answered"
+        };
         Err(CliError::Unreachable(format!(
-            "no node answered: {}; check --url and that the nodes run and have a leader",
+            "{what}: {}; check --url and that the nodes run and have a leader",
             failures.join("; ")
         )))
     }
