@@ -19,8 +19,9 @@ use crate::CliError;
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a write is retried (over every node, asking who leads between rounds)
-/// before the command gives up with exit 3: long enough to ride out an election.
-pub const WRITE_GIVE_UP: Duration = Duration::from_secs(5);
+/// before the command gives up with exit 3: long enough to ride out an election after
+/// one call to a frozen leader timed out.
+pub const WRITE_GIVE_UP: Duration = Duration::from_secs(10);
 
 /// Deadline of one probe of one node (health, status).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -208,7 +209,7 @@ impl Nodes {
             .and_then(|c| c.with_token(crate::token()))
             .map(|c| c.with_tls(crate::tls()))
             .map_err(|e| CliError::Usage(e.to_string()))?
-            .with_timeouts(CALL_TIMEOUT, WRITE_GIVE_UP);
+            .with_timeouts(rpc::worker_client::CALL_TIMEOUT, WRITE_GIVE_UP);
         let request_id = request
             .request_id()
             .map_or_else(|| client.next_request_id(), str::to_string);

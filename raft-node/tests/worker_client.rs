@@ -223,6 +223,26 @@ async fn a_client_given_one_node_learns_the_others_and_outlives_it() {
 }
 
 #[tokio::test]
+async fn a_client_whose_first_node_is_a_frozen_leader_finds_the_new_one_at_once() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    cluster.signal(leader, "STOP");
+    let others: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    cluster.wait_leader(&others).await;
+    let mut order = vec![leader];
+    order.extend(&others);
+    let client = WorkerClient::new(order.iter().map(|&id| cluster.api(id).to_string()), 13)
+        .expect("a client");
+    let started = std::time::Instant::now();
+    let added = client.add("frozen", "x").await;
+    let took = started.elapsed();
+    cluster.signal(leader, "CONT");
+    added.expect("added through the new leader");
+    // One look at the frozen node (LEADER_LOOKUP_TIMEOUT), not a whole call on it.
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[tokio::test]
 async fn a_lease_renews_itself_moves_its_fence_and_is_lost_when_cancelled() {
     use rpc::lease::Lease;
     use rpc::lease::LeaseLost;

@@ -63,8 +63,17 @@ use crate::worker::UpdateRequestJson;
 use crate::worker::WriteRequestJson;
 use crate::worker::WriteResultJson;
 
-/// Deadline of one call (a waiting call gets its wait on top).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Deadline of one call (a waiting call gets its wait on top). A write or read takes
+/// milliseconds; one that takes seconds met a frozen or cut-off node, and the next node
+/// (which relays to a new leader, elected in about a second) should be tried while a
+/// lease of a few seconds still holds.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest wait for one node's `GET /cluster` when looking for the leader: any node
+/// answers it from memory, so one that takes longer is paused or overloaded, and a
+/// client whose leader froze must not wait out a whole call on it before it asks the
+/// others (a new leader is elected in about a second).
+pub const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a write is retried before the client gives up on a definite answer.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
@@ -371,13 +380,11 @@ impl WorkerClient {
         None
     }
 
-    /// `GET /cluster` of the node at `addr`, if it answers.
+    /// `GET /cluster` of the node at `addr`, if it answers within
+    /// [`LEADER_LOOKUP_TIMEOUT`].
     async fn cluster_status(&self, addr: &str) -> Option<ClusterStatusJson> {
-        let response = self
-            .http
-            .get(addr, "/cluster", self.call_timeout)
-            .await
-            .ok()?;
+        let timeout = self.call_timeout.min(LEADER_LOOKUP_TIMEOUT);
+        let response = self.http.get(addr, "/cluster", timeout).await.ok()?;
         response.json::<ClusterStatusJson>(addr).ok()
     }
 

@@ -60,8 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .lease import Lease
     from .worker import Handler, Worker
 
-CALL_TIMEOUT = 5.0
-"""Deadline of one call in seconds (a waiting call gets its wait on top)."""
+CALL_TIMEOUT = 3.0
+"""Deadline of one call in seconds (a waiting call gets its wait on top): a call that
+takes seconds met a frozen or cut-off node, and the next one should be tried."""
 
 GIVE_UP_AFTER = 30.0
 """How long a call is retried, in seconds, before the client gives up on a definite answer."""
@@ -77,6 +78,10 @@ CLAIM_COUNT_MAX = 1_000
 
 REDISCOVER_PAUSE = 1.0
 """Least time between two looks for the leader while none is known."""
+
+LEADER_LOOKUP_TIMEOUT = 1.0
+"""Longest wait (seconds) for one node's ``GET /cluster`` when looking for the leader:
+any node answers it from memory, so one that takes longer is paused or overloaded."""
 
 NODES_KNOWN_MAX = 64
 """Most nodes a client keeps, given and learned."""
@@ -337,7 +342,8 @@ class RotaClient:
 
     def _cluster_status(self, node: Node) -> Optional[Dict[str, Any]]:
         try:
-            response = self._pool.request(node, "GET", "/cluster", None, self.call_timeout)
+            timeout = min(self.call_timeout, LEADER_LOOKUP_TIMEOUT)
+            response = self._pool.request(node, "GET", "/cluster", None, timeout)
             status = json.loads(response.body) if response.status == 200 else None
         except (TransportError, ValueError):
             return None
