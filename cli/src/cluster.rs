@@ -92,8 +92,8 @@ pub struct BackupReport {
     pub file: String,
     /// Its size.
     pub bytes: u64,
-    /// The log index it covers.
-    pub applied_index: String,
+    /// The log index it covers (`None` if the node did not say).
+    pub applied_index: Option<u64>,
     /// The cluster's state hash at that index.
     pub state_hash: String,
     /// SHA-256 of the file, also written to `FILE.sha256` in `sha256sum` format.
@@ -186,7 +186,7 @@ pub async fn backup(urls: &[String], out: &std::path::Path) -> Result<BackupRepo
     Ok(BackupReport {
         file: out.display().to_string(),
         bytes: download.bytes,
-        applied_index: header(rpc::admin::BACKUP_INDEX_HEADER),
+        applied_index: header(rpc::admin::BACKUP_INDEX_HEADER).parse().ok(),
         state_hash: header(rpc::admin::BACKUP_HASH_HEADER),
         file_sha256,
     })

@@ -1348,7 +1348,7 @@ enum ClusterCommand {
     },
     /// Start a new cluster from a backup.
     #[command(
-        after_help = "Procedure:\n  1. Start the new nodes with empty data directories and without --initial-cluster.\n  2. rota cluster restore --file rota.snapshot \\\n       --initial-cluster 1=10.0.1.1:7001/10.0.1.1:8001,2=10.0.1.2:7001/10.0.1.2:8001,3=10.0.1.3:7001/10.0.1.3:8001\n  3. Point the workers at the new cluster.\n\nThe file is checked against FILE.sha256 when that exists, every member must answer and\nbe empty, the backup is installed on the member with the lowest id, and the command\nreturns once every member holds it, printing each member's state hash (equal to the\nbackup's). Ids retired in the old cluster stay retired in the new one."
+        after_help = "Procedure:\n  1. Start the new nodes with empty data directories and without --initial-cluster.\n  2. rota cluster restore --file rota.snapshot \\\n       --initial-cluster 1=10.0.1.1:7001/10.0.1.1:8001,2=10.0.1.2:7001/10.0.1.2:8001,3=10.0.1.3:7001/10.0.1.3:8001\n  3. Point the workers at the new cluster.\n\nThe file is checked against FILE.sha256 when that exists, every member must answer and\nbe empty, the backup is installed on the member with the lowest id, and the command\nreturns once every member holds it, printing each member's state hash (all equal: the\nbackup's state, with log time moved to the restore and task ids above the old ones, so\nnot the backup's own hash, which it checks first).\nIds retired in the old cluster stay retired in the new one."
     )]
     Restore {
         /// The backup written by `rota cluster backup`.
@@ -1550,7 +1550,13 @@ async fn run_cluster(command: ClusterCommand) -> Result<(), cli::CliError> {
             emit(target.json, &report, |report| {
                 format!(
                     "wrote {} ({} bytes): log index {}, state hash {}; checksum in {}.sha256\n",
-                    report.file, report.bytes, report.applied_index, report.state_hash, report.file
+                    report.file,
+                    report.bytes,
+                    report
+                        .applied_index
+                        .map_or_else(|| "unknown".to_string(), |i| i.to_string()),
+                    report.state_hash,
+                    report.file
                 )
             })
         }

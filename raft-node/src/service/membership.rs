@@ -189,6 +189,14 @@ impl Node {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(self.not_leader(&forward))
             }
+            // The message this node gives when it sees the change first, rather than
+            // openraft's, which names its log ids.
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                openraft::error::ChangeMembershipError::InProgress(in_progress),
+            ))) => Err(ServiceError::Conflict(format!(
+                "another membership change is in flight (configuration at index {}); wait until `rota cluster status` shows it committed, then retry",
+                in_progress.membership_log_id.map_or(0, |id| id.index)
+            ))),
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
                 ServiceError::Conflict(format!("membership change refused: {e}")),
             ),
