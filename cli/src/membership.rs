@@ -224,9 +224,14 @@ impl Admin {
         };
         verify(&cluster, |c| c.learners.contains(&id), "a learner", id)?;
         let lag = lag_of(&cluster, id).map_or("unknown".into(), |l| l.to_string());
+        let what = if new_learner == NewLearner::AlreadyAdded {
+            "was already a learner at these addresses; nothing changed"
+        } else {
+            "added as a learner"
+        };
         Ok(ChangeReport {
             summary: format!(
-                "added node {id} ({} / {}) as a learner; lag {lag} entries; promote it with `rota cluster promote --id {id}`",
+                "node {id} ({} / {}) {what}; lag {lag} entries; promote it with `rota cluster promote --id {id}`",
                 member.api_addr, member.raft_addr
             ),
             cluster,
@@ -265,6 +270,13 @@ impl Admin {
     /// Makes a caught-up learner a voter.
     pub async fn promote(&self, id: u64) -> Result<ChangeReport, CliError> {
         let view = self.leader_view().await?;
+        // As for a transfer to the leader: what was asked for holds already.
+        if view.voters.contains(&id) {
+            return Ok(ChangeReport {
+                summary: format!("node {id} is already a voter; nothing to do"),
+                cluster: view,
+            });
+        }
         refuse_if_changing(&view)?;
         self.check_promotable(&view, id).await?;
         self.wait_caught_up(id).await?;
@@ -288,11 +300,6 @@ impl Admin {
     /// Checks that `id` is a learner that answers: a voter that is down only weakens the
     /// quorum.
     async fn check_promotable(&self, view: &ClusterStatusJson, id: u64) -> Result<(), CliError> {
-        if view.voters.contains(&id) {
-            return Err(CliError::Failed(format!(
-                "node {id} is already a voter; nothing to do"
-            )));
-        }
         let Some(node) = view.nodes.iter().find(|n| n.id == id) else {
             return Err(CliError::Failed(format!(
                 "node {id} is not a learner; add it first with `rota cluster add-learner --id {id} ...`"

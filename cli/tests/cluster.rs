@@ -205,8 +205,20 @@ async fn replace_a_killed_node_with_a_new_id_and_move_leadership() {
     fleet.wait_up(4).await;
     let run = add_learner(&fleet, &url, 4).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("added as a learner"), "{}", run.stdout);
+    // Asked again, as a script that retries would: nothing changes, and it says so.
+    let run = add_learner(&fleet, &url, 4).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("already a learner"), "{}", run.stdout);
     let run = on_node("promote", &url, 4).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = on_node("promote", &url, 4).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("already a voter; nothing to do"),
+        "{}",
+        run.stdout
+    );
 
     // Leadership moves to the new node, then back.
     let url = fleet.urls(&[leader, survivor, 4]);
