@@ -486,12 +486,7 @@ impl TaskMachine {
         let Some(key) = old.job.key.clone() else {
             return;
         };
-        let late_finish = old.owner == client
-            && self.job(&old.group, &key).is_some_and(|record| {
-                record.history.last().is_some_and(|attempt| {
-                    attempt.owner == client && attempt.end == Some(AttemptEnd::Lost)
-                })
-            });
+        let late_finish = old.owner == client && self.lapsed_holder(&old, client);
         if old.job.leased || late_finish {
             self.job_succeeded(old, None, now);
         } else {
@@ -543,14 +538,30 @@ impl TaskMachine {
                 available_at: task.available_at,
             }),
             Some(task) => match &task.job.key {
-                Some(key) if !task.job.leased => Err(Refusal::NotClaimed {
-                    list,
-                    id,
-                    key: key.clone(),
-                }),
+                Some(key) if !task.job.leased && !self.lapsed_holder(task, client) => {
+                    Err(Refusal::NotClaimed {
+                        list,
+                        id,
+                        key: key.clone(),
+                    })
+                }
                 _ => Ok(()),
             },
         }
+    }
+
+    /// Whether `client` held the last claim of `task`'s job, whose lease lapsed, and
+    /// nobody claimed it since: its late renewal took the task back (docs/fencing.md), so
+    /// it may still record the outcome, as its seed delete may (see `job_deleted`).
+    fn lapsed_holder(&self, task: &Task, client: ClientId) -> bool {
+        let Some(key) = &task.job.key else {
+            return false;
+        };
+        self.job(&task.group, key).is_some_and(|record| {
+            record.history.last().is_some_and(|attempt| {
+                attempt.owner == client && attempt.end == Some(AttemptEnd::Lost)
+            })
+        })
     }
 
     pub(crate) fn apply_finish(&mut self, finish: &FinishRequest, now: LogTime) -> Outcome {

@@ -302,6 +302,30 @@ fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
         assert!(record.result.is_none(), "{key}");
     }
     assert_eq!(store.machine.job("g", "r").expect("r").history.len(), 1);
+
+    // A holder whose lease lapsed and who took the task back with a late renewal before
+    // anybody claimed it may still finish it (as its seed delete may).
+    tasks(store.add(vec![keyed("slow", |j| j.max_attempts = Some(3))]));
+    store.wait(120_000);
+    let slow = store
+        .claim(9, "g")
+        .filter(|t| t.job.key.as_deref() == Some("slow"))
+        .expect("slow is the one available job");
+    store.wait(5_000);
+    let renewed = tasks(store.run(Request::Update(UpdateRequest {
+        client: 9,
+        updates: vec![UpdateTask {
+            id: slow.id,
+            data: slow.data.to_string(),
+            timespec: Some(-1_000),
+        }],
+        ..UpdateRequest::default()
+    })))
+    .remove(0);
+    tasks(store.finish(9, renewed.id, Some("late but done")));
+    let record = store.machine.job("g", "slow").expect("slow");
+    assert_eq!(record.state, JobState::Succeeded, "{record:?}");
+    assert_eq!(record.result.as_deref(), Some("late but done"));
 }
 
 #[test]

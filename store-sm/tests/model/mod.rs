@@ -685,11 +685,19 @@ impl Model {
                     available_at: t.available_at,
                 })
             }
-            // A job's outcome is an attempt's: only a claimed version can have one.
-            Some(t) if !t.job.leased => t.job.key.as_ref().map(|key| Refusal::NotClaimed {
-                list,
-                id,
-                key: Arc::clone(key),
+            // A job's outcome is an attempt's: only a claimed version can have one, or
+            // one its lapsed holder took back before anybody claimed it.
+            Some(t) if !t.job.leased => t.job.key.as_ref().and_then(|key| {
+                let last = self
+                    .record(&t.group, key)
+                    .and_then(|r| r.history.last().cloned());
+                let lapsed_holder =
+                    last.is_some_and(|a| a.owner == client && a.end == Some(AttemptEnd::Lost));
+                (!lapsed_holder).then(|| Refusal::NotClaimed {
+                    list,
+                    id,
+                    key: Arc::clone(key),
+                })
             }),
             Some(_) => None,
         }
