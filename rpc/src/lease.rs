@@ -310,7 +310,8 @@ pub enum WorkerEvent {
         reason: LeaseLost,
     },
     /// The work of task `task` ended but ending the claim (`how`: finish, fail or give
-    /// back) was not acknowledged; the task runs again once its lease lapses.
+    /// back) did not go through: refused (the job was cancelled, the lease lost) or
+    /// never answered (the task runs again once its lease lapses).
     EndFailed {
         /// The task.
         task: ClaimedTask,
@@ -341,7 +342,7 @@ impl std::fmt::Display for WorkerEvent {
             }
             Self::EndFailed { task, how, error } => write!(
                 f,
-                "{task}: its {how} was not acknowledged, so it runs again once its lease lapses: {error}"
+                "{task}: its {how} did not go through, so this worker's outcome is not recorded: {error}"
             ),
             Self::Released { task } => write!(
                 f,

@@ -303,14 +303,12 @@ impl Node {
 
     /// How long member `id` has not answered this leader, when that is longer than an
     /// election would take (it is likely down); `None` if it answers, or if this node
-    /// has no record of it.
+    /// has no answer of it to go by yet (just elected, or just promoted).
     fn silent_for(&self, id: NodeId) -> Option<std::time::Duration> {
         let watch = self.raft.metrics();
         let metrics = watch.borrow_watched();
-        let last = metrics.heartbeat.as_ref()?.get(&id).copied()?;
-        let silent = last.map_or(std::time::Duration::MAX, |at| {
-            openraft::Instant::elapsed(&*at)
-        });
+        let last = metrics.heartbeat.as_ref()?.get(&id).copied().flatten()?;
+        let silent = openraft::Instant::elapsed(&*last);
         (silent > 2 * self.config.timing.election_max).then_some(silent)
     }
 

@@ -330,7 +330,11 @@ class RotaClient:
     def _learn(self, status: Dict[str, Any]) -> None:
         """Keeps the given nodes, then the members of ``status`` not among them (a
         removed member is forgotten); the preferred node stays first."""
-        members = [self._member(m.get("api_addr")) for m in status.get("nodes") or [] if isinstance(m, dict)]
+        members = [
+            self._member(m["api_addr"])
+            for m in status.get("nodes") or []
+            if isinstance(m, dict) and isinstance(m.get("api_addr"), str) and m["api_addr"].strip()
+        ]
         with self._preferred_lock:
             preferred = self._nodes[self._preferred].addr
             nodes = list(self._given)
@@ -367,7 +371,8 @@ class RotaClient:
                 (m for m in status.get("nodes") or [] if isinstance(m, dict) and m.get("id") == status["leader"]),
                 None,
             )
-            found = self._member(leader.get("api_addr")) if leader is not None else None
+            addr = leader.get("api_addr") if leader is not None else None
+            found = self._member(addr) if isinstance(addr, str) and addr.strip() else None
             if found is None:
                 continue
             given = any(n.addr == found.addr for n in self._given)
