@@ -126,17 +126,13 @@ impl Nodes {
                 )
                 .await;
             match sent {
+                // The node's own words (no quorum, "ask with consistency=stale") say what
+                // to do better than the status does.
                 Ok(response) if response.status.is_server_error() => {
-                    // The node's own words (no quorum, "ask with consistency=stale")
-                    // say what to do better than the status does.
                     answered = true;
-                    let said = serde_json::from_slice::<serde_json::Value>(&response.body)
-                        .ok()
-                        .and_then(|v| v.get("error")?.as_str().map(str::to_string));
-                    failures.push(match said {
-                        Some(said) => format!("{addr}: {}: {said}", response.status),
-                        None => format!("{addr}: {}", response.status),
-                    });
+                    if let Err(refused) = response.success(addr) {
+                        failures.push(refused.to_string());
+                    }
                 }
                 Ok(response) => return Ok((addr.clone(), response)),
                 Err(e) => failures.push(e.to_string()),

@@ -472,13 +472,23 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
         ));
     }
     // Each running command's fence file lives here, gone when the worker stops.
-    let fence_dir = Arc::new(private_dir(&std::env::temp_dir())?);
-    let graces: Vec<Duration> = config.groups.iter().map(|g| g.options.grace).collect();
+    // A new directory under a random name that only this user can enter: one another
+    // user could guess and create first would let them read or replace the fence
+    // files. Removed when the worker ends.
+    let fence_tmp = tempfile::Builder::new()
+        .prefix("rota-worker-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| {
+            CliError::Failed(format!(
+                "creating a directory for fence files in {}: {e} (set TMPDIR to a writable directory)",
+                std::env::temp_dir().display()
+            ))
+        })?;
+    let fence_dir = Arc::new(fence_tmp.path().to_path_buf());
+    let grace = config.groups.iter().map(|g| g.options.grace).max();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(stop_on_signals(
-        stop,
-        graces.into_iter().max().unwrap_or_default(),
-    ));
+    tokio::spawn(stop_on_signals(stop, grace.unwrap_or_default()));
     let workers: Vec<_> = config
         .groups
         .into_iter()
@@ -503,42 +513,8 @@ pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
     for worker in workers {
         finished += worker.await.unwrap_or(0);
     }
-    let _ = std::fs::remove_dir_all(&*fence_dir);
+    drop(fence_tmp);
     Ok(finished)
-}
-
-/// Creates a new directory only this user can enter, under `parent`: a name another
-/// user could guess and create first (a symbolic link to their files, say) would let
-/// them read or replace the fence files.
-fn private_dir(parent: &std::path::Path) -> Result<std::path::PathBuf, CliError> {
-    use std::os::unix::fs::DirBuilderExt;
-    let mut last = None;
-    for attempt in 0u64..16 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let name = format!(
-            "rota-worker-{}-{:x}",
-            std::process::id(),
-            u64::from(nanos) ^ attempt.rotate_left(40)
-        );
-        let path = parent.join(name);
-        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-            Ok(()) => return Ok(path),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                return Err(CliError::Failed(format!(
-                    "creating a directory for fence files in {}: {e} (set TMPDIR to a writable directory)",
-                    parent.display()
-                )));
-            }
-        }
-    }
-    Err(CliError::Failed(format!(
-        "creating a directory for fence files in {}: {}",
-        parent.display(),
-        last.map_or_else(|| "no free name".to_string(), |e| e.to_string())
-    )))
 }
 
 /// Sends on `stop` at the first SIGTERM or Ctrl-C (no new claims; running commands get
