@@ -275,9 +275,11 @@ impl TaskMachine {
             Request::ClaimMany(many) | Request::WaitingClaimMany(many) => {
                 outside(&many.claim.group).or_else(|| many.claim.depends.iter().find_map(of_task))
             }
-            Request::Finish(finish) => of_task(&finish.id),
-            Request::FinishMany(many) => many.finishes.iter().find_map(|item| of_task(&item.id)),
-            Request::Fail(fail) => of_task(&fail.id),
+            Request::Finish(finish) | Request::LegacyFinish(finish) => of_task(&finish.id),
+            Request::FinishMany(many) | Request::LegacyFinishMany(many) => {
+                many.finishes.iter().find_map(|item| of_task(&item.id))
+            }
+            Request::Fail(fail) | Request::LegacyFail(fail) => of_task(&fail.id),
             Request::Cancel(cancel) => outside(&cancel.group),
             Request::Retry(retry) => outside(&retry.group),
             Request::Settings(settings) => outside(&settings.group),

@@ -13,14 +13,15 @@ use super::types::Request;
 
 /// The fingerprint of `request`. A claim that waits and one that does not, and the
 /// seed's update and the job layer's, fingerprint alike: they are one request sent
-/// through a different door.
+/// through a different door. So do a finish or fail and its legacy form: a retry sent
+/// across an upgrade is the same request.
 pub fn fingerprint(request: &Request) -> u64 {
     let mut hasher = Fnv(FNV_OFFSET);
     let walked = match request {
         Request::LegacyUpdate(update) | Request::Update(update) => hasher.tagged(1, update),
         Request::Claim(claim) | Request::WaitingClaim(claim) => hasher.tagged(2, claim),
-        Request::Finish(finish) => hasher.tagged(3, finish),
-        Request::Fail(fail) => hasher.tagged(4, fail),
+        Request::Finish(finish) | Request::LegacyFinish(finish) => hasher.tagged(3, finish),
+        Request::Fail(fail) | Request::LegacyFail(fail) => hasher.tagged(4, fail),
         Request::Cancel(cancel) => hasher.tagged(5, cancel),
         Request::Retry(retry) => hasher.tagged(6, retry),
         Request::Settings(settings) => hasher.tagged(7, settings),
@@ -28,7 +29,7 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::TokenAdd(add) => hasher.tagged(9, add),
         Request::TokenRevoke(revoke) => hasher.tagged(10, revoke),
         Request::AuthBootstrap(add) => hasher.tagged(11, add),
-        Request::FinishMany(many) => hasher.tagged(12, many),
+        Request::FinishMany(many) | Request::LegacyFinishMany(many) => hasher.tagged(12, many),
         Request::PassTime => hasher.tagged(13, &()),
         // The scope is who asked, not what: a retry through the same door matches.
         Request::Scoped(scoped) => return fingerprint(&scoped.request),

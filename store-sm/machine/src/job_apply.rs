@@ -19,6 +19,19 @@ use crate::constants::REQUEST_ITEMS_MAX;
 use crate::jobs::*;
 use crate::types::*;
 
+/// Which versions of a job its owner may finish or fail. The rule comes with the
+/// request's log variant, never from the build, so an entry applies alike on every
+/// build and on a replay (SPEC section 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutcomeRule {
+    /// Only a claimed version, or the version a lapsed holder took back
+    /// ([`Request::Finish`], [`Request::FinishMany`], [`Request::Fail`]).
+    Claimed,
+    /// Any version the client owns: the rule of builds before the claimed-version rule,
+    /// kept for the entries they wrote ([`Request::LegacyFinish`] and its kin).
+    Owned,
+}
+
 /// What an add of an update will do, decided while checking the update.
 pub(crate) enum AddPlan {
     /// A task without a key.
@@ -520,13 +533,15 @@ impl TaskMachine {
         job
     }
 
-    /// Refuses a finish or fail of a task that `client` does not hold at `now`, and of a
-    /// job's version that it owns without a claim (a job's outcome is an attempt's).
+    /// Refuses a finish or fail of a task that `client` does not hold at `now`, and, under
+    /// [`OutcomeRule::Claimed`], of a job's version that it owns without a claim (a job's
+    /// outcome is an attempt's).
     fn check_held(
         &self,
         list: ListName,
         id: TaskId,
         client: ClientId,
+        rule: OutcomeRule,
         now: LogTime,
     ) -> Result<(), Refusal> {
         match self.tasks.get(&id) {
@@ -537,8 +552,10 @@ impl TaskMachine {
                 owner: task.owner,
                 available_at: task.available_at,
             }),
-            Some(task) => match &task.job.key {
-                Some(key) if !task.job.leased && !self.lapsed_holder(task, client) => {
+            Some(task) => match (&task.job.key, rule) {
+                (Some(key), OutcomeRule::Claimed)
+                    if !task.job.leased && !self.lapsed_holder(task, client) =>
+                {
                     Err(Refusal::NotClaimed {
                         list,
                         id,
@@ -564,8 +581,13 @@ impl TaskMachine {
         })
     }
 
-    pub(crate) fn apply_finish(&mut self, finish: &FinishRequest, now: LogTime) -> Outcome {
-        let refusals = self.finish_refusals(finish.client, finish.id, &finish.result, now);
+    pub(crate) fn apply_finish(
+        &mut self,
+        finish: &FinishRequest,
+        rule: OutcomeRule,
+        now: LogTime,
+    ) -> Outcome {
+        let refusals = self.finish_refusals(finish.client, finish.id, &finish.result, rule, now);
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
         }
@@ -575,7 +597,12 @@ impl TaskMachine {
 
     /// Finishes every task of `many`, or none: the refusal lists each task that cannot be
     /// finished (not held, gone, cancelled, a result too large, named twice).
-    pub(crate) fn apply_finish_many(&mut self, many: &FinishManyRequest, now: LogTime) -> Outcome {
+    pub(crate) fn apply_finish_many(
+        &mut self,
+        many: &FinishManyRequest,
+        rule: OutcomeRule,
+        now: LogTime,
+    ) -> Outcome {
         let count = many.finishes.len();
         if !(1..=FINISH_COUNT_MAX).contains(&count) {
             return Outcome::Refused(vec![invalid(
@@ -593,7 +620,7 @@ impl TaskMachine {
                 ));
                 continue;
             }
-            refusals.extend(self.finish_refusals(many.client, item.id, &item.result, now));
+            refusals.extend(self.finish_refusals(many.client, item.id, &item.result, rule, now));
         }
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
@@ -610,6 +637,7 @@ impl TaskMachine {
         client: ClientId,
         id: TaskId,
         result: &Option<String>,
+        rule: OutcomeRule,
         now: LogTime,
     ) -> Vec<Refusal> {
         let mut refusals = Vec::new();
@@ -624,7 +652,10 @@ impl TaskMachine {
                 ),
             ));
         }
-        refusals.extend(self.check_held(ListName::Finish, id, client, now).err());
+        refusals.extend(
+            self.check_held(ListName::Finish, id, client, rule, now)
+                .err(),
+        );
         refusals
     }
 
@@ -637,7 +668,12 @@ impl TaskMachine {
         }
     }
 
-    pub(crate) fn apply_fail(&mut self, fail: &FailRequest, now: LogTime) -> Outcome {
+    pub(crate) fn apply_fail(
+        &mut self,
+        fail: &FailRequest,
+        rule: OutcomeRule,
+        now: LogTime,
+    ) -> Outcome {
         let mut refusals = Vec::new();
         if fail.error.len() > JOB_ERROR_BYTES_MAX {
             refusals.push(invalid(
@@ -657,7 +693,7 @@ impl TaskMachine {
             ));
         }
         refusals.extend(
-            self.check_held(ListName::Fail, fail.id, fail.client, now)
+            self.check_held(ListName::Fail, fail.id, fail.client, rule, now)
                 .err(),
         );
         if !refusals.is_empty() {

@@ -328,6 +328,69 @@ fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
     assert_eq!(record.result.as_deref(), Some("late but done"));
 }
 
+/// Entries of builds before the claimed-version rule apply with their rule, so that a
+/// replay, or a cluster in the middle of a rolling upgrade, agrees on their outcome.
+#[test]
+fn legacy_finish_and_fail_keep_the_rule_of_the_builds_that_logged_them() {
+    let mut store = Store::new();
+    let scheduled = |store: &mut Store, key: &str| {
+        tasks(store.add(vec![AddTask {
+            timespec: Some(-60_000),
+            ..job(key)
+        }]))
+        .remove(0)
+    };
+    let a = scheduled(&mut store, "a");
+    assert!(matches!(store.finish(1, a.id, None), Outcome::Refused(_)));
+    let legacy_finish = Request::LegacyFinish(FinishRequest {
+        client: 1,
+        id: a.id,
+        result: Some("ran elsewhere".into()),
+    });
+    assert_eq!(tasks(store.run(legacy_finish)), vec![]);
+    assert_eq!(store.state("g", "a"), JobState::Succeeded);
+
+    let b = scheduled(&mut store, "b");
+    let c = scheduled(&mut store, "c");
+    let finish_many = |store: &mut Store, legacy: bool| {
+        let many = FinishManyRequest {
+            client: 1,
+            finishes: [b.id, c.id]
+                .map(|id| FinishItem { id, result: None })
+                .to_vec(),
+        };
+        store.run(if legacy {
+            Request::LegacyFinishMany(many)
+        } else {
+            Request::FinishMany(many)
+        })
+    };
+    assert_eq!(refusals(&finish_many(&mut store, false)).len(), 2);
+    assert_eq!(tasks(finish_many(&mut store, true)), vec![]);
+    assert_eq!(store.state("g", "b"), JobState::Succeeded);
+    assert_eq!(store.state("g", "c"), JobState::Succeeded);
+
+    let d = scheduled(&mut store, "d");
+    assert!(matches!(store.fail(1, d.id, None), Outcome::Refused(_)));
+    let legacy_fail = Request::LegacyFail(FailRequest {
+        client: 1,
+        id: d.id,
+        error: "gave up".into(),
+        retry_in_ms: Some(60_000),
+    });
+    let retry = tasks(store.run(legacy_fail)).remove(0);
+    assert_eq!(retry.owner, 1);
+    assert_eq!(store.state("g", "d"), JobState::Failed);
+    // The legacy rule is the owner's: anybody else is still refused.
+    let other = scheduled(&mut store, "e");
+    let stranger = Request::LegacyFinish(FinishRequest {
+        client: 9,
+        id: other.id,
+        result: None,
+    });
+    assert!(matches!(store.run(stranger), Outcome::Refused(_)));
+}
+
 #[test]
 fn backoff_grows_to_its_maximum_and_jitter_is_deterministic() {
     let backoff = Backoff {

@@ -6,6 +6,12 @@
 //! [`seed_encoding`]: the adds without job fields. Decoding fills the job fields with
 //! their defaults, with no copy at apply time; encoding refuses an update whose adds
 //! carry job fields, which would otherwise be lost on the way through the log.
+//!
+//! Likewise `Request::LegacyFinish`, `LegacyFail` and `LegacyFinishMany` keep the variants
+//! under which builds before the claimed-version rule logged a finish, a fail and a
+//! finish of many, and apply with their rule (the owner may end any version it holds);
+//! new builds log `Finish`, `Fail` and `FinishMany`, appended, which refuse a job's
+//! version that is not claimed. The rule thus comes with the entry, never the build.
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -198,6 +204,49 @@ mod tests {
             ..UpdateRequest::default()
         });
         assert!(serde_value(&request).is_err());
+    }
+
+    /// Entries of builds before the claimed-version rule decode as the legacy forms, which
+    /// apply with their rule; new builds log the forms appended after `PassTime`.
+    #[test]
+    fn finish_and_fail_of_builds_before_the_claimed_version_rule_keep_their_variants() {
+        use crate::jobs::FailRequest;
+        use crate::jobs::FinishItem;
+        use crate::jobs::FinishManyRequest;
+        use crate::jobs::FinishRequest;
+
+        let finish = FinishRequest {
+            client: 3,
+            id: 9,
+            result: Some("r".into()),
+        };
+        let fail = FailRequest {
+            client: 3,
+            id: 9,
+            error: "e".into(),
+            retry_in_ms: None,
+        };
+        let many = FinishManyRequest {
+            client: 3,
+            finishes: vec![FinishItem {
+                id: 9,
+                result: None,
+            }],
+        };
+        let variant = |request: Request| {
+            let text = serde_value(&request).expect("serializes");
+            text.split('(').next().unwrap_or_default().to_string()
+        };
+        assert_eq!(variant(Request::LegacyFinish(finish.clone())), "variant3");
+        assert_eq!(variant(Request::LegacyFail(fail.clone())), "variant4");
+        assert_eq!(
+            variant(Request::LegacyFinishMany(many.clone())),
+            "variant15"
+        );
+        assert_eq!(variant(Request::PassTime), "variant16");
+        assert_eq!(variant(Request::Finish(finish)), "variant17");
+        assert_eq!(variant(Request::FinishMany(many)), "variant18");
+        assert_eq!(variant(Request::Fail(fail)), "variant19");
     }
 
     /// A tiny serializer that records serde's data model as text, so the test needs no

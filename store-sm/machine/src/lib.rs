@@ -47,6 +47,7 @@ pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
 pub use self::fingerprint::fingerprint;
 use self::group_index::GroupIndex;
+use self::job_apply::OutcomeRule;
 pub use self::jobs::*;
 pub use self::legacy::fits_seed_encoding;
 pub use self::log_time::LogTime;
@@ -226,9 +227,29 @@ impl TaskMachine {
             Request::ClaimMany(many) | Request::WaitingClaimMany(many) => {
                 self.apply_claim(&many.claim, many.count, now)
             }
-            Request::Finish(finish) => changed(self.apply_finish(finish, now), Effect::Job),
-            Request::FinishMany(many) => changed(self.apply_finish_many(many, now), Effect::Job),
-            Request::Fail(fail) => changed(self.apply_fail(fail, now), Effect::Job),
+            Request::Finish(finish) => changed(
+                self.apply_finish(finish, OutcomeRule::Claimed, now),
+                Effect::Job,
+            ),
+            Request::LegacyFinish(finish) => changed(
+                self.apply_finish(finish, OutcomeRule::Owned, now),
+                Effect::Job,
+            ),
+            Request::FinishMany(many) => changed(
+                self.apply_finish_many(many, OutcomeRule::Claimed, now),
+                Effect::Job,
+            ),
+            Request::LegacyFinishMany(many) => changed(
+                self.apply_finish_many(many, OutcomeRule::Owned, now),
+                Effect::Job,
+            ),
+            Request::Fail(fail) => changed(
+                self.apply_fail(fail, OutcomeRule::Claimed, now),
+                Effect::Job,
+            ),
+            Request::LegacyFail(fail) => {
+                changed(self.apply_fail(fail, OutcomeRule::Owned, now), Effect::Job)
+            }
             Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
             Request::Retry(retry) => changed(self.apply_retry(retry, now), Effect::Job),
             Request::Settings(settings) => changed(self.apply_settings(settings, now), Effect::Job),

@@ -174,10 +174,13 @@ pub enum Request {
     Claim(ClaimRequest),
     /// Add, update and delete tasks atomically.
     Update(UpdateRequest),
-    /// End a claim with success.
-    Finish(FinishRequest),
-    /// End a claim with an error.
-    Fail(FailRequest),
+    /// A finish as builds before the claimed-version rule logged it, applied with their
+    /// rule (the owner may finish any version it holds, claimed or not), so that an entry
+    /// of theirs applies alike on every build. New builds log [`Request::Finish`].
+    LegacyFinish(FinishRequest),
+    /// A fail as builds before the claimed-version rule logged it; see
+    /// [`Request::LegacyFinish`]. New builds log [`Request::Fail`].
+    LegacyFail(FailRequest),
     /// Cancel jobs by key.
     Cancel(CancelRequest),
     /// Re-drive dead jobs by key.
@@ -203,12 +206,20 @@ pub enum Request {
     /// A worker token's request, refused if it names or touches a group outside the
     /// token's prefixes.
     Scoped(ScopedRequest),
-    /// End the claims of several tasks with success, all or none.
-    FinishMany(FinishManyRequest),
+    /// A finish of many as builds before the claimed-version rule logged it; see
+    /// [`Request::LegacyFinish`]. New builds log [`Request::FinishMany`].
+    LegacyFinishMany(FinishManyRequest),
     /// Nothing but time passing: the leader proposes it when a lease or a record's
     /// retention ends with nothing applied since, so the lapse reaches the log (and
     /// every watch) on an idle cluster too.
     PassTime,
+    /// End a claim with success. A job's version must be claimed (see
+    /// [`Refusal::NotClaimed`]).
+    Finish(FinishRequest),
+    /// End the claims of several tasks with success, all or none.
+    FinishMany(FinishManyRequest),
+    /// End a claim with an error. A job's version must be claimed, as for a finish.
+    Fail(FailRequest),
 }
 
 impl Request {
@@ -219,9 +230,9 @@ impl Request {
             Request::Update(update) => update.client,
             Request::Claim(claim) | Request::WaitingClaim(claim) => claim.client,
             Request::ClaimMany(many) | Request::WaitingClaimMany(many) => many.claim.client,
-            Request::Finish(finish) => finish.client,
-            Request::FinishMany(many) => many.client,
-            Request::Fail(fail) => fail.client,
+            Request::Finish(finish) | Request::LegacyFinish(finish) => finish.client,
+            Request::FinishMany(many) | Request::LegacyFinishMany(many) => many.client,
+            Request::Fail(fail) | Request::LegacyFail(fail) => fail.client,
             Request::Cancel(cancel) => cancel.client,
             Request::Retry(retry) => retry.client,
             Request::Settings(settings) => settings.client,
@@ -284,11 +295,15 @@ impl fmt::Display for Command {
                 "waiting claim(client={} group={:?} count={})",
                 m.claim.client, m.claim.group, m.count
             )?,
-            Request::Finish(r) => write!(f, "finish(client={} id={})", r.client, r.id)?,
-            Request::FinishMany(r) => {
+            Request::Finish(r) | Request::LegacyFinish(r) => {
+                write!(f, "finish(client={} id={})", r.client, r.id)?
+            }
+            Request::FinishMany(r) | Request::LegacyFinishMany(r) => {
                 write!(f, "finish(client={} tasks={})", r.client, r.finishes.len())?
             }
-            Request::Fail(r) => write!(f, "fail(client={} id={})", r.client, r.id)?,
+            Request::Fail(r) | Request::LegacyFail(r) => {
+                write!(f, "fail(client={} id={})", r.client, r.id)?
+            }
             Request::Cancel(r) => write!(
                 f,
                 "cancel(client={} group={:?} keys={})",

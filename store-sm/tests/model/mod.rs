@@ -8,6 +8,12 @@ use std::sync::Arc;
 use store_sm::machine::constants::*;
 use store_sm::machine::*;
 
+/// The rule of `Request::Finish`, `FinishMany` and `Fail`: a job's version must be
+/// claimed.
+const CLAIMED_ONLY: bool = true;
+/// The rule of their legacy forms: any version the client owns.
+const OWNED: bool = false;
+
 /// The model's whole state.
 #[derive(Clone, Debug, Default)]
 pub struct Model {
@@ -112,9 +118,12 @@ impl Model {
             Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
                 self.claim(&m.claim, m.count, now)
             }
-            Request::Finish(f) => self.finish(f, now),
-            Request::FinishMany(m) => self.finish_many(m, now),
-            Request::Fail(f) => self.fail(f, now),
+            Request::Finish(f) => self.finish(f, CLAIMED_ONLY, now),
+            Request::LegacyFinish(f) => self.finish(f, OWNED, now),
+            Request::FinishMany(m) => self.finish_many(m, CLAIMED_ONLY, now),
+            Request::LegacyFinishMany(m) => self.finish_many(m, OWNED, now),
+            Request::Fail(f) => self.fail(f, CLAIMED_ONLY, now),
+            Request::LegacyFail(f) => self.fail(f, OWNED, now),
             Request::Cancel(c) => self.cancel(c, now),
             Request::Retry(r) => self.retry(r, now),
             Request::Settings(s) => self.change_settings(s),
@@ -155,9 +164,11 @@ impl Model {
             Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
                 [vec![m.claim.group.clone()], of(&m.claim.depends)].concat()
             }
-            Request::Finish(f) => of(&[f.id]),
-            Request::FinishMany(m) => of(&m.finishes.iter().map(|i| i.id).collect::<Vec<_>>()),
-            Request::Fail(f) => of(&[f.id]),
+            Request::Finish(f) | Request::LegacyFinish(f) => of(&[f.id]),
+            Request::FinishMany(m) | Request::LegacyFinishMany(m) => {
+                of(&m.finishes.iter().map(|i| i.id).collect::<Vec<_>>())
+            }
+            Request::Fail(f) | Request::LegacyFail(f) => of(&[f.id]),
             Request::Cancel(c) => vec![c.group.clone()],
             Request::Retry(r) => vec![r.group.clone()],
             Request::Settings(s) => vec![s.group.clone()],
@@ -674,7 +685,14 @@ impl Model {
             .is_some_and(|r| !r.after.is_empty())
     }
 
-    fn held(&self, list: ListName, id: u64, client: i64, now: i64) -> Option<Refusal> {
+    fn held(
+        &self,
+        list: ListName,
+        id: u64,
+        client: i64,
+        claimed_only: bool,
+        now: i64,
+    ) -> Option<Refusal> {
         match self.tasks.get(&id) {
             None => Some(self.missing(list, id)),
             Some(t) if t.owner != client || t.available_at.as_millis() <= now => {
@@ -686,8 +704,9 @@ impl Model {
                 })
             }
             // A job's outcome is an attempt's: only a claimed version can have one, or
-            // one its lapsed holder took back before anybody claimed it.
-            Some(t) if !t.job.leased => t.job.key.as_ref().and_then(|key| {
+            // one its lapsed holder took back before anybody claimed it. Entries of
+            // builds before that rule keep theirs (any owned version).
+            Some(t) if claimed_only && !t.job.leased => t.job.key.as_ref().and_then(|key| {
                 let last = self
                     .record(&t.group, key)
                     .and_then(|r| r.history.last().cloned());
@@ -703,8 +722,8 @@ impl Model {
         }
     }
 
-    fn finish(&mut self, f: &FinishRequest, now: i64) -> Outcome {
-        let refusals = self.finish_checks(f.client, f.id, &f.result, now);
+    fn finish(&mut self, f: &FinishRequest, claimed_only: bool, now: i64) -> Outcome {
+        let refusals = self.finish_checks(f.client, f.id, &f.result, claimed_only, now);
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
         }
@@ -713,7 +732,7 @@ impl Model {
     }
 
     /// All of them or none: every task checked first, in order, each named once.
-    fn finish_many(&mut self, m: &FinishManyRequest, now: i64) -> Outcome {
+    fn finish_many(&mut self, m: &FinishManyRequest, claimed_only: bool, now: i64) -> Outcome {
         let n = m.finishes.len();
         if n == 0 || n > FINISH_COUNT_MAX {
             return Outcome::Refused(vec![invalid(
@@ -729,7 +748,13 @@ impl Model {
                     format!("names task {} twice; name each task once", item.id),
                 ));
             } else {
-                refusals.extend(self.finish_checks(m.client, item.id, &item.result, now));
+                refusals.extend(self.finish_checks(
+                    m.client,
+                    item.id,
+                    &item.result,
+                    claimed_only,
+                    now,
+                ));
             }
         }
         if !refusals.is_empty() {
@@ -746,6 +771,7 @@ impl Model {
         client: i64,
         id: u64,
         result: &Option<String>,
+        claimed_only: bool,
         now: i64,
     ) -> Vec<Refusal> {
         let mut refusals = vec![];
@@ -760,7 +786,7 @@ impl Model {
                 ),
             ));
         }
-        refusals.extend(self.held(ListName::Finish, id, client, now));
+        refusals.extend(self.held(ListName::Finish, id, client, claimed_only, now));
         refusals
     }
 
@@ -895,7 +921,7 @@ impl Model {
         }
     }
 
-    fn fail(&mut self, f: &FailRequest, now: i64) -> Outcome {
+    fn fail(&mut self, f: &FailRequest, claimed_only: bool, now: i64) -> Outcome {
         let mut refusals = vec![];
         if f.error.len() > JOB_ERROR_BYTES_MAX {
             refusals.push(invalid(
@@ -914,7 +940,7 @@ impl Model {
                 format!("{delay} is not between 0 and {JOB_INTERVAL_MS_MAX}"),
             ));
         }
-        refusals.extend(self.held(ListName::Fail, f.id, f.client, now));
+        refusals.extend(self.held(ListName::Fail, f.id, f.client, claimed_only, now));
         if !refusals.is_empty() {
             return Outcome::Refused(refusals);
         }
