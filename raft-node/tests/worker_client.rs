@@ -336,6 +336,7 @@ async fn a_lease_renews_itself_moves_its_fence_and_is_lost_when_cancelled() {
 #[tokio::test]
 async fn a_lease_whose_claim_was_retried_past_its_length_is_renewed_not_dropped() {
     use rpc::lease::Lease;
+    use rpc::lease::LeaseLost;
     use std::sync::Arc;
 
     let cluster = TestCluster::start(1, "never");
@@ -357,12 +358,62 @@ async fn a_lease_whose_claim_was_retried_past_its_length_is_renewed_not_dropped(
     // until it was granted just now: by the local reckoning its lease is long over.
     let claimed_at = tokio::time::Instant::now() - Duration::from_secs(10);
     let lease = Lease::hold(Arc::clone(&worker), task.clone(), lease_for, claimed_at);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its work waits for the first renewal: the claim may have been granted long ago.
+    let at_once = tokio::time::timeout(Duration::ZERO, lease.held()).await;
+    assert!(at_once.is_err(), "not held before a renewal lands");
+    tokio::time::timeout(Duration::from_secs(2), lease.held())
+        .await
+        .expect("held once renewed");
     assert!(lease.lost_reason().is_none(), "{:?}", lease.lost_reason());
     assert!(lease.fence() > task.id, "renewed at once");
     lease.finish(None).await.expect("finished with the fence");
     let record = worker.job("late", "late").await.expect("a record");
     assert_eq!((record.state.as_str(), record.attempts), ("succeeded", 1));
+
+    // A claim answered in good time is held at once.
+    worker
+        .add_task(AddJson::in_group("late").with_data("prompt"))
+        .await
+        .expect("added");
+    let claimed_at = tokio::time::Instant::now();
+    let task = worker
+        .claim("late", lease_for)
+        .await
+        .expect("answered")
+        .expect("the task");
+    let lease = Lease::hold(Arc::clone(&worker), task, lease_for, claimed_at);
+    let at_once = tokio::time::timeout(Duration::ZERO, lease.held()).await;
+    assert!(at_once.is_ok(), "held at once");
+    lease.finish(None).await.expect("finished");
+
+    // A late answer to a claim whose lease did lapse, and whose task another worker
+    // took since: the renewal is refused, so the work never starts.
+    let other = client(&cluster, &[1], 13);
+    let job = AddJson {
+        key: Some("taken".into()),
+        ..AddJson::in_group("late")
+    };
+    worker.add_task(job).await.expect("added");
+    let short = Duration::from_millis(1_000);
+    let task = worker
+        .claim("late", short)
+        .await
+        .expect("answered")
+        .expect("the job");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    other
+        .claim("late", lease_for)
+        .await
+        .expect("answered")
+        .expect("the lapsed job, taken by another worker");
+    let claimed_at = tokio::time::Instant::now() - Duration::from_secs(10);
+    let lease = Lease::hold(Arc::clone(&worker), task, short, claimed_at);
+    let lost = tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("lost at the first renewal");
+    assert!(matches!(lost, LeaseLost::Refused(_)), "{lost:?}");
+    let held = tokio::time::timeout(Duration::from_millis(200), lease.held()).await;
+    assert!(held.is_err(), "a lost lease is never held");
 }
 
 #[tokio::test]

@@ -9,6 +9,11 @@
 //! worker claimed it) or when no renewal succeeded before the lease ran out; the work
 //! should then stop, since it no longer owns the task.
 //!
+//! A claim answered late (retried through an outage, with less than a third of its
+//! lease left by the reckoning from its first send) may have been granted long ago and
+//! lapsed, or only just now: its work should wait for [`Lease::held`], which resolves
+//! once the first renewal lands. [`run_worker`] does so.
+//!
 //! ```no_run
 //! # async fn example() -> Result<(), rpc::worker_client::WorkerError> {
 //! use std::sync::Arc;
@@ -70,6 +75,9 @@ struct Shared {
     until: Mutex<Instant>,
     /// Set once the holder ends the lease: the renewer stops.
     ended: std::sync::atomic::AtomicBool,
+    /// Whether the lease is known to be held: at once for a claim answered in good time,
+    /// after the first renewal for one answered late.
+    held: watch::Sender<bool>,
     /// The current fence, for holders that follow it as it changes.
     fence: watch::Sender<u64>,
 }
@@ -99,10 +107,13 @@ impl Lease {
         claimed_at: Instant,
     ) -> Self {
         let fence = watch::Sender::new(task.id);
+        let until = claimed_at + lease;
+        let in_good_time = until.saturating_duration_since(Instant::now()) >= lease / 3;
         let shared = Arc::new(Shared {
             task: std::sync::Mutex::new(task),
-            until: Mutex::new(claimed_at + lease),
+            until: Mutex::new(until),
             ended: std::sync::atomic::AtomicBool::new(false),
+            held: watch::Sender::new(in_good_time),
             fence,
         });
         let (lost_tx, lost) = watch::channel(None);
@@ -134,6 +145,16 @@ impl Lease {
     /// changed at each renewal.
     pub fn fences(&self) -> watch::Receiver<u64> {
         self.shared.fence.subscribe()
+    }
+
+    /// Resolves once the lease is known to be held: at once for a claim answered with at
+    /// least a third of its lease left, otherwise when the first renewal lands (never,
+    /// if the lease is lost instead: see [`Lease::lost`]). Start the work after it.
+    pub async fn held(&self) {
+        let mut held = self.shared.held.subscribe();
+        if held.wait_for(|held| *held).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Why the lease was lost, if it was.
@@ -223,19 +244,24 @@ async fn renew(
         let (request_id, sent) = pending
             .get_or_insert_with(|| (client.next_request_id(), Instant::now()))
             .clone();
-        // Bounded by what is left of the lease (past it, the task is not ours unless
-        // nobody took it meanwhile), but long enough for one call when the local
-        // reckoning says it is already over: a claim that was retried for long may have
-        // been granted only just now, and a renewal, fenced by the version, settles it.
-        let left = until
-            .saturating_duration_since(Instant::now())
-            .max(client.call_timeout());
+        // Bounded by what is left of the lease: past it, the task is not ours unless
+        // nobody took it meanwhile, and work running on it may collide with another
+        // worker's. A late claim's first renewal gets at least one call instead: its
+        // claim may have been granted only just now, the renewal (fenced by the
+        // version) settles it, and its work waits for that (`Lease::held`).
+        let left = until.saturating_duration_since(Instant::now());
+        let left = if *shared.held.borrow() {
+            left
+        } else {
+            left.max(client.call_timeout())
+        };
         let task = shared.task();
         match tokio::time::timeout(left, client.renew_as(&task, lease, request_id)).await {
             Ok(Ok(task)) => {
                 let fence = task.id;
                 *shared.task.lock().unwrap_or_else(|p| p.into_inner()) = task;
                 shared.fence.send_replace(fence);
+                shared.held.send_replace(true);
                 // Conservatively from the first send: the write applied after it.
                 *until = sent + lease;
                 due = sent + lease / 3;
@@ -664,7 +690,10 @@ async fn work_slot<F, Fut>(
                     () = tokio::time::sleep(grace) => {}
                 }
             } => Ended::Stopped,
-            outcome = work(Arc::clone(&lease)) => Ended::Done(outcome),
+            outcome = async {
+                lease.held().await;
+                work(Arc::clone(&lease)).await
+            } => Ended::Done(outcome),
         };
         stats
             .work_ms

@@ -65,9 +65,27 @@ def test_a_lapsed_lease_taken_over_is_lost(client: RotaClient, group: str) -> No
     stale = Lease(client, first, 900, claimed_at=time.monotonic() - 10)
     assert stale.wait_lost(5)
     assert stale.lost_reason is not None and stale.lost_reason.reason == "refused"
+    assert not stale.wait_confirmed(0), "a late claim is confirmed by its first renewal only"
     client.finish(second)
     job = client.job(group, "x")
     assert [a.outcome for a in job.history] == ["lost", "succeeded"]
+
+
+def test_a_late_claim_is_confirmed_by_its_first_renewal(client: RotaClient, group: str) -> None:
+    client.add(group, "prompt", key="prompt")
+    client.add(group, "late", key="late")
+    prompt = client.claim_lease(group, duration_ms=10_000)
+    assert prompt is not None
+    assert prompt.wait_confirmed(0) and prompt.renewals == 0, "answered in good time: held at once"
+    prompt.finish()
+    # As if the claim had been retried through an outage for ten seconds.
+    task = client.claim(group, 3000)
+    assert task is not None
+    late = Lease(client, task, 3000, claimed_at=time.monotonic() - 10)
+    assert late.wait_confirmed(5), late.lost_reason
+    assert late.renewals >= 1 and late.fence > task.id
+    late.finish()
+    assert client.job(group, "late").state == "succeeded"
 
 
 def test_a_lease_as_a_context_manager(client: RotaClient, group: str) -> None:

@@ -183,6 +183,42 @@ def test_a_handler_may_stop_its_own_worker(client: RotaClient, group: str) -> No
     assert client.job(group, "last").result == "stopped myself"
 
 
+def test_a_late_claim_runs_only_once_its_first_renewal_lands(client: RotaClient, group: str) -> None:
+    """A claim answered long after it was sent may have been granted long ago and lapsed:
+    its handler starts only once a renewal confirms the lease, and never if the task was
+    taken meanwhile."""
+    client.add(group, "x", key="x")
+    first = client.claim(group, 300)
+    assert first is not None
+    time.sleep(0.5)
+    taken = client.claim(group, 60_000)
+    assert taken is not None and taken.key == "x", "the lapsed task, claimed again"
+    client.add(group, "y", key="y")
+    handed: List[Task] = []
+
+    def late_claim_lease(group_: str, duration_ms: int, **kwargs: Any) -> Any:
+        # As if every claim had been retried through an outage longer than its lease;
+        # the first one hands back the lapsed version of "x".
+        sent = time.monotonic() - duration_ms / 1000.0 - 1
+        if not handed:
+            handed.append(first)
+            return Lease(client, first, duration_ms, claimed_at=sent)
+        kwargs["first_sent"] = sent
+        return RotaClient.claim_lease(client, group_, duration_ms, **kwargs)
+
+    client.claim_lease = late_claim_lease  # type: ignore[method-assign]
+    ran: List[Any] = []
+    w = Worker(client, group, lambda task, lease: ran.append((task.key, lease.renewals)), wait_ms=200)
+    w.start()
+    try:
+        wait_until(lambda: ran, timeout=10, what="the handler of y")
+    finally:
+        assert w.stop(timeout=5)
+    assert len(ran) == 1 and ran[0][0] == "y" and ran[0][1] >= 1, ran
+    assert w.lost == 1, "x was never worked: its renewal was refused"
+    client.finish(taken)
+
+
 def test_failing_claims_are_logged_once_for_all_slots(caplog: Any) -> None:
     import logging
     import socket

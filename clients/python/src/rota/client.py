@@ -625,12 +625,16 @@ class RotaClient:
         wait_ms: int = 0,
         request_id: Optional[str] = None,
         cancel: Optional[Cancel] = None,
+        first_sent: Optional[float] = None,
     ) -> Optional["Lease"]:
         """As :meth:`claim`, and holds the task in a :class:`~rota.lease.Lease` that
-        renews itself at about a third of ``duration_ms``; ``None`` if no task came."""
+        renews itself at about a third of ``duration_ms``; ``None`` if no task came.
+        When ``request_id`` retries a claim without a definite answer, ``first_sent`` is
+        the ``time.monotonic()`` of its first send: the lease is reckoned from then,
+        since the claim may have applied at once (default: now)."""
         from .lease import Lease
 
-        sent = time.monotonic()
+        sent = time.monotonic() if first_sent is None else first_sent
         task = self.claim(group, duration_ms, wait_ms=wait_ms, request_id=request_id, cancel=cancel)
         if task is None:
             return None

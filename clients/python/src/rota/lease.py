@@ -12,6 +12,11 @@ The lease's end is reckoned conservatively by this process's clock: from when th
 that granted it was sent. The cluster alone judges it (in log time), so a renewal is
 always asked of the cluster, which refuses one whose lease lapsed.
 
+A claim answered late (retried through an outage, with less than a third of its lease
+left by that reckoning) may have been granted long ago and lapsed, or only just now: its
+work should wait for :meth:`Lease.wait_confirmed`, which returns once the first renewal
+settles it. :class:`~rota.worker.Worker` does so.
+
 ::
 
     lease = client.claim_lease("mail", duration_ms=30_000, wait_ms=20_000)
@@ -82,6 +87,15 @@ class Lease:
         self._ended = False
         self._lost: Optional[LeaseLost] = None
         self._lost_event = threading.Event()
+        # Set once the lease is known to be held: at once for a claim answered with a
+        # third of its lease left, after the first renewal for one answered later.
+        self._confirmed = threading.Event()
+        if self._until - time.monotonic() >= self._duration / 3.0:
+            self._confirmed.set()
+        # Set once confirmed or lost, for wait_confirmed.
+        self._settled = threading.Event()
+        if self._confirmed.is_set():
+            self._settled.set()
         self._wake = threading.Event()
         # A renewal whose outcome is unknown: (task id, request id, first sent). It is
         # sent again under the same request id, so that it applies once and its first
@@ -135,6 +149,14 @@ class Lease:
         """Whether the lease is neither ended nor lost."""
         return not self._ended and self._lost is None
 
+    def wait_confirmed(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the lease is known to be held (at once for a claim answered with
+        at least a third of its lease left; after the first renewal lands for one
+        answered later) or is lost, or ``timeout`` seconds pass; whether it is known to
+        be held. Start the work only after it returns ``True``."""
+        self._settled.wait(timeout)
+        return self._confirmed.is_set() and self._lost is None
+
     def wait_lost(self, timeout: Optional[float] = None) -> bool:
         """Blocks until the lease is lost or ``timeout`` seconds pass; whether it was."""
         return self._lost_event.wait(timeout)
@@ -165,6 +187,7 @@ class Lease:
     def _set_lost(self, lost: LeaseLost) -> None:
         self._lost = lost
         self._lost_event.set()
+        self._settled.set()
         self._wake.set()
 
     def _renew_once(self) -> None:
@@ -176,9 +199,13 @@ class Lease:
         else:
             request_id, first_sent = self._client.next_request_id(), now
             self._pending = (task.id, request_id, first_sent)
-        # Bounded by what is left of the lease (past it the task is not ours anyway), but
-        # long enough for one call when the local reckoning says it is already over.
-        deadline = max(self._until, now + self._client.call_timeout)
+        # Bounded by what is left of the lease: past it the task is not ours unless nobody
+        # took it meanwhile, and work running on it may collide with another worker's. A
+        # late claim's first renewal gets at least one call instead: its claim may have
+        # been granted only just now, and its work waits for the renewal (wait_confirmed).
+        deadline = self._until
+        if not self._confirmed.is_set():
+            deadline = max(deadline, now + self._client.call_timeout)
         try:
             renewed = self._client.renew(task, self._duration_ms, request_id=request_id, deadline=deadline)
         except Refused as e:
@@ -195,6 +222,8 @@ class Lease:
         self._pending = None
         self._task = renewed
         self._renewals += 1
+        self._confirmed.set()
+        self._settled.set()
         self._until = first_sent + self._duration
         self._next = first_sent + self._every
 

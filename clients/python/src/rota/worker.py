@@ -246,6 +246,7 @@ class Worker:
         # A claim without a definite answer may have claimed a task: the next claim asks
         # again under its request id, and so gets that task rather than a second one.
         unsettled: Optional[str] = None
+        unsettled_since: Optional[float] = None
         empties = 0
         errors = 0
         while not self._stop.is_set():
@@ -258,13 +259,19 @@ class Worker:
                     wait_ms=wait_ms,
                     request_id=unsettled,
                     cancel=self._cancel,
+                    first_sent=unsettled_since if unsettled is not None else sent,
                 )
                 unsettled = None
             except Cancelled:
                 return
             except RotaError as e:
                 self._claim_failed(e)
-                unsettled = e.request_id if isinstance(e, Unavailable) else None
+                if isinstance(e, Unavailable):
+                    if unsettled != e.request_id:
+                        unsettled_since = sent
+                    unsettled = e.request_id
+                else:
+                    unsettled = None
                 self._call(self.on_error, e)
                 busy = False
                 # Growing: a refused claim fails at once every time, and must not become
@@ -304,6 +311,11 @@ class Worker:
 
     def _work(self, lease: Lease) -> None:
         assert self.handler is not None
+        if not lease.wait_confirmed():
+            # A late claim whose first renewal did not land: another worker may hold
+            # the task, so its work never starts.
+            self._count_lost(lease, f"a late claim's first renewal did not land, so its work never started: {lease.lost_reason}")
+            return
         claimed = lease.task
         result: Any = None
         error: Optional[str] = None
