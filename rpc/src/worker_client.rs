@@ -359,6 +359,9 @@ impl WorkerClient {
     /// learned is preferred only once it has answered itself: the address a node
     /// advertises may not be reachable from here).
     pub async fn find_leader(&self) -> Option<String> {
+        // Learned leaders that did not answer this lookup: each costs a lookup timeout,
+        // so one that every node names is asked once, not once per node.
+        let mut silent: Vec<String> = Vec::new();
         for addr in self.order() {
             let Some(status) = self.cluster_status(&addr).await else {
                 continue;
@@ -372,10 +375,18 @@ impl WorkerClient {
                 continue;
             };
             let given = self.nodes().is_given(&leader);
-            if leader == addr || given || self.cluster_status(&leader).await.is_some() {
+            if leader == addr || given {
                 self.prefer(&leader);
                 return Some(leader);
             }
+            if silent.contains(&leader) {
+                continue;
+            }
+            if self.cluster_status(&leader).await.is_some() {
+                self.prefer(&leader);
+                return Some(leader);
+            }
+            silent.push(leader);
         }
         None
     }
@@ -967,7 +978,8 @@ mod tests {
     }
 
     /// A node that answers every POST as `answer` says (given how many POSTs came
-    /// before), and 404 to anything else (so no leader is learned); counts the POSTs.
+    /// before), a GET with `get` if given, and 404 otherwise (so no leader is learned);
+    /// counts the POSTs.
     struct ScriptedNode {
         addr: String,
         posts: Arc<AtomicU64>,
@@ -975,6 +987,10 @@ mod tests {
 
     impl ScriptedNode {
         async fn start(answer: fn(u64) -> &'static str) -> Self {
+            Self::start_with(answer, None).await
+        }
+
+        async fn start_with(answer: fn(u64) -> &'static str, get: Option<Arc<str>>) -> Self {
             use tokio::io::AsyncReadExt;
             use tokio::io::AsyncWriteExt;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -986,6 +1002,7 @@ mod tests {
             tokio::spawn(async move {
                 while let Ok((mut stream, _)) = listener.accept().await {
                     let counted = counted.clone();
+                    let get = get.clone();
                     tokio::spawn(async move {
                         let mut buffer = Vec::new();
                         loop {
@@ -1012,10 +1029,12 @@ mod tests {
                                 continue;
                             }
                             buffer.drain(..head_end + 4 + length);
-                            let response = if head.starts_with("post") {
-                                answer(counted.fetch_add(1, Ordering::SeqCst))
-                            } else {
-                                "HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}"
+                            let response = match &get {
+                                _ if head.starts_with("post") => {
+                                    answer(counted.fetch_add(1, Ordering::SeqCst))
+                                }
+                                Some(get) => get,
+                                None => "HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}",
                             };
                             if stream.write_all(response.as_bytes()).await.is_err() {
                                 return;
@@ -1035,6 +1054,54 @@ mod tests {
     const TASKS: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"tasks\":[]}";
     const SLOW_DOWN_NOW: &str = "HTTP/1.1 429 Too Many Requests\r\nretry-after: 0\r\ncontent-length: 26\r\n\r\n{\"error\":\"rate limit hit\"}";
     const SLOW_DOWN_1S: &str = "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\ncontent-length: 26\r\n\r\n{\"error\":\"rate limit hit\"}";
+
+    /// A listener that accepts connections and never answers; counts them.
+    async fn silent_node() -> (String, Arc<AtomicU64>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_learned_leader_out_of_reach_is_asked_once_per_lookup() {
+        let (silent, accepted) = silent_node().await;
+        let body = serde_json::to_string(&status(&[silent.as_str()])).expect("json");
+        let get: Arc<str> = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into();
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(ScriptedNode::start_with(|_| TASKS, Some(get.clone())).await);
+        }
+        let client = WorkerClient::new(nodes.iter().map(|n| n.addr.as_str()), 1).expect("ok");
+        assert_eq!(
+            client.find_leader().await,
+            None,
+            "the leader never answered"
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "every node named it; it was asked once"
+        );
+        assert!(
+            client.known_nodes().contains(&silent),
+            "still a member to try"
+        );
+    }
 
     #[tokio::test]
     async fn a_node_that_answers_429_is_asked_again_and_stays_first() {

@@ -188,6 +188,55 @@ def test_a_token_is_sent_as_a_bearer_with_every_request(monkeypatch: pytest.Monk
         server.server_close()
 
 
+def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
+    """Every node names a leader this client cannot reach: one lookup asks it once (a
+    lookup timeout each), not once per node."""
+    import http.server
+    import json
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts into its backlog, never answers
+    accepted = []
+
+    def count() -> None:
+        while True:
+            try:
+                conn, _ = silent.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=count, daemon=True).start()
+    silent_addr = f"127.0.0.1:{silent.getsockname()[1]}"
+    status = json.dumps({"id": 1, "leader": 9, "nodes": [{"id": 9, "api_addr": silent_addr}]}).encode()
+
+    class NamesTheSilentLeader(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(status)))
+            self.end_headers()
+            self.wfile.write(status)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), NamesTheSilentLeader) for _ in range(3)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}" for server in servers])
+        assert client.find_leader() is None
+        assert len(accepted) == 1, f"asked {len(accepted)} times"
+        assert silent_addr in client.known_urls, "still a member to try"
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        silent.close()
+
+
 def _serve_bytes(*answers: bytes) -> Tuple[Node, threading.Thread]:
     """A server that reads one request per answer on one connection and writes the
     answer's bytes as they are (closing the connection after the last)."""

@@ -359,6 +359,9 @@ class RotaClient:
         member is preferred only once it has answered itself: the address a node
         advertises may not be reachable from here."""
         known = False
+        # Learned leaders that did not answer this lookup: each costs a lookup timeout,
+        # so one that every node names is asked once, not once per node.
+        silent: List[str] = []
         for node in self._order():
             status = self._cluster_status(node)
             if status is None:
@@ -376,9 +379,15 @@ class RotaClient:
             if found is None:
                 continue
             given = any(n.addr == found.addr for n in self._given)
-            if found.addr == node.addr or given or self._cluster_status(found) is not None:
+            if found.addr == node.addr or given:
                 self._prefer(found.addr)
                 return found.addr, True
+            if found.addr in silent:
+                continue
+            if self._cluster_status(found) is not None:
+                self._prefer(found.addr)
+                return found.addr, True
+            silent.append(found.addr)
         return None, known
 
     def find_leader(self) -> Optional[str]:
