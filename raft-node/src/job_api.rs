@@ -118,8 +118,7 @@ async fn post_finish_many(
         .map(|(id, result)| FinishItem { id, result })
         .collect();
     let request_id = request_id(&incoming, json.requestid)?;
-    // One task is logged as the single finish it is, which builds before /finish/many
-    // decode too (a cluster in the middle of a rolling upgrade).
+    // One task is logged as the single finish it is, the entry POST /finish makes.
     let request = match <[FinishItem; 1]>::try_from(finishes) {
         Ok([only]) => Request::Finish(FinishRequest {
             client: json.clientid,

@@ -8,9 +8,11 @@ use rpc::job::SettingsJson;
 use rpc::worker::TaskJson;
 use rpc::worker::WriteResultJson;
 use store_sm::machine::AttemptEnd;
+use store_sm::machine::ClientId;
 use store_sm::machine::GroupSettings;
 use store_sm::machine::JobRecord;
 use store_sm::machine::Outcome;
+use store_sm::machine::Refusal;
 use store_sm::machine::Task;
 use store_sm::machine::TaskMachine;
 
@@ -28,14 +30,14 @@ pub fn task_json(task: &Task) -> TaskJson {
     }
 }
 
-/// A write's outcome as the API answers it.
-pub fn outcome_json(outcome: &Outcome) -> WriteResultJson {
+/// A write's outcome as the API answers it to client `asker`.
+pub fn outcome_json(outcome: &Outcome, asker: ClientId) -> WriteResultJson {
     match outcome {
         Outcome::Tasks(tasks) => WriteResultJson::Tasks {
             tasks: tasks.iter().map(task_json).collect(),
         },
         Outcome::Refused(refusals) => WriteResultJson::Errors {
-            errors: refusals.iter().map(ToString::to_string).collect(),
+            errors: refusals.iter().map(|r| refusal_text(r, asker)).collect(),
         },
         // Only a settings or token change answers these, and no task endpoint sends one.
         Outcome::Settings(_) | Outcome::Token(_) => WriteResultJson::Errors {
@@ -43,6 +45,26 @@ pub fn outcome_json(outcome: &Outcome) -> WriteResultJson {
                 "internal error: a task write answered settings or a token; report this".into(),
             ],
         },
+    }
+}
+
+/// A refusal as told to client `asker`. The machine's text cannot know who asked (the
+/// outcome is remembered for the request id, and replicated), so a finish or fail of a
+/// task whose owner is the asker itself, refused because its lease lapsed, is told so
+/// here rather than as "not held by this client (owner <the asker>)".
+pub fn refusal_text(refusal: &Refusal, asker: ClientId) -> String {
+    match refusal {
+        Refusal::NotHeld {
+            list,
+            id,
+            owner,
+            available_at,
+        } if *owner == asker => format!(
+            "{list}: task {id} is no longer held: this client's lease on it ended at {available_at} (log time, \
+             ms); nobody has claimed it since: renew it to take it back (POST /update), or \
+             claim it again"
+        ),
+        other => other.to_string(),
     }
 }
 

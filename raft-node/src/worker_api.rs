@@ -31,6 +31,7 @@ use store_sm::machine::AddJob;
 use store_sm::machine::AddTask;
 use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::ClaimRequest;
+use store_sm::machine::ClientId;
 use store_sm::machine::LogTime;
 use store_sm::machine::OnConflict;
 use store_sm::machine::Outcome;
@@ -360,9 +361,10 @@ fn job_update_request(json: UpdateRequestJson) -> UpdateRequest {
     }
 }
 
-/// A write's outcome as the seed answers it: `{"tasks":[...]}` or `{"errors":[...]}`.
-fn outcome_response(outcome: Arc<Outcome>) -> Response {
-    Json(outcome_json(&outcome)).into_response()
+/// A write's outcome as the seed answers it to client `asker`: `{"tasks":[...]}` or
+/// `{"errors":[...]}`.
+fn outcome_response(asker: ClientId) -> impl FnOnce(Arc<Outcome>) -> Response {
+    move |outcome| Json(outcome_json(&outcome, asker)).into_response()
 }
 
 /// Applies a write, or relays it to the leader with its request id (one the relay makes
@@ -373,10 +375,11 @@ pub(crate) async fn write(
     request: Request,
     request_id: Option<String>,
 ) -> Response {
+    let asker = request.client();
     let request = incoming.caller.limit(request);
     let incoming = incoming.write_with(request_id.as_deref());
     let outcome = node.write(request, request_id).await;
-    respond(node, incoming, outcome, outcome_response).await
+    respond(node, incoming, outcome, outcome_response(asker)).await
 }
 
 async fn post_update(
@@ -434,6 +437,7 @@ async fn claim_waiting(
     let wait = Duration::from_millis(wait_ms);
     let caller = incoming.caller.clone();
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
+    let asker = claim.claim.client;
     let outcome = node.claim_waiting(claim, request_id, wait, &caller).await;
-    respond(node, incoming, outcome, outcome_response).await
+    respond(node, incoming, outcome, outcome_response(asker)).await
 }

@@ -381,6 +381,28 @@ async fn a_lapsed_lease_shows_in_reads_and_ends_waits_before_any_write() {
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     let job = get(&cluster, 1, "/job?group=l&key=k").await;
     assert_eq!(job["state"], "dead", "{job}");
+    // A holder's finish after its lease lapsed is refused, and told that its own lease
+    // ended (not that the task is held by an owner that is itself).
+    let add = json!({"clientid": 1, "adds": [{"group": "seed", "data": "s"}]});
+    post(&cluster, 1, "/update", add).await;
+    let claim = json!({"clientid": 7, "group": "seed", "duration": 300});
+    let claimed = post(&cluster, 1, "/claim", claim).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let id = claimed["tasks"][0]["id"].clone();
+    let late = post(&cluster, 1, "/finish", json!({"clientid": 7, "id": id})).await;
+    let error = late["errors"][0].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!(
+            "finish: task {id} is no longer held: this client's lease on it ended at "
+        )),
+        "{late}"
+    );
+    let other = post(&cluster, 1, "/finish", json!({"clientid": 8, "id": id})).await;
+    let error = other["errors"][0].as_str().unwrap_or_default();
+    assert!(
+        error.contains("is not held by this client (owner 7"),
+        "{other}"
+    );
     assert_eq!(job["history"][0]["outcome"], "lost");
     let settings = get(&cluster, 1, "/groups/l/settings").await;
     assert_eq!(settings["running"], 0);
