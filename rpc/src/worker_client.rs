@@ -75,6 +75,18 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// others (a new leader is elected in about a second).
 pub const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// While a blocking call waits at a node, how often the client checks (with a
+/// `GET /cluster` of at most [`LEADER_LOOKUP_TIMEOUT`]) that the node still answers: a
+/// node that froze (SIGSTOP, a stalled host) would otherwise hold the call for its
+/// whole wait, while a new leader elsewhere has work. A call that returns sooner
+/// checks nothing, so a busy worker never does.
+pub const WAIT_PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// Why a waiting call was cut short: see [`WAIT_PROBE_EVERY`].
+fn silent_while_waiting(addr: &str) -> String {
+    format!("{addr} stopped answering while the call waited there")
+}
+
 /// How long a write is retried before the client gives up on a definite answer.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
 
@@ -391,6 +403,35 @@ impl WorkerClient {
         None
     }
 
+    /// The answer of `exchange` with the node at `addr`, or `None` if the node stops
+    /// answering while the exchange waits there (only a call with a `wait` is watched).
+    async fn unless_silent<T>(
+        &self,
+        addr: &str,
+        wait: Duration,
+        exchange: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        if wait.is_zero() {
+            return Some(exchange.await);
+        }
+        tokio::select! {
+            biased;
+            answer = exchange => Some(answer),
+            () = self.until_silent(addr) => None,
+        }
+    }
+
+    /// Resolves once the node at `addr` leaves a `GET /cluster` unanswered, asked every
+    /// [`WAIT_PROBE_EVERY`].
+    async fn until_silent(&self, addr: &str) {
+        loop {
+            tokio::time::sleep(WAIT_PROBE_EVERY).await;
+            if self.cluster_status(addr).await.is_none() {
+                return;
+            }
+        }
+    }
+
     /// `GET /cluster` of the node at `addr`, if it answers within
     /// [`LEADER_LOOKUP_TIMEOUT`].
     async fn cluster_status(&self, addr: &str) -> Option<ClusterStatusJson> {
@@ -517,7 +558,13 @@ impl WorkerClient {
             Some(&request_id),
             give_up,
             |addr| async move {
-                match write_once(&self.http, &addr, request, timeout).await {
+                // Under the same request id elsewhere, a waiting claim cut short is safe
+                // to send again: it applies once.
+                let sent = write_once(&self.http, &addr, request, timeout);
+                let Some(answer) = self.unless_silent(&addr, request.wait(), sent).await else {
+                    return Attempt::Retry(silent_while_waiting(&addr));
+                };
+                match answer {
                     Ok(Ok(WriteResultJson::Tasks { tasks })) => Attempt::Done(Ok(tasks)),
                     Ok(Ok(WriteResultJson::Errors { errors })) => {
                         Attempt::Done(Err(WorkerError::Refused(errors)))
@@ -562,8 +609,10 @@ impl WorkerClient {
         self.retry(wait, None, &|| false, |addr| async move {
             let sent = self
                 .http
-                .send(&addr, method.clone(), path, headers, body.clone(), timeout)
-                .await;
+                .send(&addr, method.clone(), path, headers, body.clone(), timeout);
+            let Some(sent) = self.unless_silent(&addr, wait, sent).await else {
+                return Attempt::Retry(silent_while_waiting(&addr));
+            };
             let response = match sent {
                 Ok(response) => response,
                 Err(e) => return Attempt::Retry(e.to_string()),
@@ -1101,6 +1150,28 @@ mod tests {
             client.known_nodes().contains(&silent),
             "still a member to try"
         );
+    }
+
+    #[tokio::test]
+    async fn a_blocking_claim_leaves_a_node_that_stops_answering() {
+        let (frozen, accepted) = silent_node().await;
+        let other = ScriptedNode::start(|_| TASKS).await;
+        let client = WorkerClient::new([frozen.as_str(), other.addr.as_str()], 1).expect("ok");
+        let started = tokio::time::Instant::now();
+        let claimed = client
+            .claim_waiting("g", Duration::from_secs(30), Duration::from_secs(20))
+            .await
+            .expect("answered by the other node");
+        assert!(claimed.is_none());
+        assert_eq!(other.posts(), 1, "the claim went on to the other node");
+        assert!(
+            accepted.load(Ordering::SeqCst) >= 2,
+            "sent to the frozen node first"
+        );
+        // A leader lookup (1 s on the frozen node), a probe period, a probe (1 s): not
+        // the 20 s wait plus a call timeout.
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(10), "{took:?}");
     }
 
     #[tokio::test]

@@ -105,15 +105,15 @@ def test_poll_backoff_grows_to_its_cap_with_bounded_jitter() -> None:
     assert len({poll_backoff(2) for _ in range(50)}) > 10, "the jitter spreads workers"
 
 
-def test_a_worker_polls_a_node_that_cannot_wait_with_a_growing_pause() -> None:
-    """A node that answers every blocking claim empty at once: the worker neither spins
-    nor stops claiming."""
+def _answering_every_post_empty() -> Tuple[Any, List[Dict[str, Any]]]:
+    """A node that answers every POST (a claim) with no task, at once, and 501 to a GET
+    (so no leader is learned); the bodies it was sent."""
     import http.server
     import json
 
-    claims = []
+    claims: List[Dict[str, Any]] = []
 
-    class NoWait(http.server.BaseHTTPRequestHandler):
+    class Empty(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
             body = self.rfile.read(int(self.headers["Content-Length"]))
             claims.append(json.loads(body))
@@ -127,8 +127,15 @@ def test_a_worker_polls_a_node_that_cannot_wait_with_a_growing_pause() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoWait)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Empty)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, claims
+
+
+def test_a_worker_polls_a_node_that_cannot_wait_with_a_growing_pause() -> None:
+    """A node that answers every blocking claim empty at once: the worker neither spins
+    nor stops claiming."""
+    server, claims = _answering_every_post_empty()
     try:
         from rota import Worker
 
@@ -235,6 +242,29 @@ def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
             server.shutdown()
             server.server_close()
         silent.close()
+
+
+def test_a_blocking_claim_leaves_a_node_that_stops_answering() -> None:
+    """A node that froze (it accepts connections, answers nothing) while a claim waits
+    there: the claim moves on to the next node within a probe or two, not after its
+    whole wait."""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(16)  # the kernel accepts; nobody reads
+    server, claims = _answering_every_post_empty()
+    try:
+        client = RotaClient([f"127.0.0.1:{frozen.getsockname()[1]}", f"127.0.0.1:{server.server_address[1]}"])
+        started = time.monotonic()
+        assert client.claim("g", 30_000, wait_ms=20_000) is None
+        took = time.monotonic() - started
+        assert len(claims) == 1, "answered by the node that is up"
+        # A leader lookup (1 s on the frozen node), a probe period, a probe: not the
+        # 20 s wait plus a call timeout.
+        assert took < 10, took
+    finally:
+        server.shutdown()
+        server.server_close()
+        frozen.close()
 
 
 def _serve_bytes(*answers: bytes) -> Tuple[Node, threading.Thread]:

@@ -82,6 +82,7 @@ class Cancel:
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
         self._socks: Set[socket.socket] = set()
+        self._children: Set["Cancel"] = set()
 
     @property
     def cancelled(self) -> bool:
@@ -91,10 +92,30 @@ class Cancel:
         """Sleeps up to ``timeout`` seconds, less if cancelled; whether it was."""
         return self._cancelled.wait(timeout)
 
+    def child(self) -> "Cancel":
+        """A ``Cancel`` that this one's cancel cancels too (and that may be cancelled
+        alone); :meth:`forget` it once its exchange is over."""
+        child = Cancel()
+        with self._lock:
+            if self._cancelled.is_set():
+                child._cancelled.set()
+            else:
+                self._children.add(child)
+        return child
+
+    def forget(self, child: "Cancel") -> None:
+        """Stops passing a cancel on to ``child``."""
+        with self._lock:
+            self._children.discard(child)
+
     def cancel(self) -> None:
         with self._lock:
             self._cancelled.set()
             socks = list(self._socks)
+            children = list(self._children)
+            self._children.clear()
+        for child in children:
+            child.cancel()
         for sock in socks:
             try:
                 sock.shutdown(socket.SHUT_RDWR)

@@ -83,6 +83,12 @@ LEADER_LOOKUP_TIMEOUT = 1.0
 """Longest wait (seconds) for one node's ``GET /cluster`` when looking for the leader:
 any node answers it from memory, so one that takes longer is paused or overloaded."""
 
+WAIT_PROBE_EVERY = 2.0
+"""While a blocking call waits at a node, how often (seconds) the client checks, with a
+``GET /cluster`` of at most ``LEADER_LOOKUP_TIMEOUT``, that the node still answers: a node
+that froze would otherwise hold the call for its whole wait while a new leader elsewhere
+has work. A call that returns sooner checks nothing."""
+
 NODES_KNOWN_MAX = 64
 """Most nodes a client keeps, given and learned."""
 
@@ -447,7 +453,10 @@ class RotaClient:
                 timeout = min(self.call_timeout + wait_s, max(limit - time.monotonic(), _MIN_TIMEOUT))
                 pause, slowed = self.retry_pause, False
                 try:
-                    response = self._pool.request(node, method, path, payload, timeout, cancel)
+                    if wait_s > 0:
+                        response = self._waiting_request(node, method, path, payload, timeout, cancel)
+                    else:
+                        response = self._pool.request(node, method, path, payload, timeout, cancel)
                 except CancelledError:
                     raise Cancelled(f"{method} {path} was cancelled") from None
                 except TransportError as e:
@@ -484,6 +493,43 @@ class RotaClient:
             first_round = False
             # Leadership may have moved: ask before the next round.
             self.find_leader()
+
+    def _waiting_request(
+        self,
+        node: Node,
+        method: str,
+        path: str,
+        payload: Optional[bytes],
+        timeout: float,
+        cancel: Optional[Cancel],
+    ) -> Response:
+        """A call that may wait at ``node``, cut short (a ``TransportError``) if the node
+        stops answering ``GET /cluster`` meanwhile (see ``WAIT_PROBE_EVERY``), or by
+        ``cancel``. Under its request id elsewhere, a waiting claim is safe to send again."""
+        exchange = Cancel() if cancel is None else cancel.child()
+        done = threading.Event()
+        silent = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(WAIT_PROBE_EVERY):
+                if self._cluster_status(node) is None:
+                    if not done.is_set():
+                        silent.set()
+                        exchange.cancel()
+                    return
+
+        watcher = threading.Thread(target=watch, name=f"rota-wait-probe-{node.addr}", daemon=True)
+        watcher.start()
+        try:
+            return self._pool.request(node, method, path, payload, timeout, exchange)
+        except CancelledError:
+            if silent.is_set():
+                raise TransportError(f"{node.addr} stopped answering while the call waited there") from None
+            raise
+        finally:
+            done.set()
+            if cancel is not None:
+                cancel.forget(exchange)
 
     def write(
         self,
