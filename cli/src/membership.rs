@@ -354,6 +354,14 @@ impl Admin {
         id: u64,
         force: bool,
     ) -> Result<(), CliError> {
+        if view.voters == [id] {
+            // No --force can help: a cluster without a voter cannot exist.
+            return Err(CliError::Failed(format!(
+                "refusing to remove node {id}: it is the last voter, and a cluster needs one; \
+                 add and promote another node first (`rota cluster add-learner`, then \
+                 `rota cluster promote`), or stop the cluster instead"
+            )));
+        }
         let mut reachable = BTreeSet::new();
         for node in view.nodes.iter().filter(|n| view.voters.contains(&n.id)) {
             if self.answers(&node.api_addr).await {

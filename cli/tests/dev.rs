@@ -158,6 +158,15 @@ async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
     let (ok, again, stderr) = rota(&["dev", "up", "--nodes", "1", "--dir", dir_arg]);
     assert!(ok && again == stdout, "up sees it running: {stderr}");
     assert!(stderr.contains("already running"), "{stderr}");
+    // The lone voter cannot be removed, --force or not, and is not told to try --force.
+    for extra in [None, Some("--force")] {
+        let mut args = vec!["cluster", "remove", "--url", &addr, "--id", "1"];
+        args.extend(extra);
+        let (ok, _, stderr) = rota(&args);
+        assert!(!ok, "{stderr}");
+        assert!(stderr.contains("it is the last voter"), "{stderr}");
+        assert!(!stderr.contains("pass --force"), "{stderr}");
+    }
     let (ok, _, stderr) = rota(&["dev", "down", "--dir", dir_arg]);
     assert!(ok, "dev down failed: {stderr}");
     assert!(stderr.contains("stopped 1 node(s)"), "{stderr}");
