@@ -11,9 +11,14 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The log filter unless `ROTA_LOG` names one. openraft's heartbeat worker warns of a
+/// peer it cannot reach at every heartbeat, about ten times a second, while replication
+/// to that peer warns too, at its backoff's pace: only the latter is kept.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,openraft::core::heartbeat=error";
+
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("ROTA_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -225,11 +225,25 @@ pub struct PeerClient {
     append_latency: Option<Arc<LatencyHistogram>>,
 }
 
-/// A transport failure: unreachable peers get openraft's backoff, the rest are retried.
+/// A transport failure: peers that cannot take the message get openraft's backoff, the
+/// rest are retried at once.
 fn transport_error(e: ClientError) -> RPCError<NodeTypes> {
+    if backs_off(&e) {
+        RPCError::Unreachable(Unreachable::new(&e))
+    } else {
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+/// Whether a failed call should wait out openraft's backoff before the next: no
+/// connection, or a peer that refused the message itself (a 4xx: another node listens
+/// at that address, or an older build cannot read the entries). Retried at once, such a
+/// peer costs the leader a warning and a request per append, about ten a second.
+fn backs_off(e: &ClientError) -> bool {
     match e {
-        ClientError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
-        other => RPCError::Network(NetworkError::new(&other)),
+        ClientError::Connect { .. } => true,
+        ClientError::Status { status, .. } => status.is_client_error(),
+        _ => false,
     }
 }
 
@@ -441,7 +455,7 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
             result = send => match result {
                 Ok(Ok(response)) => Ok(response),
                 Ok(Err(remote)) => Err(StreamingError::Network(NetworkError::new(&std::io::Error::other(remote)))),
-                Err(e @ ClientError::Connect { .. }) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
+                Err(e) if backs_off(&e) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
                 Err(e) => Err(StreamingError::Network(NetworkError::new(&e))),
             },
         }
@@ -466,6 +480,30 @@ mod tests {
     use store_sm::snapshot_data::SNAPSHOT_CHUNK_BYTES;
 
     use super::*;
+
+    #[test]
+    fn peers_that_cannot_take_a_message_get_the_backoff() {
+        let status = |code: u16| ClientError::Status {
+            addr: "a:1".into(),
+            status: hyper::StatusCode::from_u16(code).expect("a status"),
+            message: "m".into(),
+        };
+        assert!(
+            backs_off(&status(400)),
+            "another node, or an unreadable entry"
+        );
+        assert!(!backs_off(&status(503)), "a node busy or stopping: at once");
+        let refused = ClientError::Connect {
+            addr: "a:1".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert!(backs_off(&refused));
+        let slow = ClientError::Timeout {
+            addr: "a:1".into(),
+            after: std::time::Duration::from_secs(1),
+        };
+        assert!(!backs_off(&slow));
+    }
 
     #[test]
     fn a_snapshot_streams_in_chunks_and_reassembles_piece_by_piece() {
