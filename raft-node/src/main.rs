@@ -17,8 +17,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,openraft::core::heartbeat=error";
 
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("ROTA_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let filter =
+        EnvFilter::try_from_env("ROTA_LOG").unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

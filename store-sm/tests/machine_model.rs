@@ -109,6 +109,15 @@ fn resolve(command: &Command, model: &Model) -> Command {
             f.id = pick(f.id);
             &mut f.client
         }
+        Request::FinishAndClaim(b) => {
+            b.finish.id = pick(b.finish.id);
+            b.next
+                .claim
+                .depends
+                .iter_mut()
+                .for_each(|id| *id = pick(*id));
+            &mut b.finish.client
+        }
         Request::Cancel(c) => &mut c.client,
         Request::Retry(r) => &mut r.client,
         Request::Settings(s) => &mut s.client,
@@ -120,6 +129,12 @@ fn resolve(command: &Command, model: &Model) -> Command {
     };
     if *client == OWNER {
         *client = owner.unwrap_or(1);
+    }
+    // The claim of a finish and claim is mostly by the finishing client, as sent.
+    if let Request::FinishAndClaim(b) = inner
+        && b.next.claim.client == OWNER
+    {
+        b.next.claim.client = b.finish.client;
     }
     Command {
         request,
@@ -239,6 +254,32 @@ fn job_request_strategy() -> impl Strategy<Value = Request> {
                 Request::Fail(fail)
             }
         });
+    let finish_and_claim = (
+        client.clone(),
+        id_strategy(),
+        prop::option::of("[x-z]{0,2}"),
+        prop_oneof![8 => Just(OWNER), 1 => 1i64..4],
+        group_strategy(),
+        prop_oneof![6 => 500i64..5_000, 1 => Just(0i64)],
+        prop_oneof![3 => Just(1u32), 1 => 0u32..4],
+        prop_oneof![8 => Just(vec![]), 1 => prop::collection::vec(id_strategy(), 1..2)],
+    )
+        .prop_map(
+            |(client, id, result, claimer, group, duration_ms, count, depends)| {
+                Request::FinishAndClaim(FinishAndClaimRequest {
+                    finish: FinishRequest { client, id, result },
+                    next: ClaimManyRequest {
+                        claim: ClaimRequest {
+                            client: claimer,
+                            group,
+                            duration_ms,
+                            depends,
+                        },
+                        count,
+                    },
+                })
+            },
+        );
     let keys = || prop_oneof![1 => Just(vec![]), 6 => prop::collection::vec(key_strategy(), 1..2), 1 => prop::collection::vec(key_strategy(), 2..4)];
     let cancel = (client.clone(), group_strategy(), keys()).prop_map(|(client, group, keys)| {
         Request::Cancel(CancelRequest {
@@ -284,7 +325,7 @@ fn job_request_strategy() -> impl Strategy<Value = Request> {
         })
     });
     // Boxed: the unboxed union's value tree outgrows a test thread's stack in debug builds.
-    prop_oneof![3 => finish.boxed(), 2 => finish_many.boxed(), 2 => fail.boxed(), 2 => cancel.boxed(), 1 => retry.boxed(), 1 => settings.boxed()]
+    prop_oneof![3 => finish.boxed(), 2 => finish_many.boxed(), 2 => fail.boxed(), 2 => finish_and_claim.boxed(), 2 => cancel.boxed(), 1 => retry.boxed(), 1 => settings.boxed()]
         .boxed()
 }
 
@@ -614,7 +655,7 @@ fn the_generator_reaches_every_part_of_the_job_layer() {
     let mut runner = TestRunner::deterministic();
     let mut reached = BTreeSet::new();
     let not_claimed = |r: &Refusal| matches!(r, Refusal::NotClaimed { .. });
-    for _ in 0..800 {
+    for _ in 0..1_500 {
         let commands = commands_strategy()
             .new_tree(&mut runner)
             .expect("a tree")
@@ -665,6 +706,8 @@ fn the_generator_reaches_every_part_of_the_job_layer() {
         "LegacyFinish applied",
         "LegacyFinishMany applied",
         "LegacyFail applied",
+        "FinishAndClaim applied",
+        "FinishAndClaim refused as not claimed",
         "Finish refused as not claimed",
         "Fail refused as not claimed",
         "LegacyFinish of an unclaimed version",

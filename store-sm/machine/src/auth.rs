@@ -280,6 +280,9 @@ impl TaskMachine {
                 many.finishes.iter().find_map(|item| of_task(&item.id))
             }
             Request::Fail(fail) | Request::LegacyFail(fail) => of_task(&fail.id),
+            Request::FinishAndClaim(both) => of_task(&both.finish.id)
+                .or_else(|| outside(&both.next.claim.group))
+                .or_else(|| both.next.claim.depends.iter().find_map(of_task)),
             Request::Cancel(cancel) => outside(&cancel.group),
             Request::Retry(retry) => outside(&retry.group),
             Request::Settings(settings) => outside(&settings.group),

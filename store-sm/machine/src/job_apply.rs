@@ -668,6 +668,49 @@ impl TaskMachine {
         }
     }
 
+    /// Finishes `both.finish` and then claims as `both.next` says, in one command: refused
+    /// with every reason of either, changing nothing, unless both may go ahead.
+    pub(crate) fn apply_finish_and_claim(
+        &mut self,
+        both: &FinishAndClaimRequest,
+        now: LogTime,
+    ) -> (Outcome, crate::Effect) {
+        let (finish, next) = (&both.finish, &both.next);
+        let mut refusals = Vec::new();
+        if next.claim.client != finish.client {
+            refusals.push(invalid(
+                "next",
+                "claims for another client than the finish's; one client does both".into(),
+            ));
+        }
+        if !next.claim.depends.is_empty() {
+            // A claim depending on the finished task would find it gone.
+            refusals.push(invalid(
+                "next",
+                "names depends; claim with depends on its own (POST /claim)".into(),
+            ));
+        }
+        refusals.extend(self.finish_refusals(
+            finish.client,
+            finish.id,
+            &finish.result,
+            OutcomeRule::Claimed,
+            now,
+        ));
+        refusals.extend(self.claim_refusals(&next.claim, next.count, now));
+        if !refusals.is_empty() {
+            return (Outcome::Refused(refusals), crate::Effect::Unchanged);
+        }
+        self.finish_task(finish.id, finish.result.clone(), now);
+        let (claimed, _) = self.apply_claim(&next.claim, next.count, now);
+        debug_assert!(
+            !matches!(claimed, Outcome::Refused(_)),
+            "a claim checked before the finish was refused after it"
+        );
+        // The finish changed the state whether or not the claim found a task.
+        (claimed, crate::Effect::Job)
+    }
+
     pub(crate) fn apply_fail(
         &mut self,
         fail: &FailRequest,

@@ -328,6 +328,58 @@ fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
     assert_eq!(record.result.as_deref(), Some("late but done"));
 }
 
+/// A worker's cycle in one command: the finish, then the claim of the next task.
+#[test]
+fn a_finish_and_claim_finishes_then_claims_all_or_nothing() {
+    let mut store = Store::new();
+    tasks(store.add(vec![job("a"), job("b")]));
+    let a = store.claim(7, "g").expect("a");
+    let both = |id: TaskId, client: ClientId| {
+        Request::FinishAndClaim(FinishAndClaimRequest {
+            finish: FinishRequest {
+                client,
+                id,
+                result: Some("done".into()),
+            },
+            next: ClaimManyRequest {
+                claim: ClaimRequest {
+                    client,
+                    group: "g".into(),
+                    duration_ms: 1_000,
+                    depends: vec![],
+                },
+                count: 1,
+            },
+        })
+    };
+    // Not the holder: refused, and nothing claimed either.
+    assert_eq!(refusals(&store.run(both(a.id, 8))).len(), 1);
+    assert_eq!(store.state("g", "b"), JobState::Waiting);
+    let next = tasks(store.run(both(a.id, 7)));
+    assert_eq!(store.state("g", "a"), JobState::Succeeded);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job.key.as_deref(), Some("b"));
+    assert_eq!(
+        (next[0].owner, store.state("g", "b")),
+        (7, JobState::Running)
+    );
+    // Nothing left to claim: the finish still happens.
+    assert_eq!(tasks(store.run(both(next[0].id, 7))), vec![]);
+    assert_eq!(store.state("g", "b"), JobState::Succeeded);
+    // The claim is the finishing client's own, and names no depends.
+    tasks(store.add(vec![job("c")]));
+    let c = store.claim(7, "g").expect("c");
+    let Request::FinishAndClaim(mut other) = both(c.id, 7) else {
+        unreachable!()
+    };
+    other.next.claim.client = 9;
+    other.next.claim.depends = vec![c.id];
+    let refused = refusals(&store.run(Request::FinishAndClaim(other)));
+    assert!(refused[0].contains("another client"), "{refused:?}");
+    assert!(refused[1].contains("depends"), "{refused:?}");
+    assert_eq!(store.state("g", "c"), JobState::Running);
+}
+
 /// Entries of builds before the claimed-version rule apply with their rule, so that a
 /// replay, or a cluster in the middle of a rolling upgrade, agrees on their outcome.
 #[test]

@@ -454,6 +454,16 @@ pub struct FinishItem {
     pub result: Option<String>,
 }
 
+/// `/finish` with `next`: the owner ends its claim with success and, in the same
+/// command, claims the next tasks: a worker's whole cycle in one commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishAndClaimRequest {
+    /// The finish; its client is the claim's too.
+    pub finish: FinishRequest,
+    /// The claim that follows it: the client, group, lease and count.
+    pub next: crate::types::ClaimManyRequest,
+}
+
 /// `/fail`: the owner ends its claim with an error; the job retries or dies.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailRequest {

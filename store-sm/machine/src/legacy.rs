@@ -247,6 +247,23 @@ mod tests {
         assert_eq!(variant(Request::Finish(finish)), "variant17");
         assert_eq!(variant(Request::FinishMany(many)), "variant18");
         assert_eq!(variant(Request::Fail(fail)), "variant19");
+        let both = crate::jobs::FinishAndClaimRequest {
+            finish: FinishRequest {
+                client: 3,
+                id: 9,
+                result: None,
+            },
+            next: crate::types::ClaimManyRequest {
+                claim: crate::types::ClaimRequest {
+                    client: 3,
+                    group: "g".into(),
+                    duration_ms: 1,
+                    depends: vec![],
+                },
+                count: 1,
+            },
+        };
+        assert_eq!(variant(Request::FinishAndClaim(both)), "variant20");
     }
 
     /// A tiny serializer that records serde's data model as text, so the test needs no

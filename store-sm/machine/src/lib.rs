@@ -250,6 +250,7 @@ impl TaskMachine {
             Request::LegacyFail(fail) => {
                 changed(self.apply_fail(fail, OutcomeRule::Owned, now), Effect::Job)
             }
+            Request::FinishAndClaim(both) => self.apply_finish_and_claim(both, now),
             Request::Cancel(cancel) => changed(self.apply_cancel(cancel, now), Effect::Job),
             Request::Retry(retry) => changed(self.apply_retry(retry, now), Effect::Job),
             Request::Settings(settings) => changed(self.apply_settings(settings, now), Effect::Job),

@@ -20,6 +20,7 @@ pub use crate::ids::*;
 use crate::jobs::AddJob;
 use crate::jobs::CancelRequest;
 use crate::jobs::FailRequest;
+use crate::jobs::FinishAndClaimRequest;
 use crate::jobs::FinishManyRequest;
 use crate::jobs::FinishRequest;
 use crate::jobs::GroupSettings;
@@ -220,6 +221,9 @@ pub enum Request {
     FinishMany(FinishManyRequest),
     /// End a claim with an error. A job's version must be claimed, as for a finish.
     Fail(FailRequest),
+    /// A finish and then a claim by the same client, all or nothing: refused as a whole
+    /// if either would be; the claim may still find no task.
+    FinishAndClaim(FinishAndClaimRequest),
 }
 
 impl Request {
@@ -233,6 +237,7 @@ impl Request {
             Request::Finish(finish) | Request::LegacyFinish(finish) => finish.client,
             Request::FinishMany(many) | Request::LegacyFinishMany(many) => many.client,
             Request::Fail(fail) | Request::LegacyFail(fail) => fail.client,
+            Request::FinishAndClaim(both) => both.finish.client,
             Request::Cancel(cancel) => cancel.client,
             Request::Retry(retry) => retry.client,
             Request::Settings(settings) => settings.client,
@@ -304,6 +309,11 @@ impl fmt::Display for Command {
             Request::Fail(r) | Request::LegacyFail(r) => {
                 write!(f, "fail(client={} id={})", r.client, r.id)?
             }
+            Request::FinishAndClaim(r) => write!(
+                f,
+                "finish and claim(client={} id={} group={:?} count={})",
+                r.finish.client, r.finish.id, r.next.claim.group, r.next.count
+            )?,
             Request::Cancel(r) => write!(
                 f,
                 "cancel(client={} group={:?} keys={})",

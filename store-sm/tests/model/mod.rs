@@ -124,6 +124,7 @@ impl Model {
             Request::LegacyFinishMany(m) => self.finish_many(m, OWNED, now),
             Request::Fail(f) => self.fail(f, CLAIMED_ONLY, now),
             Request::LegacyFail(f) => self.fail(f, OWNED, now),
+            Request::FinishAndClaim(b) => self.finish_and_claim(b, now),
             Request::Cancel(c) => self.cancel(c, now),
             Request::Retry(r) => self.retry(r, now),
             Request::Settings(s) => self.change_settings(s),
@@ -169,6 +170,12 @@ impl Model {
                 of(&m.finishes.iter().map(|i| i.id).collect::<Vec<_>>())
             }
             Request::Fail(f) | Request::LegacyFail(f) => of(&[f.id]),
+            Request::FinishAndClaim(b) => [
+                of(&[b.finish.id]),
+                vec![b.next.claim.group.clone()],
+                of(&b.next.claim.depends),
+            ]
+            .concat(),
             Request::Cancel(c) => vec![c.group.clone()],
             Request::Retry(r) => vec![r.group.clone()],
             Request::Settings(s) => vec![s.group.clone()],
@@ -599,6 +606,48 @@ impl Model {
     /// Up to `count` claims in a row, after one check of the request; stops at the
     /// first that finds nothing or once the claimed data reaches the limit.
     fn claim(&mut self, c: &ClaimRequest, count: u32, now: i64) -> Outcome {
+        let refusals = self.claim_checks(c, count);
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        let mut claimed: Vec<Task> = vec![];
+        while claimed.len() < count as usize
+            && claimed.iter().map(|t| t.data.len()).sum::<usize>() < CLAIM_DATA_BYTES_MAX
+        {
+            match self.claim_one(c, now) {
+                Some(task) => claimed.push(task),
+                None => break,
+            }
+        }
+        Outcome::Tasks(claimed)
+    }
+
+    /// A finish, then a claim by the same client: refused as a whole if either would be.
+    fn finish_and_claim(&mut self, b: &FinishAndClaimRequest, now: i64) -> Outcome {
+        let mut refusals = vec![];
+        if b.next.claim.client != b.finish.client {
+            refusals.push(invalid(
+                "next",
+                "claims for another client than the finish's; one client does both",
+            ));
+        }
+        if !b.next.claim.depends.is_empty() {
+            refusals.push(invalid(
+                "next",
+                "names depends; claim with depends on its own (POST /claim)",
+            ));
+        }
+        let f = &b.finish;
+        refusals.extend(self.finish_checks(f.client, f.id, &f.result, CLAIMED_ONLY, now));
+        refusals.extend(self.claim_checks(&b.next.claim, b.next.count));
+        if !refusals.is_empty() {
+            return Outcome::Refused(refusals);
+        }
+        self.finish_one(f.id, f.result.clone(), now);
+        self.claim(&b.next.claim, b.next.count, now)
+    }
+
+    fn claim_checks(&self, c: &ClaimRequest, count: u32) -> Vec<Refusal> {
         let mut refusals = vec![];
         if c.group.is_empty() {
             refusals.push(Refusal::ClaimWithoutGroup);
@@ -615,19 +664,7 @@ impl Model {
             c.depends.iter().map(|&id| (ListName::Depends, id)),
         ));
         refusals.extend(self.missing_depends(&c.depends));
-        if !refusals.is_empty() {
-            return Outcome::Refused(refusals);
-        }
-        let mut claimed: Vec<Task> = vec![];
-        while claimed.len() < count as usize
-            && claimed.iter().map(|t| t.data.len()).sum::<usize>() < CLAIM_DATA_BYTES_MAX
-        {
-            match self.claim_one(c, now) {
-                Some(task) => claimed.push(task),
-                None => break,
-            }
-        }
-        Outcome::Tasks(claimed)
+        refusals
     }
 
     /// One claim of a checked request: the task it takes, if any.
