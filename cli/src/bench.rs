@@ -247,6 +247,7 @@ async fn worker(
                     id,
                     result: Some(serde_json::json!({ "ok": true })),
                     requestid: None,
+                    next: None,
                 }
                 .into(),
             ),

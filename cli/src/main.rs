@@ -992,6 +992,7 @@ async fn run_job(command: JobCommand) -> Result<(), cli::CliError> {
                 id,
                 result,
                 requestid: owner.request_id(),
+                next: None,
             };
             let written = Nodes::new(&target.url)?
                 .write(&WriteRequestJson::Finish(body))

@@ -40,7 +40,10 @@ use rpc::job::finish_items;
 use rpc::job::result_text;
 use store_sm::machine::Backoff;
 use store_sm::machine::CancelRequest;
+use store_sm::machine::ClaimManyRequest;
+use store_sm::machine::ClaimRequest;
 use store_sm::machine::FailRequest;
+use store_sm::machine::FinishAndClaimRequest;
 use store_sm::machine::FinishItem;
 use store_sm::machine::FinishManyRequest;
 use store_sm::machine::FinishRequest;
@@ -51,6 +54,7 @@ use store_sm::machine::RetryRequest;
 use store_sm::machine::SettingsChange;
 use store_sm::machine::SettingsRequest;
 use store_sm::machine::TaskId;
+use store_sm::machine::check_claim_count;
 
 use crate::http::ApiError;
 use crate::json::job_json;
@@ -99,11 +103,39 @@ async fn post_finish(
         .transpose()
         .map_err(ApiError::bad_request)?;
     let request_id = request_id(&incoming, json.requestid)?;
-    let request = Request::Finish(FinishRequest {
+    let finish = FinishRequest {
         client: json.clientid,
         id: json.id,
         result,
-    });
+    };
+    let request = match json.next {
+        None => Request::Finish(finish),
+        Some(next) => {
+            let max = node.config.claim_duration_max_ms;
+            if next.duration <= 0 || next.duration > max {
+                return Err(ApiError::bad_request(format!(
+                    "next.duration {} is not between 1 and {max} milliseconds",
+                    next.duration
+                )));
+            }
+            let count = next.count.unwrap_or(1);
+            check_claim_count(count)
+                .map_err(|refusal| ApiError::bad_request(format!("next: {refusal}")))?;
+            incoming.caller.check_group(&next.group)?;
+            Request::FinishAndClaim(FinishAndClaimRequest {
+                next: ClaimManyRequest {
+                    claim: ClaimRequest {
+                        client: finish.client,
+                        group: next.group,
+                        duration_ms: next.duration,
+                        depends: Vec::new(),
+                    },
+                    count,
+                },
+                finish,
+            })
+        }
+    };
     Ok(write(&node, incoming, request, request_id).await)
 }
 

@@ -162,7 +162,7 @@ fn schemas(limits: &Limits) -> Value {
 fn job_paths(limits: &Limits) -> Value {
     let page_limit = json!({"name": "limit", "in": "query", "required": false, "description": format!("at most this many (default {JOBS_PAGE_DEFAULT}, at most {JOBS_PAGE_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": JOBS_PAGE_MAX}});
     json!({
-            "/finish": {"post": {"tags": ["jobs"], "summary": "End a claim with success: the task is removed and a job's outcome recorded (owner only; the id is the fence)",
+            "/finish": {"post": {"tags": ["jobs"], "summary": "End a claim with success: the task is removed and a job's outcome recorded (owner only; the id is the fence); with next, also claim the client's next tasks in the same write, answered in tasks",
                 "parameters": [idempotency_key()],
                 "requestBody": json_body(ref_schema("FinishRequest")), "responses": write_responses(limits)}},
             "/finish/many": {"post": {"tags": ["jobs"], "summary": "End the claims of several tasks (1 to 1 000) with success in one request, all or none: a refusal names every task that cannot be finished (owner only; each id is its fence)",

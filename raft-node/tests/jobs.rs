@@ -428,6 +428,59 @@ async fn a_lapsed_lease_shows_in_reads_and_ends_waits_before_any_write() {
 }
 
 #[tokio::test]
+async fn a_finish_with_next_claims_the_next_task_in_the_same_write() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let adds = json!({"clientid": 1, "adds": [
+        {"group": "n", "key": "a"}, {"group": "n", "key": "b"}]});
+    post(&cluster, leader, "/update", adds).await;
+    let a = first_task(&post(&cluster, follower, "/claim", claim("n", 7)).await);
+    let next = json!({"group": "n", "duration": 60_000});
+    let finish = json!({"clientid": 7, "id": a["id"], "result": 1, "next": next});
+    let answer = post(&cluster, follower, "/finish", finish.clone()).await;
+    let b = first_task(&answer);
+    assert_eq!(
+        (b["key"].as_str(), b["ownerid"].as_i64()),
+        (Some("b"), Some(7)),
+        "{answer}"
+    );
+    let job = get(&cluster, leader, "/job?group=n&key=a").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    // Nothing left: the finish applies, the claim comes back empty (it never waits).
+    let finish_b = json!({"clientid": 7, "id": b["id"], "next": next});
+    let answer = post(&cluster, leader, "/finish", finish_b).await;
+    assert_eq!(answer["tasks"], json!([]), "{answer}");
+    // A stale id: refused, and nothing is claimed.
+    post(
+        &cluster,
+        leader,
+        "/update",
+        json!({"clientid": 1, "adds": [{"group": "n", "key": "c"}]}),
+    )
+    .await;
+    let answer = post(&cluster, leader, "/finish", finish).await;
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("does not exist")),
+        "{answer}"
+    );
+    let job = get(&cluster, leader, "/job?group=n&key=c").await;
+    assert_eq!(job["state"], "waiting", "{job}");
+    // A next claim the node cannot take: 400 before anything is written.
+    for bad in [
+        json!({"group": "n", "duration": 0}),
+        json!({"group": "n", "duration": 1000, "count": 0}),
+        json!({"group": "n", "duration": 1000, "depends": [1]}),
+    ] {
+        let body = json!({"clientid": 7, "id": 1, "next": bad});
+        let (status, json) = call(&cluster, leader, Method::POST, "/finish", Some(body)).await;
+        assert_eq!(status, 400, "{json}");
+    }
+}
+
+#[tokio::test]
 async fn a_wait_for_outcomes_returns_when_the_jobs_finish() {
     let cluster = TestCluster::start(3, "never");
     let leader = cluster.wait_leader(&[1, 2, 3]).await;

@@ -137,6 +137,7 @@ fn parser(schema: &str) -> Option<Parser> {
         "FinishRequest" => parses::<rpc::job::FinishRequestJson>,
         "FinishManyRequest" => parses::<rpc::job::FinishManyRequestJson>,
         "FinishItem" => parses::<rpc::job::FinishItemJson>,
+        "NextClaim" => parses::<rpc::job::NextClaimJson>,
         "FailRequest" => parses::<rpc::job::FailRequestJson>,
         "KeysRequest" => parses::<rpc::job::KeysRequestJson>,
         "SettingsChange" => parses::<rpc::job::SettingsChangeJson>,

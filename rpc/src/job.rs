@@ -71,6 +71,29 @@ pub struct FinishRequestJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::request_id)]
     pub requestid: Option<String>,
+    /// Also claim this client's next tasks, in the same command: a worker's cycle in one
+    /// commit. The answer's `tasks` are the claimed ones (empty when none is claimable:
+    /// this claim never waits). Refused as a whole, finish included, if either part
+    /// would be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextClaimJson>,
+}
+
+/// The claim that follows a finish (`next` of `POST /finish`), as `POST /claim` would
+/// make it, without `depends` and without waiting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "NextClaim")]
+pub struct NextClaimJson {
+    /// Group to claim from.
+    pub group: String,
+    /// Milliseconds of ownership; positive and at most the node's configured maximum.
+    #[schemars(transform = crate::schema::claim_duration)]
+    pub duration: i64,
+    /// Claim up to this many tasks (1 to 1 000; 1 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::worker::CLAIM_COUNT_MAX))]
+    pub count: Option<u32>,
 }
 
 /// The body of `POST /finish/many`: the owner ends its claims of several tasks with

@@ -752,8 +752,35 @@ impl WorkerClient {
             id,
             result,
             requestid: None,
+            next: None,
         };
         self.write(finish).await.map(drop)
+    }
+
+    /// Ends the claim of task version `id` with success and, in the same command, claims
+    /// up to `count` of `group`'s next tasks for `lease`: a worker's cycle in one commit.
+    /// The claimed tasks (empty when none is claimable: this claim never waits); a
+    /// refusal ([`WorkerError::Refused`]) means neither part applied.
+    pub async fn finish_and_claim(
+        &self,
+        id: u64,
+        result: Option<Value>,
+        group: &str,
+        lease: Duration,
+        count: u32,
+    ) -> Result<Vec<TaskJson>, WorkerError> {
+        let finish = FinishRequestJson {
+            clientid: self.client_id,
+            id,
+            result,
+            requestid: None,
+            next: Some(crate::job::NextClaimJson {
+                group: group.to_string(),
+                duration: lease.as_millis() as i64,
+                count: (count != 1).then_some(count),
+            }),
+        };
+        self.write(finish).await
     }
 
     /// Ends the claims of several task versions with success, each with its result, in

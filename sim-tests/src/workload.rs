@@ -570,6 +570,7 @@ impl Worker {
                 id: *id,
                 result: None,
                 requestid: None,
+                next: None,
             }),
             Call::CompleteMany { ids } => WriteRequestJson::FinishMany(FinishManyRequestJson {
                 clientid: self.id as i64,

@@ -276,6 +276,7 @@ impl Worker {
                 id: *id,
                 result: Some(serde_json::Value::String(key.clone())),
                 requestid: None,
+                next: None,
             }),
         };
         request.with_request_id(request_id)
