@@ -62,6 +62,7 @@ use crate::json::settings_json;
 use crate::node::SharedNode;
 use crate::relay::Incoming;
 use crate::relay::respond;
+use crate::worker_api::check_claim_duration;
 use crate::worker_api::consistency;
 use crate::worker_api::limit_param;
 use crate::worker_api::parse_json;
@@ -111,13 +112,7 @@ async fn post_finish(
     let request = match json.next {
         None => Request::Finish(finish),
         Some(next) => {
-            let max = node.config.claim_duration_max_ms;
-            if next.duration <= 0 || next.duration > max {
-                return Err(ApiError::bad_request(format!(
-                    "next.duration {} is not between 1 and {max} milliseconds",
-                    next.duration
-                )));
-            }
+            check_claim_duration(&node, "next.duration", next.duration)?;
             let count = next.count.unwrap_or(1);
             check_claim_count(count)
                 .map_err(|refusal| ApiError::bad_request(format!("next: {refusal}")))?;

@@ -382,6 +382,21 @@ pub(crate) async fn write(
     respond(node, incoming, outcome, outcome_response(asker)).await
 }
 
+/// Refuses a claim's lease (`field`) outside 1 ms to the node's configured maximum.
+pub(crate) fn check_claim_duration(
+    node: &SharedNode,
+    field: &str,
+    duration: i64,
+) -> Result<(), ApiError> {
+    let max = node.config.claim_duration_max_ms;
+    if duration <= 0 || duration > max {
+        return Err(ApiError::bad_request(format!(
+            "{field} {duration} is not between 1 and {max} milliseconds"
+        )));
+    }
+    Ok(())
+}
+
 async fn post_update(
     State(node): State<SharedNode>,
     incoming: Incoming,
@@ -397,13 +412,7 @@ async fn post_claim(
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let json: ClaimRequestJson = parse_json(&incoming.body, "/claim")?;
-    let max = node.config.claim_duration_max_ms;
-    if json.duration <= 0 || json.duration > max {
-        return Err(ApiError::bad_request(format!(
-            "duration {} is not between 1 and {max} milliseconds",
-            json.duration
-        )));
-    }
+    check_claim_duration(&node, "duration", json.duration)?;
     let wait_ms = json.wait_ms.unwrap_or(0);
     check_wait_ms(wait_ms).map_err(ApiError::bad_request)?;
     let count = json.checked_count().map_err(ApiError::bad_request)?;
