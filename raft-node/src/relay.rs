@@ -109,6 +109,25 @@ impl Incoming {
         self
     }
 
+    /// This blocking claim with `left` of its wait to go, for a relay to the new leader
+    /// once this node stopped leading mid-wait: the request waits at most its `wait_ms`
+    /// in all, not that again on top of what it waited here. The claim's fingerprint
+    /// leaves its wait out, so a retry under the same request id still matches.
+    pub fn with_wait_left(mut self, left: Duration) -> Self {
+        let Ok(serde_json::Value::Object(mut body)) =
+            serde_json::from_slice::<serde_json::Value>(&self.body)
+        else {
+            return self;
+        };
+        let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        body.insert("wait_ms".into(), left_ms.into());
+        if let Ok(bytes) = serde_json::to_vec(&body) {
+            self.body = Bytes::from(bytes);
+            self.relay_timeout = FORWARD_TIMEOUT + left;
+        }
+        self
+    }
+
     /// Marks this request as a write that carries `request_id` (or none): a relay of a
     /// write without one adds one.
     pub fn write_with(mut self, request_id: Option<&str>) -> Self {

@@ -50,6 +50,7 @@ use crate::relay::Incoming;
 use crate::relay::respond;
 use crate::service::Consistency;
 use crate::service::ReadView;
+use crate::service::ServiceError;
 
 /// Most ids one `/tasks/...` request may name.
 pub const TASK_IDS_MAX: usize = store_sm::machine::constants::REQUEST_ITEMS_MAX;
@@ -447,6 +448,14 @@ async fn claim_waiting(
     let caller = incoming.caller.clone();
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
     let asker = claim.claim.client;
+    let started = tokio::time::Instant::now();
     let outcome = node.claim_waiting(claim, request_id, wait, &caller).await;
+    // Stepped down mid-wait: the new leader gets what is left of the wait, not all of it.
+    let incoming = match &outcome {
+        Err(ServiceError::NotLeader { .. }) => {
+            incoming.with_wait_left(wait.saturating_sub(started.elapsed()))
+        }
+        _ => incoming,
+    };
     respond(node, incoming, outcome, outcome_response(asker)).await
 }

@@ -821,3 +821,39 @@ async fn a_waiting_claim_follows_leadership_to_the_new_leader() {
         "answered by the add"
     );
 }
+
+/// Found from outside: a blocking claim whose leader stepped down mid-wait was relayed
+/// to the new leader with its whole `wait_ms` again, so it answered that much past its
+/// deadline. It now waits at most its `wait_ms` in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_moved_to_a_new_leader_keeps_its_deadline() {
+    let cluster = TestCluster::start(3, "never");
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let target = (1..=3).find(|&id| id != leader).expect("a follower");
+    let wait = Duration::from_secs(6);
+    let waiting = spawn_claim(
+        &cluster,
+        leader,
+        waiting_claim(5, "deadline", 60_000, wait.as_millis() as u64),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let response = cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/admin/transfer-leader",
+            &serde_json::json!({"id": target}),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("transfer answered");
+    assert_eq!(response.status.as_u16(), 200);
+    let (answer, took) = waiting.await.expect("joined");
+    let body = String::from_utf8_lossy(&answer.body).to_string();
+    assert_eq!(answer.status.as_u16(), 200, "{body}");
+    assert_eq!(body, r#"{"tasks":[]}"#);
+    // Its own 6 s, not 2 s at the old leader and then 6 s more at the new one.
+    assert!(took >= wait - Duration::from_millis(100), "{took:?}");
+    assert!(took < wait + Duration::from_millis(1_500), "{took:?}");
+}
