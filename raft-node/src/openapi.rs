@@ -226,7 +226,7 @@ fn wait_ms() -> Value {
 fn watch_paths() -> Value {
     let limit = json!({"name": "limit", "in": "query", "required": false, "description": format!("changes per page, whole revisions (default {WATCH_PAGE_DEFAULT}, at most {WATCH_PAGE_MAX})"), "schema": {"type": "integer", "minimum": 0, "maximum": WATCH_PAGE_MAX}});
     json!({
-        "/watch": {"get": {"tags": ["waiting"], "summary": "A group's changes (tasks written and removed, job records, settings) after a revision, in log order, from this node's applied state; waits up to wait_ms for the first. With Accept: text/event-stream, a stream of them (event = kind, data = the change, id = its revision on the last change of each revision; Last-Event-ID resumes; one that is not a revision gets 400) until the client leaves",
+        "/watch": {"get": {"tags": ["waiting"], "summary": "A group's changes (tasks written and removed, job records, settings) after a revision, in log order, from this node's applied state; waits up to wait_ms for the first. With Accept: text/event-stream, a stream of them (event = kind, data = the change, id = its revision on the last change of each revision; Last-Event-ID resumes, over after; one that is not a revision gets 400) until the client leaves, or until this node no longer keeps the position (event gone, with the 410 body, then the stream ends)",
             "parameters": [query("group", "the group", true),
                 {"name": "after", "in": "query", "required": false, "description": "changes after this revision (a log index); default: the node's current revision", "schema": {"type": "integer", "minimum": 0}},
                 wait_ms(), limit],

@@ -122,11 +122,12 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
         return ApiError::from(refused).into_response();
     }
     if wants_event_stream(&incoming.headers) {
-        if request.after.is_none() {
-            match last_event_id(&incoming.headers) {
-                Ok(after) => request.after = after,
-                Err(e) => return e.into_response(),
-            }
+        // A reconnect repeats the URL it first opened, `after` included, and adds the id
+        // of the last event it got: that id is where it resumes.
+        match last_event_id(&incoming.headers) {
+            Ok(Some(after)) => request.after = Some(after),
+            Ok(None) => {}
+            Err(e) => return e.into_response(),
         }
         let id = node.id();
         let mut response = stream(node, request).into_response();

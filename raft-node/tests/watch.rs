@@ -247,13 +247,14 @@ async fn an_event_stream_sends_each_change_with_resumable_ids() {
     assert_eq!(ids.len(), 2, "{text}");
     assert!(ids[0] < ids[1], "{text}");
 
-    // Resuming with Last-Event-ID gives what came after, once.
+    // Resuming with Last-Event-ID gives what came after, once, even when the URL is the
+    // first one with its `after` (a browser's EventSource reconnects with it).
     add(&cluster, 1, "s", "three").await.expect("added");
     let mut stream = tokio::net::TcpStream::connect(cluster.api(1))
         .await
         .expect("connect");
     let request = format!(
-        "GET /watch?group=s HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nLast-Event-ID: {}\r\n\r\n",
+        "GET /watch?group=s&after=0 HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nLast-Event-ID: {}\r\n\r\n",
         cluster.api(1),
         ids[1]
     );
@@ -278,7 +279,7 @@ async fn an_event_stream_sends_each_change_with_resumable_ids() {
         .await
         .expect("connect");
     let request = format!(
-        "GET /watch?group=s HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nLast-Event-ID: abc\r\nConnection: close\r\n\r\n",
+        "GET /watch?group=s&after=0 HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nLast-Event-ID: abc\r\nConnection: close\r\n\r\n",
         cluster.api(1)
     );
     stream.write_all(request.as_bytes()).await.expect("send");
