@@ -346,6 +346,15 @@ async fn waiters_beyond_the_bound_get_503_and_a_stopping_node_answers_every_wait
     assert_eq!(third.status.as_u16(), 503);
     assert!(third.headers.iter().any(|(name, _)| name == "retry-after"));
     assert!(String::from_utf8_lossy(&third.body).contains("--max-waiters"));
+    // A watch that does not wait is a read, not a waiter: served while the slots are full.
+    for path in ["/watch?group=a", "/watch?group=a&wait_ms=0"] {
+        let read = cluster
+            .client
+            .get(cluster.api(1), path, common::CALL_TIMEOUT)
+            .await
+            .expect("answered");
+        assert_eq!(read.status.as_u16(), 200, "{path}");
+    }
 
     let status = cluster.terminate(1).expect("the node was running");
     assert!(status.success(), "stopped with {status}");

@@ -40,8 +40,12 @@ impl Node {
                 return Ok(Err(ahead));
             }
         }
-        let slot = self.waiters.enter(WaitKind::Watch)?;
         let after = request.after.unwrap_or_else(|| self.feed.revision());
+        if request.wait.is_zero() {
+            // A plain read: no waiter slot, so a full --max-waiters refuses only waits.
+            return Ok(self.feed.page(&request.group, after, request.limit));
+        }
+        let slot = self.waiters.enter(WaitKind::Watch)?;
         let deadline = tokio::time::Instant::now() + request.wait;
         let signal = self.feed.signal(&request.group);
         let mut woken = false;
