@@ -92,6 +92,22 @@ def test_release_gives_a_claimed_task_back(client: RotaClient, group: str) -> No
     assert job.state == "waiting" and job.history[-1].outcome == "released"
 
 
+def test_finish_and_claim_is_one_cycle_in_one_write(client: RotaClient, group: str) -> None:
+    client.add(group, "a", key="a")
+    client.add(group, "b", key="b")
+    a = client.claim(group, 60_000)
+    assert a is not None and a.key == "a"
+    claimed = client.finish_and_claim(a, {"ok": 1}, group=group, duration_ms=60_000)
+    assert [t.key for t in claimed] == ["b"] and claimed[0].ownerid == client.client_id
+    assert client.job(group, "a").state == "succeeded"
+    assert client.finish_and_claim(claimed[0], group=group) == [], "nothing left to claim"
+    assert client.job(group, "b").state == "succeeded"
+    client.add(group, "c", key="c")
+    with pytest.raises(Refused, match="does not exist"):
+        client.finish_and_claim(a, group=group)
+    assert client.job(group, "c").state == "waiting", "a refused finish claims nothing"
+
+
 def test_finish_many_ends_every_claim_or_none(client: RotaClient, group: str) -> None:
     for key in ("a", "b", "c"):
         client.add(group, f"work {key}", key=key)

@@ -727,6 +727,32 @@ class RotaClient:
             body["result"] = result
         self.write("/finish", body, request_id)
 
+    def finish_and_claim(
+        self,
+        task: TaskRef,
+        result: Any = None,
+        *,
+        group: str,
+        duration_ms: int = 30_000,
+        count: int = 1,
+        request_id: Optional[str] = None,
+    ) -> List[Task]:
+        """Ends the claim of a task version with success and, in the same write (one
+        commit), claims up to ``count`` of ``group``'s next tasks for ``duration_ms``: a
+        worker's cycle in one request. The claimed versions; empty when none is claimable
+        (this claim never waits: follow with a blocking :meth:`claim`). A refusal
+        (``Refused``) means neither part applied."""
+        if not 1 <= int(count) <= CLAIM_COUNT_MAX:
+            raise ValueError(f"count {count} is not between 1 and {CLAIM_COUNT_MAX}")
+        body: Dict[str, Any] = {"clientid": self._client_id, "id": _task_id(task)}
+        if result is not None:
+            body["result"] = result
+        nxt: Dict[str, Any] = {"group": group, "duration": int(duration_ms)}
+        if count != 1:
+            nxt["count"] = int(count)
+        body["next"] = nxt
+        return self.write("/finish", body, request_id)
+
     def finish_many(
         self,
         finishes: Sequence[Union[TaskRef, Tuple[TaskRef, Any]]],
