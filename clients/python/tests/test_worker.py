@@ -183,6 +183,31 @@ def test_a_handler_may_stop_its_own_worker(client: RotaClient, group: str) -> No
     assert client.job(group, "last").result == "stopped myself"
 
 
+def test_each_finish_claims_the_next_task_in_the_same_write(client: RotaClient, group: str) -> None:
+    for i in range(6):
+        client.add(group, str(i), key=f"k{i}")
+    claims = []
+    real = client.claim_lease
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        claims.append(1)
+        return real(*args, **kwargs)
+
+    client.claim_lease = counted  # type: ignore[method-assign]
+    done: List[str] = []
+    w = Worker(client, group, lambda task, lease: done.append(task.data), threads=1, wait_ms=200)
+    w.start()
+    try:
+        wait_until(lambda: len(done) == 6, timeout=20, what="all six run")
+    finally:
+        assert w.stop(timeout=5)
+    assert sorted(done) == [str(i) for i in range(6)]
+    assert all(client.job(group, f"k{i}").state == "succeeded" for i in range(6))
+    # One claim for the first task, the others came with the finishes; then the idle
+    # slot's blocking claims (at most a few in this time).
+    assert len(claims) < 6, f"{len(claims)} claims for 6 tasks"
+
+
 def test_a_late_claim_runs_only_once_its_first_renewal_lands(client: RotaClient, group: str) -> None:
     """A claim answered long after it was sent may have been granted long ago and lapsed:
     its handler starts only once a renewal confirms the lease, and never if the task was

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Type
 
 from .errors import LeaseLost, Refused, RotaError
 from .types import Task
@@ -253,6 +253,13 @@ class Lease:
         :class:`~rota.errors.Refused` if the cluster refuses (e.g. the job was cancelled)."""
         task = self._end()
         self._client.finish(task.id, result)
+
+    def finish_and_claim(self, result: Any = None, *, group: str, duration_ms: int, count: int = 1) -> List[Task]:
+        """As :meth:`finish`, and in the same write claims up to ``count`` of ``group``'s
+        next tasks for ``duration_ms`` (see :meth:`RotaClient.finish_and_claim`): the
+        claimed versions, to be held in leases of their own."""
+        task = self._end()
+        return self._client.finish_and_claim(task.id, result, group=group, duration_ms=duration_ms, count=count)
 
     def fail(self, error: str = "", retry_in_ms: Optional[int] = None) -> Optional[Task]:
         """Ends the claim with an error: the task is retried after the group's back-off

@@ -249,51 +249,56 @@ class Worker:
         unsettled_since: Optional[float] = None
         empties = 0
         errors = 0
+        carried: Optional[Lease] = None
         while not self._stop.is_set():
-            wait_ms = 0 if busy else self.wait_ms
-            sent = time.monotonic()
-            try:
-                lease = self.client.claim_lease(
-                    self.group,
-                    self.lease_ms,
-                    wait_ms=wait_ms,
-                    request_id=unsettled,
-                    cancel=self._cancel,
-                    first_sent=unsettled_since if unsettled is not None else sent,
-                )
-                unsettled = None
-            except Cancelled:
-                return
-            except RotaError as e:
-                self._claim_failed(e)
-                if isinstance(e, Unavailable):
-                    if unsettled != e.request_id:
-                        unsettled_since = sent
-                    unsettled = e.request_id
-                else:
+            if carried is not None:
+                # The last finish claimed this one in the same write.
+                lease, carried = carried, None
+            else:
+                wait_ms = 0 if busy else self.wait_ms
+                sent = time.monotonic()
+                try:
+                    lease = self.client.claim_lease(
+                        self.group,
+                        self.lease_ms,
+                        wait_ms=wait_ms,
+                        request_id=unsettled,
+                        cancel=self._cancel,
+                        first_sent=unsettled_since if unsettled is not None else sent,
+                    )
                     unsettled = None
-                self._call(self.on_error, e)
-                busy = False
-                # Growing: a refused claim fails at once every time, and must not become
-                # a stream of requests.
-                errors += 1
-                if self._cancel.wait(poll_backoff(errors)):
+                except Cancelled:
                     return
-                continue
-            errors = 0
-            self._claims_answered()
-            busy = lease is not None
-            if lease is None:
-                if wait_ms and time.monotonic() - sent < wait_ms / 2000.0:
-                    # Empty well before the wait was up: this node does not wait (or
-                    # the wait was cut short), so poll with a growing pause instead.
-                    empties += 1
-                    if self._cancel.wait(poll_backoff(empties)):
+                except RotaError as e:
+                    self._claim_failed(e)
+                    if isinstance(e, Unavailable):
+                        if unsettled != e.request_id:
+                            unsettled_since = sent
+                        unsettled = e.request_id
+                    else:
+                        unsettled = None
+                    self._call(self.on_error, e)
+                    busy = False
+                    # Growing: a refused claim fails at once every time, and must not become
+                    # a stream of requests.
+                    errors += 1
+                    if self._cancel.wait(poll_backoff(errors)):
                         return
-                else:
-                    empties = 0
-                continue
-            empties = 0
+                    continue
+                errors = 0
+                self._claims_answered()
+                busy = lease is not None
+                if lease is None:
+                    if wait_ms and time.monotonic() - sent < wait_ms / 2000.0:
+                        # Empty well before the wait was up: this node does not wait (or
+                        # the wait was cut short), so poll with a growing pause instead.
+                        empties += 1
+                        if self._cancel.wait(poll_backoff(empties)):
+                            return
+                    else:
+                        empties = 0
+                    continue
+                empties = 0
             if self._stop.is_set():
                 # Claimed as the stop came: give it back rather than start it.
                 try:
@@ -304,18 +309,26 @@ class Worker:
             with self._lock:
                 self._active[index] = lease
             try:
-                self._work(lease)
+                carried = self._work(lease)
             finally:
                 with self._lock:
                     self._active.pop(index, None)
+        if carried is not None:
+            # Claimed by the last finish as the stop came: give it back unstarted.
+            try:
+                carried.release()
+            except RotaError:
+                pass
 
-    def _work(self, lease: Lease) -> None:
+    def _work(self, lease: Lease) -> Optional[Lease]:
+        """Runs the handler on ``lease`` and ends the claim; the next task's lease when
+        the finish claimed it in the same write."""
         assert self.handler is not None
         if not lease.wait_confirmed():
             # A late claim whose first renewal did not land: another worker may hold
             # the task, so its work never starts.
             self._count_lost(lease, f"a late claim's first renewal did not land, so its work never started: {lease.lost_reason}")
-            return
+            return None
         claimed = lease.task
         result: Any = None
         error: Optional[str] = None
@@ -347,26 +360,43 @@ class Worker:
         elif lease.ended and not lease.lost:
             pass  # the handler ended the lease itself (finish, fail, release, abandon)
         elif error is None:
-            self._finish(lease, result)
+            return self._finish(lease, result)
         else:
             self._fail(lease, error, retry_in_ms)
+        return None
 
-    def _finish(self, lease: Lease, result: Any) -> None:
+    def _finish(self, lease: Lease, result: Any) -> Optional[Lease]:
+        """Finishes ``lease``'s task; unless the worker is stopping, the same write claims
+        the slot's next task (one commit per cycle), whose lease it answers."""
+        claim_next = not self._stop.is_set()
+        sent = time.monotonic()
+        claimed: List[Task] = []
         try:
             try:
-                lease.finish(result)
+                if claim_next:
+                    claimed = lease.finish_and_claim(result, group=self.group, duration_ms=self.lease_ms)
+                else:
+                    lease.finish(result)
             except Unavailable as e:
                 # It may have applied: ask once more under its request id.
-                self.client.finish(lease.task, result, request_id=e.request_id)
+                if claim_next:
+                    claimed = self.client.finish_and_claim(
+                        lease.task, result, group=self.group, duration_ms=self.lease_ms, request_id=e.request_id
+                    )
+                else:
+                    self.client.finish(lease.task, result, request_id=e.request_id)
         except LeaseLost as e:
             self._count_lost(lease, str(e))
-            return
+            return None
         except RotaError as e:
             log.warning("finish of task %d of %r failed: %s", lease.task.id, self.group, e)
-            return
+            return None
         with self._lock:
             self.finished += 1
         self._call(self.on_finish, lease.task, result)
+        if not claimed:
+            return None
+        return Lease(self.client, claimed[0], self.lease_ms, claimed_at=sent)
 
     def _fail(self, lease: Lease, error: str, retry_in_ms: Optional[int]) -> None:
         try:
