@@ -103,7 +103,7 @@ fn label(value: &str) -> String {
 /// before a claim gives up and counts as a claim error.
 pub fn render(groups: &[GroupStats], node_retries: u64) -> String {
     type Read = fn(&WorkerStats, usize) -> f64;
-    let metrics: [(&str, &str, &str, Read); 9] = [
+    let metrics: [(&str, &str, &str, Read); 10] = [
         (
             "rota_worker_tasks_claimed_total",
             "counter",
@@ -133,6 +133,12 @@ pub fn render(groups: &[GroupStats], node_retries: u64) -> String {
             "counter",
             "Tasks whose lease was lost (cancelled, refused renewal, expiry) while their command ran.",
             |s, _| WorkerStats::get(&s.lost) as f64,
+        ),
+        (
+            "rota_worker_claims_sent_total",
+            "counter",
+            "Claim requests sent; a task that a finish claimed in the same write needs none.",
+            |s, _| WorkerStats::get(&s.claims_sent) as f64,
         ),
         (
             "rota_worker_claim_errors_total",
@@ -208,6 +214,6 @@ mod tests {
         assert!(page.contains(
             "# TYPE rota_worker_node_retries_total counter\nrota_worker_node_retries_total 3\n"
         ));
-        assert_eq!(page.matches("# HELP").count(), 10);
+        assert_eq!(page.matches("# HELP").count(), 11);
     }
 }

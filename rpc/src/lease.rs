@@ -197,6 +197,22 @@ impl Lease {
         self.client.finish(task.id, result).await
     }
 
+    /// Ends the claim with success and, in the same write, claims up to `count` of
+    /// `group`'s next tasks for `lease` ([`WorkerClient::finish_and_claim`]): the
+    /// claimed tasks, to be held in leases of their own.
+    pub async fn finish_and_claim(
+        &self,
+        result: Option<Value>,
+        group: &str,
+        lease: Duration,
+        count: u32,
+    ) -> Result<Vec<TaskJson>, WorkerError> {
+        let task = self.end().await?;
+        self.client
+            .finish_and_claim(task.id, result, group, lease, count)
+            .await
+    }
+
     /// Ends the claim by giving the task back, to be claimed again at once (for a job,
     /// a released attempt, which never makes it dead).
     pub async fn release(&self) -> Result<(), WorkerError> {
@@ -446,6 +462,8 @@ pub struct WorkerStats {
     pub lost: AtomicU64,
     /// Claims that ended in an error (no node answered, a refusal).
     pub claim_errors: AtomicU64,
+    /// Claim requests sent (a task that a finish claimed in the same write needs none).
+    pub claims_sent: AtomicU64,
     /// Work running now.
     pub running: AtomicU64,
     /// Total time work ran, in milliseconds.
@@ -614,49 +632,57 @@ async fn work_slot<F, Fut>(
     let mut empties: u32 = 0;
     let mut errors: u32 = 0;
     let mut claims: u64 = 0;
+    // A task the last finish claimed in the same write, and when that write was sent.
+    let mut carried: Option<(TaskJson, Instant)> = None;
     while !*stop.borrow() {
-        let claimed_at = Instant::now();
-        claims += 1;
-        let claim = client.claim_waiting(&options.group, options.lease, wait);
-        let task = tokio::select! {
-            biased;
-            _ = stop.wait_for(|s| *s) => return,
-            task = claim => task,
-        };
-        if task.is_ok() {
-            errors = 0;
-            claim_health.answered(&options);
-        }
-        let task = match task {
-            Ok(Some(task)) => task,
-            Ok(None) => {
-                // An empty answer well before the wait was up: this node does not wait
-                // (or the wait was cut short), so poll with a growing pause instead.
-                if claimed_at.elapsed() < wait / 2 {
-                    empties = empties.saturating_add(1);
+        let (task, claimed_at) = if let Some(next) = carried.take() {
+            next
+        } else {
+            let claimed_at = Instant::now();
+            claims += 1;
+            WorkerStats::add(&stats.claims_sent);
+            let claim = client.claim_waiting(&options.group, options.lease, wait);
+            let task = tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                task = claim => task,
+            };
+            if task.is_ok() {
+                errors = 0;
+                claim_health.answered(&options);
+            }
+            let task = match task {
+                Ok(Some(task)) => task,
+                Ok(None) => {
+                    // An empty answer well before the wait was up: this node does not wait
+                    // (or the wait was cut short), so poll with a growing pause instead.
+                    if claimed_at.elapsed() < wait / 2 {
+                        empties = empties.saturating_add(1);
+                        let seed = slot.rotate_left(32) ^ claims;
+                        if pause_unless_stopped(poll_backoff(empties, seed), &mut stop).await {
+                            return;
+                        }
+                    } else {
+                        empties = 0;
+                    }
+                    continue;
+                }
+                Err(error) => {
+                    WorkerStats::add(&stats.claim_errors);
+                    claim_health.failed(&options, &error);
+                    // Growing: a refused claim (a lease the cluster does not grant) fails
+                    // at once every time, and must not become a stream of requests.
+                    errors = errors.saturating_add(1);
                     let seed = slot.rotate_left(32) ^ claims;
-                    if pause_unless_stopped(poll_backoff(empties, seed), &mut stop).await {
+                    if pause_unless_stopped(poll_backoff(errors, seed), &mut stop).await {
                         return;
                     }
-                } else {
-                    empties = 0;
+                    continue;
                 }
-                continue;
-            }
-            Err(error) => {
-                WorkerStats::add(&stats.claim_errors);
-                claim_health.failed(&options, &error);
-                // Growing: a refused claim (a lease the cluster does not grant) fails
-                // at once every time, and must not become a stream of requests.
-                errors = errors.saturating_add(1);
-                let seed = slot.rotate_left(32) ^ claims;
-                if pause_unless_stopped(poll_backoff(errors, seed), &mut stop).await {
-                    return;
-                }
-                continue;
-            }
+            };
+            empties = 0;
+            (task, claimed_at)
         };
-        empties = 0;
         let claimed = ClaimedTask {
             id: task.id,
             key: task.key.clone(),
@@ -709,6 +735,22 @@ async fn work_slot<F, Fut>(
             });
         };
         match outcome {
+            // While the worker runs on, the finish claims the slot's next task in the
+            // same write: one commit per task while tasks are there.
+            Ended::Done(Ok(result)) if !*stop.borrow() => {
+                let sent = Instant::now();
+                let group = &options.group;
+                match lease
+                    .finish_and_claim(result, group, options.lease, 1)
+                    .await
+                {
+                    Ok(next) => {
+                        WorkerStats::add(&stats.finished);
+                        carried = next.into_iter().next().map(|task| (task, sent));
+                    }
+                    Err(error) => end_failed("finish", error),
+                }
+            }
             Ended::Done(Ok(result)) => match lease.finish(result).await {
                 Ok(()) => WorkerStats::add(&stats.finished),
                 Err(error) => end_failed("finish", error),
@@ -745,6 +787,22 @@ async fn work_slot<F, Fut>(
                 });
             }
         }
+    }
+    // Claimed by the last finish as the stop came: given back unstarted.
+    if let Some((task, _)) = carried
+        && client.release(&task).await.is_err()
+    {
+        options.events.tell(
+            &options.group,
+            WorkerEvent::EndFailed {
+                task: ClaimedTask {
+                    id: task.id,
+                    key: task.key.clone(),
+                },
+                how: "give back",
+                error: "no answer; the task runs again once its lease lapses".into(),
+            },
+        );
     }
 }
 
