@@ -208,7 +208,8 @@ class Rota:
         combined = self.cfg.get("mode", "delete") == "next"
 
         class RotaOps(Ops):
-            carried: List[Any] = []
+            def __init__(self) -> None:
+                self.carried: List[Any] = []
 
             def claim(self) -> Any:
                 if self.carried:

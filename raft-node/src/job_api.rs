@@ -54,7 +54,6 @@ use store_sm::machine::RetryRequest;
 use store_sm::machine::SettingsChange;
 use store_sm::machine::SettingsRequest;
 use store_sm::machine::TaskId;
-use store_sm::machine::check_claim_count;
 
 use crate::http::ApiError;
 use crate::json::job_json;
@@ -113,8 +112,8 @@ async fn post_finish(
         None => Request::Finish(finish),
         Some(next) => {
             check_claim_duration(&node, "next.duration", next.duration)?;
-            let count = next.count.unwrap_or(1);
-            check_claim_count(count)
+            let count = next
+                .checked_count()
                 .map_err(|refusal| ApiError::bad_request(format!("next: {refusal}")))?;
             incoming.caller.check_group(&next.group)?;
             Request::FinishAndClaim(FinishAndClaimRequest {

@@ -96,6 +96,17 @@ pub struct NextClaimJson {
     pub count: Option<u32>,
 }
 
+impl NextClaimJson {
+    /// The claim count, checked as [`crate::worker::ClaimRequestJson::checked_count`]
+    /// checks it: 1 when absent.
+    pub fn checked_count(&self) -> Result<u32, String> {
+        let count = self.count.unwrap_or(1);
+        task_machine::check_claim_count(count)
+            .map(|()| count)
+            .map_err(|refusal| refusal.to_string())
+    }
+}
+
 /// The body of `POST /finish/many`: the owner ends its claims of several tasks with
 /// success, all or none (a refusal names every task that cannot be finished).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
