@@ -17,6 +17,7 @@ pub mod hyper_errors;
 pub mod idle;
 pub mod job_api;
 pub mod json;
+pub mod log_forms;
 pub mod metrics;
 pub mod network;
 pub mod node;
@@ -54,6 +55,7 @@ use crate::clock::LogClock;
 use crate::clock::WallClock;
 use crate::config::NodeConfig;
 use crate::connection::ListenerRules;
+use crate::log_forms::PeerLogForms;
 use crate::network::Network;
 use crate::node::Node;
 use crate::node::NodeStorage;
@@ -172,6 +174,7 @@ pub fn raft_router(node: SharedNode) -> Router {
             node.clone(),
             tls::require_member,
         ))
+        .layer(axum::middleware::map_response(log_forms::announce))
         .with_state(node)
 }
 
@@ -301,11 +304,13 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     let log_at_start = log_at_start(&mut log_store).await?;
     let clock = Arc::new(LogClock::new(wall));
     let append_latency = Arc::new(LatencyHistogram::default());
+    let peer_forms = Arc::new(PeerLogForms::default());
     let network = Network::new(
         client.clone(),
         config.timing.clone(),
         Arc::clone(&clock),
         Arc::clone(&append_latency),
+        Arc::clone(&peer_forms),
     );
     let raft = NodeRaft::new(
         config.id,
@@ -340,6 +345,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     );
     node.log_at_start = log_at_start;
     node.append_latency = append_latency;
+    node.peer_forms = peer_forms;
     let node = Arc::new(node);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let servers = vec![

@@ -47,6 +47,8 @@ use store_sm::snapshot_data::SnapshotSpool;
 
 use crate::clock::LogClock;
 use crate::config::RaftTiming;
+use crate::log_forms;
+use crate::log_forms::PeerLogForms;
 use crate::types::NodeTypes;
 
 /// Paths of the Raft endpoints on a node's Raft listener.
@@ -178,22 +180,26 @@ pub struct Network {
     timing: RaftTiming,
     clock: Arc<LogClock>,
     append_latency: Arc<LatencyHistogram>,
+    peer_forms: Arc<PeerLogForms>,
 }
 
 impl Network {
-    /// A network using `client`'s pool, sending `clock`'s time with every append and
-    /// timing, in `append_latency`, each append with entries from send to answer.
+    /// A network using `client`'s pool, sending `clock`'s time with every append,
+    /// timing, in `append_latency`, each append with entries from send to answer, and
+    /// noting in `peer_forms` the log forms each peer answers with.
     pub fn new(
         client: HttpClient,
         timing: RaftTiming,
         clock: Arc<LogClock>,
         append_latency: Arc<LatencyHistogram>,
+        peer_forms: Arc<PeerLogForms>,
     ) -> Self {
         Self {
             client,
             timing,
             clock,
             append_latency,
+            peer_forms,
         }
     }
 }
@@ -209,6 +215,7 @@ impl RaftNetworkFactory<NodeTypes> for Network {
             timing: self.timing.clone(),
             clock: Arc::clone(&self.clock),
             append_latency: Some(Arc::clone(&self.append_latency)),
+            peer_forms: Some(Arc::clone(&self.peer_forms)),
         }
     }
 }
@@ -223,6 +230,8 @@ pub struct PeerClient {
     clock: Arc<LogClock>,
     /// Where appends with entries are timed; `None` for a client that sends no appends.
     append_latency: Option<Arc<LatencyHistogram>>,
+    /// Where the peer's log forms are noted; `None` outside replication.
+    peer_forms: Option<Arc<PeerLogForms>>,
 }
 
 /// A transport failure: peers that cannot take the message get openraft's backoff, the
@@ -263,6 +272,7 @@ impl PeerClient {
             timing,
             clock,
             append_latency: None,
+            peer_forms: None,
         }
     }
 
@@ -342,6 +352,9 @@ impl PeerClient {
         path: &str,
     ) -> Result<Resp, ClientError> {
         let response = response?.success(&self.addr)?;
+        if let Some(forms) = &self.peer_forms {
+            forms.heard(self.target, log_forms::announced(&response.headers));
+        }
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
             message: e.to_string(),

@@ -15,6 +15,7 @@ use store_sm::state_machine::StateReader;
 
 use crate::clock::LogClock;
 use crate::config::NodeConfig;
+use crate::log_forms::PeerLogForms;
 use crate::metrics::requests::HttpMetrics;
 use crate::network::PeerClient;
 use crate::storage::NodeSnapshots;
@@ -47,6 +48,8 @@ pub struct Node {
     pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
     /// Round trips of the appends with entries this node sent while leading.
     pub append_latency: Arc<store_sm::log_stats::LatencyHistogram>,
+    /// The log entry forms each peer reads, as it last answered this node.
+    pub peer_forms: Arc<PeerLogForms>,
     /// Every change this node applied, recently, by group; wakes waiters.
     pub feed: Arc<ChangeFeed>,
     /// The waiting requests this node holds.
@@ -115,6 +118,7 @@ impl Node {
             http_metrics: Arc::default(),
             log_stats,
             append_latency: Arc::default(),
+            peer_forms: Arc::default(),
             request_nonce: u64::from_le_bytes(crate::random::random_bytes()),
             request_counter: AtomicU64::new(0),
             removed_notice: std::sync::OnceLock::new(),

@@ -119,6 +119,15 @@ fn write_responses(limits: &Limits) -> Value {
     })
 }
 
+/// A write's answers, and the 409 of a finish with `next` during a rolling upgrade.
+fn finish_responses(limits: &Limits) -> Value {
+    let mut responses = write_responses(limits);
+    responses["409"] = error(
+        "with next: a member of the cluster may not read a finish with next (an older build, or one the leader has not heard from); nothing changed: send the finish without next, then a claim",
+    );
+    responses
+}
+
 fn admin_post(summary: &str, body: Option<Value>) -> Value {
     let mut op = json!({
         "tags": ["admin"],
@@ -164,7 +173,7 @@ fn job_paths(limits: &Limits) -> Value {
     json!({
             "/finish": {"post": {"tags": ["jobs"], "summary": "End a claim with success: the task is removed and a job's outcome recorded (owner only; the id is the fence); with next, also claim the client's next tasks in the same write, answered in tasks",
                 "parameters": [idempotency_key()],
-                "requestBody": json_body(ref_schema("FinishRequest")), "responses": write_responses(limits)}},
+                "requestBody": json_body(ref_schema("FinishRequest")), "responses": finish_responses(limits)}},
             "/finish/many": {"post": {"tags": ["jobs"], "summary": "End the claims of several tasks (1 to 1 000) with success in one request, all or none: a refusal names every task that cannot be finished (owner only; each id is its fence)",
                 "parameters": [idempotency_key()],
                 "requestBody": json_body(ref_schema("FinishManyRequest")), "responses": write_responses(limits)}},

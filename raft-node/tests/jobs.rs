@@ -480,6 +480,70 @@ async fn a_finish_with_next_claims_the_next_task_in_the_same_write() {
     }
 }
 
+/// Issue 17's upgrade rule: a leader logs a finish with `next` only once every member
+/// has shown it reads that entry. A learner that never answered keeps it refused (409,
+/// naming the node); a plain finish still applies, in the form older builds read; once
+/// the learner runs and answers, `next` is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_with_next_waits_until_every_member_reads_it() {
+    let cluster = TestCluster::start(3, "never").with_joiner(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let node4 = &cluster.nodes[3];
+    let learner = json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr});
+    post(&cluster, leader, "/admin/add-learner", learner).await;
+    let adds = json!({"clientid": 1, "adds": [
+        {"group": "u", "key": "a"}, {"group": "u", "key": "b"}, {"group": "u", "key": "c"}]});
+    post(&cluster, leader, "/update", adds).await;
+    let a = first_task(&post(&cluster, leader, "/claim", claim("u", 7)).await);
+    let next = json!({"group": "u", "duration": 60_000});
+
+    let finish_a = json!({"clientid": 7, "id": a["id"], "next": next});
+    let (status, body) = call(&cluster, follower, Method::POST, "/finish", Some(finish_a)).await;
+    assert_eq!(status, 409, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("node 4 has not answered") && error.contains("without next"),
+        "{body}"
+    );
+    // Refused as a whole: a still runs, nothing else is claimed.
+    let job = get(&cluster, leader, "/job?group=u&key=a").await;
+    assert_eq!(job["state"], "running", "{job}");
+    let job = get(&cluster, leader, "/job?group=u&key=b").await;
+    assert_eq!(job["state"], "waiting", "{job}");
+    // The two parts apart are taken.
+    post(
+        &cluster,
+        follower,
+        "/finish",
+        json!({"clientid": 7, "id": a["id"]}),
+    )
+    .await;
+    let job = get(&cluster, leader, "/job?group=u&key=a").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let b = first_task(&post(&cluster, follower, "/claim", claim("u", 7)).await);
+
+    cluster.start_node(4);
+    let finish_b = json!({"clientid": 7, "id": b["id"], "next": next});
+    let answer = common::eventually(|| async {
+        match call(
+            &cluster,
+            follower,
+            Method::POST,
+            "/finish",
+            Some(finish_b.clone()),
+        )
+        .await
+        {
+            (200, answer) => Ok(answer),
+            (status, body) => Err(format!("{status}: {body}")),
+        }
+    })
+    .await;
+    assert_eq!(first_task(&answer)["key"], "c", "{answer}");
+}
+
 #[tokio::test]
 async fn a_wait_for_outcomes_returns_when_the_jobs_finish() {
     let cluster = TestCluster::start(3, "never");

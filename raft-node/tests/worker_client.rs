@@ -706,3 +706,55 @@ async fn workers_sharing_one_http2_connection_each_get_their_own_tasks() {
         .expect("the group");
     assert!(left.is_empty(), "every task was deleted: {left:?}");
 }
+
+/// A rolling upgrade's cluster, where the leader takes no finish with `next` (here a
+/// learner it never heard from): `finish_and_claim` finishes and then claims, two
+/// writes, and the task it finished is done, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_and_claim_sends_its_parts_apart_where_next_is_not_taken() {
+    let cluster = TestCluster::start(3, "never").with_joiner(4);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let node4 = &cluster.nodes[3];
+    let learner = json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr});
+    cluster
+        .client
+        .post_json(
+            cluster.api(leader),
+            "/admin/add-learner",
+            &learner,
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .and_then(|answer| answer.success(cluster.api(leader)))
+        .expect("learner added");
+    let worker = client(&cluster, &[1, 2, 3], 7);
+    for key in ["a", "b"] {
+        let job = AddJson {
+            key: Some(key.into()),
+            ..AddJson::in_group("up")
+        };
+        worker.add_task(job).await.expect("added");
+    }
+    let lease = Duration::from_secs(60);
+    let a = worker
+        .claim("up", lease)
+        .await
+        .expect("answered")
+        .expect("a");
+    let next = worker
+        .finish_and_claim(a.id, Some(json!(1)), "up", lease, 1)
+        .await
+        .expect("finished and claimed apart");
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0].key.as_deref(), Some("b"));
+    let a_job = worker.job("up", "a").await.expect("a's record");
+    assert_eq!(a_job.state, "succeeded", "{a_job:?}");
+    let none = worker
+        .finish_and_claim(next[0].id, None, "up", lease, 1)
+        .await
+        .expect("finished");
+    assert!(none.is_empty(), "{none:?}");
+    let b_job = worker.job("up", "b").await.expect("b's record");
+    assert_eq!(b_job.state, "succeeded", "{b_job:?}");
+}

@@ -54,6 +54,22 @@ pub enum OnConflictJson {
     Resubmit,
 }
 
+/// What a leader's refusal (409) of a finish with `next` says while a member may not read
+/// that log entry (an older build during a rolling upgrade, or one not heard from).
+pub const NEXT_NOT_READ_BY_ALL: &str = "cannot log a finish with `next`";
+
+/// Whether a node's answer `status` with error `message` says that the cluster takes no
+/// finish with `next` yet: the leader's 409 ([`NEXT_NOT_READ_BY_ALL`]), or the 400 of a
+/// node whose build predates `next` (its body check names the unknown field). Nothing
+/// was written; send the finish without `next`, then a claim.
+pub fn next_not_taken(status: u16, message: &str) -> bool {
+    match status {
+        409 => message.contains(NEXT_NOT_READ_BY_ALL),
+        400 => message.contains("unknown field `next`"),
+        _ => false,
+    }
+}
+
 /// The body of `POST /finish`: the owner ends its claim with success.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

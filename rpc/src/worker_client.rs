@@ -91,6 +91,10 @@ fn silent_while_waiting(addr: &str) -> String {
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
 
 /// Pause between two attempts, so that a cluster electing a leader is not flooded.
+/// How long a client that found a finish with `next` not taken sends finish and claim
+/// apart before it tries `next` again (a rolling upgrade may have completed).
+pub const NEXT_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Why a call did not give what was asked.
@@ -211,6 +215,9 @@ pub struct WorkerClient {
     spread: bool,
     /// Attempts that failed and were tried again.
     retries: AtomicU64,
+    /// When a node last refused a finish with `next` (see
+    /// [`WorkerClient::finish_and_claim`]).
+    next_refused_at: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl WorkerClient {
@@ -248,6 +255,7 @@ impl WorkerClient {
             give_up_after: GIVE_UP_AFTER,
             spread: false,
             retries: AtomicU64::new(0),
+            next_refused_at: Mutex::new(None),
         })
     }
 
@@ -761,6 +769,10 @@ impl WorkerClient {
     /// up to `count` of `group`'s next tasks for `lease`: a worker's cycle in one commit.
     /// The claimed tasks (empty when none is claimable: this claim never waits); a
     /// refusal ([`WorkerError::Refused`]) means neither part applied.
+    ///
+    /// A cluster that takes no finish with `next` yet (a rolling upgrade: see
+    /// [`crate::job::next_not_taken`]) gets the finish and then a claim, two writes; the
+    /// client remembers that for [`NEXT_RETRY_AFTER`] before it asks with `next` again.
     pub async fn finish_and_claim(
         &self,
         id: u64,
@@ -774,13 +786,52 @@ impl WorkerClient {
             id,
             result,
             requestid: None,
-            next: Some(crate::job::NextClaimJson {
-                group: group.to_string(),
-                duration: lease.as_millis() as i64,
-                count: (count != 1).then_some(count),
-            }),
+            next: None,
         };
-        self.write(finish).await
+        // Nothing was written under an id whose finish with `next` was not taken, so
+        // the finish alone goes under the same id.
+        let request_id = self.next_request_id();
+        if !self.next_refused_lately() {
+            let with_next = FinishRequestJson {
+                next: Some(crate::job::NextClaimJson {
+                    group: group.to_string(),
+                    duration: lease.as_millis() as i64,
+                    count: (count != 1).then_some(count),
+                }),
+                ..finish.clone()
+            };
+            match self.write_as(with_next, request_id.clone()).await {
+                Err(WorkerError::Rejected(ClientError::Status {
+                    status, message, ..
+                })) if crate::job::next_not_taken(status.as_u16(), &message) => {
+                    self.note_next_refused();
+                }
+                answer => return answer,
+            }
+        }
+        self.write_as(finish, request_id).await?;
+        // The finish applied: a claim that fails now is no task claimed, not a failed
+        // finish; the caller claims as usual.
+        Ok(self
+            .claim_many(group, lease, count, Duration::ZERO)
+            .await
+            .unwrap_or_default())
+    }
+
+    /// Whether a node refused a finish with `next` less than [`NEXT_RETRY_AFTER`] ago.
+    fn next_refused_lately(&self) -> bool {
+        let refused = self
+            .next_refused_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        refused.is_some_and(|at| at.elapsed() < NEXT_RETRY_AFTER)
+    }
+
+    fn note_next_refused(&self) {
+        *self
+            .next_refused_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
     }
 
     /// Ends the claims of several task versions with success, each with its result, in

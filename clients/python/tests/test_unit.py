@@ -413,3 +413,55 @@ def test_an_error_page_that_is_not_rotas_is_cut() -> None:
     assert status == 502 and said.startswith("<html>") and len(said) == 200
     assert split_status(Response(status=503, headers={}, body=b"")) == (503, "Service Unavailable")
     assert split_status(Response(status=429, headers={}, body=b'{"error":"slow down"}')) == (429, "slow down")
+
+
+def test_finish_and_claim_sends_its_parts_apart_to_a_node_that_predates_next() -> None:
+    """A node of a build before ``next`` (400, unknown field) gets the finish alone under
+    the same request id, then a claim; the client remembers, and asks apart at once."""
+    import http.server
+    import json
+
+    seen: List[Tuple[str, Dict[str, Any]]] = []
+
+    class Older(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            if "next" in body:
+                status, answer = 400, {
+                    "error": "invalid /finish body: unknown field `next`, expected one of "
+                    "`clientid`, `id`, `result`, `requestid` at line 1 column 80"
+                }
+            else:
+                status, answer = 200, {"tasks": []}
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
+        client._discover_needed = False
+        assert client.finish_and_claim(5, {"ok": 1}, group="g", duration_ms=1000) == []
+        paths = [path for path, _ in seen]
+        assert paths == ["/finish", "/finish", "/claim"], seen
+        with_next, alone, claim = (body for _, body in seen)
+        assert with_next["next"] == {"group": "g", "duration": 1000}
+        assert "next" not in alone and alone["result"] == {"ok": 1}
+        assert alone["requestid"] == with_next["requestid"], "nothing was written under it"
+        assert (claim["group"], claim["duration"], claim["count"]) == ("g", 1000, 1)
+        seen.clear()
+        assert client.finish_and_claim(6, group="g", duration_ms=1000) == []
+        assert [("next" in body) for _, body in seen] == [False, False], seen
+    finally:
+        server.shutdown()
+        server.server_close()

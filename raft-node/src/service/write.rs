@@ -20,6 +20,10 @@ use crate::node::Node;
 /// How often a write that arrived before its new leader's clock settled looks again.
 const SETTLED_POLL: Duration = Duration::from_millis(2);
 
+/// How long a finish with `next` waits for word from members its leader has not heard
+/// from (see `Node::readable_by_members`): a few heartbeats.
+const UNHEARD_MEMBER_WAIT: Duration = Duration::from_millis(500);
+
 impl Node {
     /// `outcome`, unless it refuses a request id reused for another request: that is
     /// not an outcome of the request but a client's bug, answered apart (422) so that a
@@ -60,6 +64,7 @@ impl Node {
     ) -> Result<Arc<Outcome>, ServiceError> {
         self.check_member()?;
         self.settled_leader().await?;
+        let request = self.readable_by_members(request).await?;
         let command = Command {
             stamp: self.clock.now(),
             request_id,
@@ -89,6 +94,28 @@ impl Node {
             ))),
             Err(RaftError::Fatal(fatal)) => Err(Self::stopped(fatal)),
         }
+    }
+
+    /// `request` in a form every member reads (see `crate::log_forms`). A finish with
+    /// `next`, refused while a member is not known to read it, first waits a little for
+    /// members this leader has not heard from yet: a leader just elected hears from each
+    /// within a heartbeat.
+    async fn readable_by_members(&self, request: Request) -> Result<Request, ServiceError> {
+        if !crate::log_forms::needs_claimed_rule_form(&request) {
+            return Ok(request);
+        }
+        let members = self.member_ids();
+        if matches!(request.unscoped(), Request::FinishAndClaim(_)) {
+            let deadline = tokio::time::Instant::now() + UNHEARD_MEMBER_WAIT;
+            while self.peer_forms.any_unheard(&members, self.id())
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(SETTLED_POLL).await;
+            }
+        }
+        self.peer_forms
+            .readable(request, members, self.id())
+            .map_err(|e| ServiceError::Conflict(e.to_string()))
     }
 
     /// Returns once this node leads with its clock settled in its term (see

@@ -98,6 +98,25 @@ is asked again (a longer one is cut to this)."""
 
 _SLOW_DOWN_DEFAULT = 1.0
 
+NEXT_RETRY_AFTER = 60.0
+"""Seconds a client that found a finish with ``next`` not taken sends finish and claim
+apart before it tries ``next`` again (a rolling upgrade may have completed)."""
+
+NEXT_NOT_READ_BY_ALL = "cannot log a finish with `next`"
+"""What a leader's 409 says when it cannot log a finish with ``next`` yet."""
+
+
+def next_not_taken(status: int, message: str) -> bool:
+    """Whether a node's answer says the cluster takes no finish with ``next`` yet: the
+    leader's 409, or the 400 of a node whose build predates ``next``. Nothing was
+    written; send the finish without ``next``, then a claim."""
+    if status == 409:
+        return NEXT_NOT_READ_BY_ALL in message
+    if status == 400:
+        return "unknown field `next`" in message
+    return False
+
+
 _MIN_TIMEOUT = 0.05
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
@@ -258,6 +277,8 @@ class RotaClient:
         self._next_discovery = 0.0
         self._discover_lock = threading.Lock()
         self._retries = 0
+        # Before this monotonic time, finish_and_claim sends its two parts apart.
+        self._next_retry_at = 0.0
 
     # -- identity -----------------------------------------------------------------
 
@@ -741,17 +762,37 @@ class RotaClient:
         commit), claims up to ``count`` of ``group``'s next tasks for ``duration_ms``: a
         worker's cycle in one request. The claimed versions; empty when none is claimable
         (this claim never waits: follow with a blocking :meth:`claim`). A refusal
-        (``Refused``) means neither part applied."""
+        (``Refused``) means neither part applied.
+
+        A cluster that takes no finish with ``next`` yet (a rolling upgrade: an older
+        node, or a leader that has not heard from every member) gets the finish and then
+        a claim, two writes; the client remembers that for :data:`NEXT_RETRY_AFTER`
+        seconds before it asks with ``next`` again."""
         if not 1 <= int(count) <= CLAIM_COUNT_MAX:
             raise ValueError(f"count {count} is not between 1 and {CLAIM_COUNT_MAX}")
         body: Dict[str, Any] = {"clientid": self._client_id, "id": _task_id(task)}
         if result is not None:
             body["result"] = result
-        nxt: Dict[str, Any] = {"group": group, "duration": int(duration_ms)}
-        if count != 1:
-            nxt["count"] = int(count)
-        body["next"] = nxt
-        return self.write("/finish", body, request_id)
+        # Nothing was written under an id whose finish with next was not taken, so the
+        # finish alone goes under the same id.
+        rid = request_id if request_id is not None else self.next_request_id()
+        if time.monotonic() >= self._next_retry_at:
+            nxt: Dict[str, Any] = {"group": group, "duration": int(duration_ms)}
+            if count != 1:
+                nxt["count"] = int(count)
+            try:
+                return self.write("/finish", dict(body, next=nxt), rid)
+            except Rejected as e:
+                if not next_not_taken(e.status, e.message):
+                    raise
+                self._next_retry_at = time.monotonic() + NEXT_RETRY_AFTER
+        self.write("/finish", body, rid)
+        # The finish applied: a claim that fails now is no task claimed, not a failed
+        # finish; the caller claims as usual.
+        try:
+            return self.claim_many(group, count, duration_ms)
+        except (Unavailable, Rejected, Refused):
+            return []
 
     def finish_many(
         self,

@@ -1,0 +1,280 @@
+//! Which log entries every member can read, so that a leader never logs one that an
+//! older member would refuse to apply.
+//!
+//! Builds name the newest entry forms they read with a number, sent as a header on
+//! every Raft answer. Form 1 is every build before the claimed-version finish: it reads
+//! request variants 0 to 16. Form 2 adds `Finish`, `FinishMany`, `Fail` (the
+//! claimed-only rule) and `FinishAndClaim`. A leader logs a form-2 entry only while every
+//! member of the current configuration has answered it with form 2 or more since this
+//! process started; until then a finish, a fail and a finish of many go into the log in
+//! their legacy form, with the rule older builds apply, and a finish with `next` is
+//! refused (409) so that the client sends its two parts apart. An answer without the
+//! header comes from an older build: form 1.
+//!
+//! What is heard is not stored: a restarted leader hears from every reachable member
+//! within a heartbeat, and a member it cannot reach keeps the older forms in use, which
+//! is safe. Putting an older build in the place of a newer one (a downgrade) after
+//! form-2 entries were logged is not supported: that node cannot read them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::http::HeaderMap;
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use rpc::job::NEXT_NOT_READ_BY_ALL;
+use store_sm::machine::Request;
+use store_sm::machine::ScopedRequest;
+use store_sm::raft_types::NodeId;
+
+/// The header of a Raft answer that names the newest log entry form its sender reads.
+pub const LOG_FORMS_HEADER: &str = "x-rota-log-forms";
+
+/// The newest log entry form this build reads (see the module documentation).
+pub const LOG_FORMS_READ: u32 = 2;
+
+/// Form of the entries a build before the header reads, and of an answer without it.
+const FORM_BEFORE_HEADER: u32 = 1;
+
+/// The form `FinishAndClaim` and the claimed-only finish, fail and finish of many need.
+const CLAIMED_RULE_FORM: u32 = 2;
+
+/// Adds this build's [`LOG_FORMS_HEADER`] to a Raft answer.
+pub async fn announce(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        HeaderName::from_static(LOG_FORMS_HEADER),
+        HeaderValue::from(LOG_FORMS_READ),
+    );
+    response
+}
+
+/// The form a Raft answer's headers announce: [`FORM_BEFORE_HEADER`] without the header
+/// or with one that is not a number.
+pub fn announced(headers: &HeaderMap) -> u32 {
+    headers
+        .get(LOG_FORMS_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(FORM_BEFORE_HEADER)
+}
+
+/// The forms each peer last announced in answer to this node.
+#[derive(Debug, Default)]
+pub struct PeerLogForms {
+    heard: Mutex<HashMap<NodeId, u32>>,
+}
+
+/// Why a request cannot go into the log in any form every member reads.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this cluster {NEXT_NOT_READ_BY_ALL} yet: node {member} {why}; send POST /finish without \
+     next, then POST /claim (Rota's clients do so on their own)",
+    why = match heard {
+        Some(forms) => format!(
+            "runs an older build (it reads log form {forms}, a finish with next needs {CLAIMED_RULE_FORM}): upgrade it"
+        ),
+        None => "has not answered this leader since it started (it may be down)".to_string(),
+    }
+)]
+pub struct NotReadByAll {
+    /// A member that may not read the request.
+    pub member: NodeId,
+    /// The form it announced, if this leader heard from it.
+    pub heard: Option<u32>,
+}
+
+impl PeerLogForms {
+    /// Notes that `peer` answered announcing `forms`.
+    pub fn heard(&self, peer: NodeId, forms: u32) {
+        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.insert(peer, forms);
+    }
+
+    /// A member of `members`, other than `leader`, not known to read `form`, with the
+    /// form it announced if it was heard from.
+    fn first_behind(
+        &self,
+        members: impl IntoIterator<Item = NodeId>,
+        leader: NodeId,
+        form: u32,
+    ) -> Option<NotReadByAll> {
+        let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        members
+            .into_iter()
+            .filter(|&id| id != leader)
+            .map(|member| NotReadByAll {
+                member,
+                heard: heard.get(&member).copied(),
+            })
+            .find(|behind| behind.heard.is_none_or(|forms| forms < form))
+    }
+
+    /// Whether one of `members`, other than `leader`, has not answered this node yet.
+    pub fn any_unheard(&self, members: &[NodeId], leader: NodeId) -> bool {
+        let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        members
+            .iter()
+            .any(|id| *id != leader && !heard.contains_key(id))
+    }
+
+    /// `request` in a form every one of `members` reads, `leader` being this node: as it
+    /// is, or a finish, fail or finish of many in its legacy form; a finish with `next`,
+    /// which has no older form, is refused.
+    pub fn readable(
+        &self,
+        request: Request,
+        members: impl IntoIterator<Item = NodeId>,
+        leader: NodeId,
+    ) -> Result<Request, NotReadByAll> {
+        if !needs_claimed_rule_form(&request) {
+            return Ok(request);
+        }
+        match self.first_behind(members, leader, CLAIMED_RULE_FORM) {
+            None => Ok(request),
+            Some(behind) => legacy_form(request).ok_or(behind),
+        }
+    }
+}
+
+/// Whether `request` is logged in a form builds before [`CLAIMED_RULE_FORM`] cannot read.
+pub fn needs_claimed_rule_form(request: &Request) -> bool {
+    matches!(
+        request.unscoped(),
+        Request::Finish(_) | Request::FinishMany(_) | Request::Fail(_) | Request::FinishAndClaim(_)
+    )
+}
+
+/// The form-1 entry that does what `request` does under the older rule, if there is one.
+fn legacy_form(request: Request) -> Option<Request> {
+    match request {
+        Request::Finish(finish) => Some(Request::LegacyFinish(finish)),
+        Request::FinishMany(many) => Some(Request::LegacyFinishMany(many)),
+        Request::Fail(fail) => Some(Request::LegacyFail(fail)),
+        Request::Scoped(ScopedRequest { groups, request }) => {
+            legacy_form(*request).map(|request| {
+                Request::Scoped(ScopedRequest {
+                    groups,
+                    request: Box::new(request),
+                })
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use store_sm::machine::ClaimManyRequest;
+    use store_sm::machine::ClaimRequest;
+    use store_sm::machine::FailRequest;
+    use store_sm::machine::FinishAndClaimRequest;
+    use store_sm::machine::FinishRequest;
+
+    use super::*;
+
+    fn finish() -> FinishRequest {
+        FinishRequest {
+            client: 7,
+            id: 3,
+            result: None,
+        }
+    }
+
+    fn finish_and_claim() -> Request {
+        Request::FinishAndClaim(FinishAndClaimRequest {
+            finish: finish(),
+            next: ClaimManyRequest {
+                claim: ClaimRequest {
+                    client: 7,
+                    group: "g".into(),
+                    duration_ms: 1000,
+                    depends: Vec::new(),
+                },
+                count: 1,
+            },
+        })
+    }
+
+    #[test]
+    fn new_forms_only_once_every_other_member_announced_them() {
+        let forms = PeerLogForms::default();
+        let finish = Request::Finish(finish());
+        // Not heard from node 2 or 3 yet.
+        let unheard = forms.readable(finish_and_claim(), [1, 2, 3], 1).err();
+        assert!(
+            unheard.is_some_and(|e| e.heard.is_none() && e.to_string().contains("may be down"))
+        );
+        assert_eq!(
+            forms.readable(finish.clone(), [1, 2, 3], 1).ok(),
+            Some(Request::LegacyFinish(self::finish()))
+        );
+        forms.heard(2, LOG_FORMS_READ);
+        assert!(forms.any_unheard(&[1, 2, 3], 1));
+        forms.heard(3, FORM_BEFORE_HEADER);
+        let refused = forms.readable(finish_and_claim(), [1, 2, 3], 1);
+        let Err(refused) = refused else {
+            panic!("node 3 reads form 1")
+        };
+        assert_eq!((refused.member, refused.heard), (3, Some(1)));
+        assert!(
+            refused.to_string().contains("runs an older build"),
+            "{refused}"
+        );
+        assert!(!forms.any_unheard(&[1, 2, 3], 1));
+        forms.heard(3, LOG_FORMS_READ);
+        assert_eq!(
+            forms.readable(finish.clone(), [1, 2, 3], 1).ok(),
+            Some(finish)
+        );
+        assert_eq!(
+            forms.readable(finish_and_claim(), [1, 2, 3], 1).ok(),
+            Some(finish_and_claim())
+        );
+        // A member that answers as an older build again (a downgrade) is heard.
+        forms.heard(2, FORM_BEFORE_HEADER);
+        assert!(forms.readable(finish_and_claim(), [1, 2, 3], 1).is_err());
+        // A single-node cluster reads what its leader reads.
+        assert!(
+            PeerLogForms::default()
+                .readable(finish_and_claim(), [1], 1)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn legacy_forms_keep_scope_and_leave_other_requests_alone() {
+        let forms = PeerLogForms::default();
+        let fail = FailRequest {
+            client: 7,
+            id: 3,
+            error: "boom".into(),
+            retry_in_ms: None,
+        };
+        let scoped = Request::Scoped(ScopedRequest {
+            groups: vec!["g".into()],
+            request: Box::new(Request::Fail(fail.clone())),
+        });
+        assert_eq!(
+            forms.readable(scoped, [1, 2], 1).ok(),
+            Some(Request::Scoped(ScopedRequest {
+                groups: vec!["g".into()],
+                request: Box::new(Request::LegacyFail(fail)),
+            }))
+        );
+        assert_eq!(
+            forms.readable(Request::PassTime, [1, 2], 1).ok(),
+            Some(Request::PassTime)
+        );
+    }
+
+    #[test]
+    fn an_answer_without_the_header_is_an_older_build() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(announced(&headers), FORM_BEFORE_HEADER);
+        headers.insert(LOG_FORMS_HEADER, HeaderValue::from(LOG_FORMS_READ));
+        assert_eq!(announced(&headers), LOG_FORMS_READ);
+        headers.insert(LOG_FORMS_HEADER, HeaderValue::from_static("x"));
+        assert_eq!(announced(&headers), FORM_BEFORE_HEADER);
+    }
+}
