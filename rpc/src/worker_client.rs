@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
@@ -218,6 +219,8 @@ pub struct WorkerClient {
     /// When a node last refused a finish with `next` (see
     /// [`WorkerClient::finish_and_claim`]).
     next_refused_at: Mutex<Option<tokio::time::Instant>>,
+    /// When each node last answered a waiting call's probe, by address.
+    probes_heard: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl WorkerClient {
@@ -256,6 +259,7 @@ impl WorkerClient {
             spread: false,
             retries: AtomicU64::new(0),
             next_refused_at: Mutex::new(None),
+            probes_heard: Mutex::new(HashMap::new()),
         })
     }
 
@@ -434,10 +438,36 @@ impl WorkerClient {
     async fn until_silent(&self, addr: &str) {
         loop {
             tokio::time::sleep(WAIT_PROBE_EVERY).await;
-            if self.cluster_status(addr).await.is_none() {
+            if !self.still_answers(addr).await {
                 return;
             }
         }
+    }
+
+    /// Whether the node at `addr` answered a `GET /cluster` within [`WAIT_PROBE_EVERY`]:
+    /// this call's, or one another waiting call of this client made meanwhile, so that
+    /// many calls waiting at one node cost one probe. Any HTTP answer counts (a 429, 401
+    /// or 503 comes from a node that is not frozen); only no answer in time is silence.
+    async fn still_answers(&self, addr: &str) -> bool {
+        let heard_lately = |heard: &HashMap<String, tokio::time::Instant>| {
+            heard
+                .get(addr)
+                .is_some_and(|at| at.elapsed() < WAIT_PROBE_EVERY)
+        };
+        if heard_lately(&self.probes_heard.lock().unwrap_or_else(|e| e.into_inner())) {
+            return true;
+        }
+        let timeout = self.call_timeout.min(LEADER_LOOKUP_TIMEOUT);
+        if self.http.get(addr, "/cluster", timeout).await.is_err() {
+            return false;
+        }
+        let mut heard = self.probes_heard.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded by the nodes a client keeps, but addresses come and go: forget the old.
+        if heard.len() >= NODES_KNOWN_MAX {
+            heard.retain(|_, at| at.elapsed() < WAIT_PROBE_EVERY);
+        }
+        heard.insert(addr.to_string(), tokio::time::Instant::now());
+        true
     }
 
     /// `GET /cluster` of the node at `addr`, if it answers within
@@ -1250,6 +1280,35 @@ mod tests {
         // the 20 s wait plus a call timeout.
         let took = started.elapsed();
         assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
+    /// A node that answers a waiting call's probe with an error (busy, unauthorised,
+    /// stopping) is not frozen: the call keeps waiting there. Only no answer is silence.
+    #[tokio::test]
+    async fn a_probe_answered_with_an_error_is_not_silence() {
+        const UNAVAILABLE: &str =
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 16\r\n\r\n{\"error\":\"busy\"}";
+        let busy = ScriptedNode::start_with(|_| TASKS, Some(UNAVAILABLE.into())).await;
+        let (frozen, _) = silent_node().await;
+        let client = WorkerClient::new([busy.addr.as_str()], 1).expect("ok");
+        assert!(client.still_answers(&busy.addr).await);
+        assert!(!client.still_answers(&frozen).await);
+        // Heard lately: another waiting call's probe is not sent again.
+        let heard = client
+            .probes_heard
+            .lock()
+            .expect("lock")
+            .get(&busy.addr)
+            .copied();
+        assert!(heard.is_some_and(|at| at.elapsed() < WAIT_PROBE_EVERY));
+        assert!(client.still_answers(&busy.addr).await);
+        let again = client
+            .probes_heard
+            .lock()
+            .expect("lock")
+            .get(&busy.addr)
+            .copied();
+        assert_eq!(again, heard, "answered from the last probe, none sent");
     }
 
     #[tokio::test]

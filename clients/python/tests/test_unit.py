@@ -465,3 +465,68 @@ def test_finish_and_claim_sends_its_parts_apart_to_a_node_that_predates_next() -
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_wait_confirmed_returns_once_an_unconfirmed_lease_is_ended() -> None:
+    """A late claim whose first renewal got no definite answer, ended meanwhile (a
+    worker's stop gives it back, or abandons it): wait_confirmed answers False at once
+    instead of waiting for a renewal that will never come."""
+    from rota import Lease
+
+    node, posts = _scripted_node(lambda n: (400, {}))
+    try:
+        client = RotaClient([f"127.0.0.1:{node.server_address[1]}"])
+        client._discover_needed = False
+        task = Task(id=9, group="g", data="", timespec=0, ownerid=client.client_id)
+        # Five seconds of a thirty-second lease left: late, confirmed by a renewal only.
+        lease = Lease(client, task, 30_000, claimed_at=time.monotonic() - 25)
+        deadline = time.monotonic() + 5
+        while not posts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert posts, "the first renewal was sent"
+        lease.abandon()
+        started = time.monotonic()
+        assert not lease.wait_confirmed(10)
+        assert time.monotonic() - started < 5, "waited for a renewal that never comes"
+    finally:
+        node.shutdown()
+        node.server_close()
+
+
+def test_a_probe_answered_with_an_error_is_not_silence() -> None:
+    """A node that answers a waiting call's probe with an error (busy, unauthorised,
+    stopping) is not frozen; one probe answers for every call waiting there meanwhile."""
+    import http.server
+
+    gets: List[str] = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            gets.append(self.path)
+            answer = b'{"error":"busy"}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"], call_timeout=0.5)
+        busy = Node.parse(f"127.0.0.1:{server.server_address[1]}")
+        assert client._still_answers(busy)
+        assert client._still_answers(busy)
+        assert gets == ["/cluster"], "the second call used the first one's probe"
+        assert not client._still_answers(Node.parse(f"127.0.0.1:{closed.getsockname()[1]}"))
+    finally:
+        closed.close()
+        server.shutdown()
+        server.server_close()

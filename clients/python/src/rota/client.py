@@ -279,6 +279,9 @@ class RotaClient:
         self._retries = 0
         # Before this monotonic time, finish_and_claim sends its two parts apart.
         self._next_retry_at = 0.0
+        # When each node last answered a waiting call's probe (monotonic), by address.
+        self._heard: Dict[str, float] = {}
+        self._heard_lock = threading.Lock()
 
     # -- identity -----------------------------------------------------------------
 
@@ -379,6 +382,24 @@ class RotaClient:
         except (TransportError, ValueError):
             return None
         return status if isinstance(status, dict) else None
+
+    def _still_answers(self, node: Node) -> bool:
+        """Whether ``node`` answered a ``GET /cluster`` within ``WAIT_PROBE_EVERY``: this
+        call's, or one another waiting call of this client made meanwhile, so that many
+        calls waiting at one node cost one probe. Any HTTP answer counts (a 429, 401 or
+        503 comes from a node that is not frozen); only no answer in time is silence."""
+        now = time.monotonic()
+        with self._heard_lock:
+            if now - self._heard.get(node.addr, -WAIT_PROBE_EVERY) < WAIT_PROBE_EVERY:
+                return True
+        try:
+            timeout = min(self.call_timeout, LEADER_LOOKUP_TIMEOUT)
+            self._pool.request(node, "GET", "/cluster", None, timeout)
+        except TransportError:
+            return False
+        with self._heard_lock:
+            self._heard[node.addr] = time.monotonic()
+        return True
 
     def _look_for_leader(self) -> Tuple[Optional[str], bool]:
         """Asks the nodes who leads, learning the members this client was not given;
@@ -533,7 +554,7 @@ class RotaClient:
 
         def watch() -> None:
             while not done.wait(WAIT_PROBE_EVERY):
-                if self._cluster_status(node) is None:
+                if not self._still_answers(node):
                     if not done.is_set():
                         silent.set()
                         exchange.cancel()

@@ -152,10 +152,10 @@ class Lease:
     def wait_confirmed(self, timeout: Optional[float] = None) -> bool:
         """Blocks until the lease is known to be held (at once for a claim answered with
         at least a third of its lease left; after the first renewal lands for one
-        answered later) or is lost, or ``timeout`` seconds pass; whether it is known to
-        be held. Start the work only after it returns ``True``."""
+        answered later), is lost or ended, or ``timeout`` seconds pass; whether it is
+        known to be held. Start the work only after it returns ``True``."""
         self._settled.wait(timeout)
-        return self._confirmed.is_set() and self._lost is None
+        return self._confirmed.is_set() and self._lost is None and not self._ended
 
     def wait_lost(self, timeout: Optional[float] = None) -> bool:
         """Blocks until the lease is lost or ``timeout`` seconds pass; whether it was."""
@@ -173,16 +173,21 @@ class Lease:
     # -- renewing ---------------------------------------------------------------------
 
     def _renew_loop(self) -> None:
-        while True:
-            delay = self._next - time.monotonic()
-            if delay > 0 and self._wake.wait(delay):
-                return
-            with self._lock:
-                if self._ended or self._lost is not None:
+        try:
+            while True:
+                delay = self._next - time.monotonic()
+                if delay > 0 and self._wake.wait(delay):
                     return
-                self._renew_once()
-                if self._lost is not None:
-                    return
+                with self._lock:
+                    if self._ended or self._lost is not None:
+                        return
+                    self._renew_once()
+                    if self._lost is not None:
+                        return
+        finally:
+            # Whatever ended the renewals (an end, a loss, a fault of this thread), a
+            # wait_confirmed must not wait for a renewal that will never come.
+            self._settled.set()
 
     def _set_lost(self, lost: LeaseLost) -> None:
         self._lost = lost
@@ -238,14 +243,19 @@ class Lease:
                     # the end names the current version.
                     self._renew_once()
             if self._lost is not None:
-                self._ended = True
-                self._wake.set()
+                self._stop_renewing()
                 raise LeaseLost(self._lost.reason, self._lost.errors)
             if self._ended:
                 raise LeaseLost("ended")
-            self._ended = True
-            self._wake.set()
+            self._stop_renewing()
             return self._task
+
+    def _stop_renewing(self) -> None:
+        """Marks the lease ended, with the lock held, and wakes the renewer and any
+        wait_confirmed (which then answers ``False`` unless the lease was confirmed)."""
+        self._ended = True
+        self._wake.set()
+        self._settled.set()
 
     def finish(self, result: Any = None) -> None:
         """Ends the claim with success and an optional JSON result. Raises
@@ -276,8 +286,7 @@ class Lease:
     def abandon(self) -> None:
         """Stops renewing without telling the cluster: the lease lapses on its own."""
         with self._lock:
-            self._ended = True
-            self._wake.set()
+            self._stop_renewing()
 
     def __enter__(self) -> "Lease":
         return self

@@ -391,12 +391,13 @@ class Worker:
         except RotaError as e:
             log.warning("finish of task %d of %r failed: %s", lease.task.id, self.group, e)
             return None
+        # The next task's lease starts renewing before the callback runs, which may be
+        # slow.
+        carried = Lease(self.client, claimed[0], self.lease_ms, claimed_at=sent) if claimed else None
         with self._lock:
             self.finished += 1
         self._call(self.on_finish, lease.task, result)
-        if not claimed:
-            return None
-        return Lease(self.client, claimed[0], self.lease_ms, claimed_at=sent)
+        return carried
 
     def _fail(self, lease: Lease, error: str, retry_in_ms: Optional[int]) -> None:
         try:
