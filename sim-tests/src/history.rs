@@ -92,6 +92,14 @@ pub enum Call {
         /// The claimed version.
         id: u64,
     },
+    /// Finish job task `id` with success and, in the same write, claim one next job for
+    /// `duration_ms` (`/finish` with `next`).
+    CompleteAndClaim {
+        /// The claimed version.
+        id: u64,
+        /// The next claim's lease length.
+        duration_ms: i64,
+    },
     /// Finish job tasks `ids` with success, all or none (`/finish/many`).
     CompleteMany {
         /// The claimed versions.
@@ -135,6 +143,9 @@ pub struct History {
     pub stale_reads: u64,
     /// Calls that failed and were retried (timeouts, 503s, dropped connections).
     pub retries: u64,
+    /// Finishes with `next` the leader did not take (a member not heard from), sent again
+    /// without it.
+    pub next_not_taken: u64,
     /// What the watchers saw, one stream per group.
     pub watches: Vec<WatchStream>,
 }

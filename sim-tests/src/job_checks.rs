@@ -95,7 +95,7 @@ fn index<'a>(history: &'a History, problems: &mut Vec<String>) -> JobHistory<'a>
                 jobs.adds.insert(data, (op, key, after));
                 jobs.adds_of_key.entry(key).or_default().push(op);
             }
-            (Call::Claim { .. }, Answer::Tasks(tasks)) => {
+            (Call::Claim { .. } | Call::CompleteAndClaim { .. }, Answer::Tasks(tasks)) => {
                 for task in tasks {
                     jobs.claim_of.insert(task.id, jobs.claims.len());
                     jobs.claims.push(Claimed { op, task });
@@ -112,7 +112,9 @@ fn index<'a>(history: &'a History, problems: &mut Vec<String>) -> JobHistory<'a>
     // in completion order across workers.
     for op in ops {
         let (ids, finish) = match &op.call {
-            Call::Complete { id } => (std::slice::from_ref(id), true),
+            Call::Complete { id } | Call::CompleteAndClaim { id, .. } => {
+                (std::slice::from_ref(id), true)
+            }
             Call::CompleteMany { ids } => (ids.as_slice(), true),
             Call::FailJob { id } => (std::slice::from_ref(id), false),
             _ => continue,

@@ -24,6 +24,7 @@ use store_sm::machine::ClaimManyRequest;
 use store_sm::machine::ClaimRequest;
 use store_sm::machine::Command;
 use store_sm::machine::FailRequest;
+use store_sm::machine::FinishAndClaimRequest;
 use store_sm::machine::FinishItem;
 use store_sm::machine::FinishManyRequest;
 use store_sm::machine::FinishRequest;
@@ -286,6 +287,25 @@ fn apply(group: &str, state: &ModelState, op: &Op) -> Option<ModelState> {
                 result: None,
             }),
             0,
+        ),
+        Call::CompleteAndClaim { id, duration_ms } => (
+            Request::FinishAndClaim(FinishAndClaimRequest {
+                finish: FinishRequest {
+                    client,
+                    id: to_model(*id),
+                    result: None,
+                },
+                next: ClaimManyRequest {
+                    claim: ClaimRequest {
+                        client,
+                        group: group.to_string(),
+                        duration_ms: *duration_ms,
+                        depends: Vec::new(),
+                    },
+                    count: 1,
+                },
+            }),
+            stamp(*duration_ms),
         ),
         Call::CompleteMany { ids } => (
             Request::FinishMany(FinishManyRequest {

@@ -65,6 +65,16 @@ impl TaskMachine {
                 self.assert_written(before, written);
                 self.assert_removed(before, removed);
             }
+            (Effect::Job, Outcome::Tasks(written), Request::FinishAndClaim(both)) => {
+                assert!(
+                    written.len() <= both.next.count as usize,
+                    "a finish claiming up to {} tasks wrote {}",
+                    both.next.count,
+                    written.len()
+                );
+                self.assert_written(before, written);
+                self.assert_removed(before, [both.finish.id]);
+            }
             (Effect::Job, Outcome::Tasks(written), _) => self.assert_written(before, written),
             (Effect::Job, Outcome::Settings(_), Request::Settings(_)) => {}
             (
