@@ -245,13 +245,17 @@ fn transport_error(e: ClientError) -> RPCError<NodeTypes> {
 }
 
 /// Whether a failed call should wait out openraft's backoff before the next: no
-/// connection, or a peer that refused the message itself (a 4xx: another node listens
-/// at that address, or an older build cannot read the entries). Retried at once, such a
+/// connection, or a peer that refused the message itself (another node listens at that
+/// address, an older build cannot read the entries, a body over its limit). Retried at once, such a
 /// peer costs the leader a warning and a request per append, about ten a second.
 fn backs_off(e: &ClientError) -> bool {
     match e {
         ClientError::Connect { .. } => true,
-        ClientError::Status { status, .. } => status.is_client_error(),
+        // Refusals that the same message meets again at once; not a 408 or a 429, which
+        // pass.
+        ClientError::Status { status, .. } => {
+            matches!(status.as_u16(), 400 | 403 | 404 | 413 | 421)
+        }
         _ => false,
     }
 }
@@ -505,7 +509,13 @@ mod tests {
             backs_off(&status(400)),
             "another node, or an unreadable entry"
         );
-        assert!(!backs_off(&status(503)), "a node busy or stopping: at once");
+        assert!(backs_off(&status(421)), "a message for another node");
+        for passing in [408, 429, 503] {
+            assert!(
+                !backs_off(&status(passing)),
+                "{passing}: tried again at once"
+            );
+        }
         let refused = ClientError::Connect {
             addr: "a:1".into(),
             source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),

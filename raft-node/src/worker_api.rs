@@ -449,11 +449,15 @@ async fn claim_waiting(
     let incoming = incoming.waiting(wait).write_with(request_id.as_deref());
     let asker = claim.claim.client;
     let started = tokio::time::Instant::now();
+    let led = node.leading_term().is_some();
     let outcome = node.claim_waiting(claim, request_id, wait, &caller).await;
-    // Stepped down mid-wait: the new leader gets what is left of the wait, not all of it.
+    // Stepped down mid-wait: the new leader gets what is left of the wait, not all of it
+    // (at least a millisecond: a claim that does not wait is another request, whose
+    // empty answer its request id would keep). A follower relays the body as it came.
     let incoming = match &outcome {
-        Err(ServiceError::NotLeader { .. }) => {
-            incoming.with_wait_left(wait.saturating_sub(started.elapsed()))
+        Err(ServiceError::NotLeader { .. }) if led => {
+            let left = wait.saturating_sub(started.elapsed());
+            incoming.with_wait_left(left.max(Duration::from_millis(1)))
         }
         _ => incoming,
     };
