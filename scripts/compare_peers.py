@@ -277,7 +277,10 @@ class Postgres:
             + " (initdb defaults; only listen address and port set)",
             "claim: UPDATE t SET state='claimed', owner=$1, claimed_at=now() WHERE id = (SELECT id FROM t"
             " WHERE state='ready' ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id;"
-            " complete: DELETE FROM t WHERE id=$1 AND owner=$2; each its own transaction (autocommit, one fsync each)",
+            (" complete: DELETE FROM t WHERE id=$1 AND owner=$2; each its own transaction (autocommit, one fsync each)"
+             if self.cfg.get("mode", "separate") == "separate" else
+             " complete: one transaction (one commit, one fsync) of DELETE FROM t WHERE id=$1 AND owner=$2 and the"
+             " claim of the next task; claim: the task that brought (a transaction only when it brought none)"),
             f"client: psycopg {psycopg.__version__} (libpq, binary), TCP to 127.0.0.1, one connection per worker process;"
             " table with a partial index on id WHERE state='ready'",
         ]
@@ -311,15 +314,37 @@ class Postgres:
             " RETURNING id"
         )
         complete_sql = f"DELETE FROM {table} WHERE id = %s AND owner = %s"
+        release_sql = f"UPDATE {table} SET state = 'ready', owner = NULL WHERE id = %s AND owner = %s"
+        # Like for like with Rota's --rota-mode next: the complete and the next claim in one
+        # commit.
+        combined = self.cfg.get("mode", "separate") == "combined"
 
         class PostgresOps(Ops):
+            def __init__(self) -> None:
+                self.carried: Optional[Any] = None
+
             def claim(self) -> Any:
+                if self.carried is not None:
+                    task, self.carried = self.carried, None
+                    return task
                 row = conn.execute(claim_sql, (owner,)).fetchone()
                 return None if row is None else row[0]
 
             def complete(self, task: Any) -> None:
-                if conn.execute(complete_sql, (task, owner)).rowcount != 1:
-                    raise RuntimeError(f"task {task} was not ours to delete")
+                if not combined:
+                    if conn.execute(complete_sql, (task, owner)).rowcount != 1:
+                        raise RuntimeError(f"task {task} was not ours to delete")
+                    return
+                with conn.transaction():
+                    if conn.execute(complete_sql, (task, owner)).rowcount != 1:
+                        raise RuntimeError(f"task {task} was not ours to delete")
+                    row = conn.execute(claim_sql, (owner,)).fetchone()
+                self.carried = None if row is None else row[0]
+
+            def stop(self) -> None:
+                if self.carried is not None:
+                    conn.execute(release_sql, (self.carried, owner))
+                    self.carried = None
 
             def close(self) -> None:
                 conn.close()
@@ -771,6 +796,9 @@ def main() -> int:
                         help="RabbitMQ claim: basic.get, or a consumer with prefetch 1")
     parser.add_argument("--rota-mode", choices=("delete", "next"), default="delete",
                         help="Rota's cycle: claim then delete, or a finish that claims the next task")
+    parser.add_argument("--postgres-mode", choices=("separate", "combined"), default="separate",
+                        help="Postgres's cycle: claim and complete in two transactions, or a complete"
+                        " that claims the next task in the same transaction (like --rota-mode next)")
     parser.add_argument("--bg-limit", type=float, default=15.0,
                         help="most CPU (%% of one core) other processes may use during a run's window")
     parser.add_argument("--bg-retries", type=int, default=2, help="times a run over --bg-limit is run again")
@@ -784,6 +812,8 @@ def main() -> int:
     config["rabbitmq"]["mode"] = args.rabbit_mode
     if "rota" in config:
         config["rota"]["mode"] = args.rota_mode
+    if "postgres" in config:
+        config["postgres"]["mode"] = args.postgres_mode
     names = [n for n in args.systems.split(",") if n]
     worker_counts = [int(w) for w in args.workers.split(",")]
     systems = {n: SYSTEMS[n](config[n], config["repo"]) for n in names}

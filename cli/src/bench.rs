@@ -3,7 +3,9 @@
 //!
 //! In `cycle` mode each worker adds a task, claims one, and deletes what it claimed; in
 //! `job` mode it adds a task with a fresh key, claims one, and finishes it with a small
-//! result (the job cycle); in `add` mode it only adds. Workers spread over the given URLs. The run stops after
+//! result (the job cycle); in `next` mode it adds a task and finishes the one it holds
+//! with `next`, which claims its next task in the same write (a claim only when it holds
+//! none); in `add` mode it only adds. Workers spread over the given URLs. The run stops after
 //! `--duration` seconds or `--max-cycles` cycles, whichever comes first.
 //!
 //! With `--batch N`, each request carries N tasks: one update adds N, one claim takes up
@@ -21,6 +23,7 @@ use std::time::Instant;
 use rpc::job::FinishItemJson;
 use rpc::job::FinishManyRequestJson;
 use rpc::job::FinishRequestJson;
+use rpc::job::NextClaimJson;
 use rpc::worker::AddJson;
 use rpc::worker::ClaimRequestJson;
 use rpc::worker::TaskJson;
@@ -48,6 +51,10 @@ pub enum BenchMode {
     Idle,
     /// add only.
     Add,
+    /// add, then finish the task claimed before with `next`: the finish claims the
+    /// worker's next task in the same write (a plain claim only when none is held), as
+    /// `rota worker` cycles.
+    Next,
 }
 
 /// Whether workers share HTTP/2 connections under `--http auto` (the default): when
@@ -58,7 +65,11 @@ pub enum BenchMode {
 /// framing and extra task hop only add to its latency. The waiting modes hold blocking
 /// claims, which keep connections of their own.
 pub fn shares_http2_by_default(workers: u64, mode: BenchMode) -> bool {
-    workers > 1 && matches!(mode, BenchMode::Cycle | BenchMode::Job | BenchMode::Add)
+    workers > 1
+        && matches!(
+            mode,
+            BenchMode::Cycle | BenchMode::Job | BenchMode::Add | BenchMode::Next
+        )
 }
 
 /// A benchmark run's settings.
@@ -168,6 +179,8 @@ async fn worker(
         .map(|rate| Duration::from_secs_f64(config.workers as f64 / rate));
     let mut next_start =
         interval.map(|every| Instant::now() + every.mul_f64(index as f64 / config.workers as f64));
+    // In next mode, the task the last finish claimed.
+    let mut carried: Option<u64> = None;
     while !stop.load(Ordering::Relaxed) {
         if let (Some(at), Some(every)) = (next_start, interval) {
             tokio::time::sleep_until(at.into()).await;
@@ -203,6 +216,18 @@ async fn worker(
                 continue;
             }
         }
+        if let Some(id) = carried.take() {
+            let started = Instant::now();
+            match call(&client, finish_with_next(client_id, id, &config.group)).await {
+                Ok(tasks) => {
+                    samples.record("next", started);
+                    samples.tasks_done += 1;
+                    carried = tasks.first().map(|t| t.id);
+                }
+                Err(e) => samples.fail("next", e),
+            }
+            continue;
+        }
         let started = Instant::now();
         let mut claim = ClaimRequestJson::new(client_id, config.group.clone(), 60_000);
         if config.batch > 1 {
@@ -218,7 +243,8 @@ async fn worker(
                 Vec::new()
             }
         };
-        if claimed.is_empty() {
+        if config.mode == BenchMode::Next || claimed.is_empty() {
+            carried = claimed.first().copied();
             continue;
         }
         let done = claimed.len() as u64;
@@ -266,7 +292,26 @@ async fn worker(
             Err(e) => samples.fail(op, e),
         }
     }
+    // Not left claimed for a minute: the next run may use the group. Untimed.
+    if let Some(id) = carried {
+        let _ = call(&client, UpdateRequestJson::by(client_id).with_deletes([id])).await;
+    }
     samples
+}
+
+/// A finish of `id` that claims the worker's next task of `group` in the same write.
+fn finish_with_next(client_id: i64, id: u64, group: &str) -> FinishRequestJson {
+    FinishRequestJson {
+        clientid: client_id,
+        id,
+        result: None,
+        requestid: None,
+        next: Some(NextClaimJson {
+            group: group.to_string(),
+            duration: 60_000,
+            count: None,
+        }),
+    }
 }
 
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -383,6 +428,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
     let done_ops = match config.mode {
         BenchMode::Cycle => "delete",
         BenchMode::Job => "finish",
+        BenchMode::Next => "next",
         BenchMode::Add | BenchMode::Wake | BenchMode::Idle => "add",
     };
     let completed = all.latencies_us.get(done_ops).map_or(0, Vec::len);
@@ -390,7 +436,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
         "{:<8} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
         "op", "count", "per second", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"
     ));
-    for op in ["add", "claim", "delete", "finish"] {
+    for op in ["add", "claim", "delete", "finish", "next"] {
         let Some(latencies) = all.latencies_us.get_mut(op) else {
             continue;
         };
@@ -411,6 +457,7 @@ pub async fn run(config: BenchConfig) -> Result<String, BenchError> {
         match config.mode {
             BenchMode::Cycle => "cycles",
             BenchMode::Job => "job cycles",
+            BenchMode::Next => "cycles with next",
             BenchMode::Add | BenchMode::Wake | BenchMode::Idle => "adds",
         },
         completed as f64 / elapsed

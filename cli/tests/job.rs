@@ -427,6 +427,48 @@ async fn a_jobs_whole_life_through_the_cli() {
     }
 }
 
+/// `rota bench --mode next`: after each worker's first claim, every cycle is an add and
+/// one finish that claims the next task; the claim op is sent only to start.
+#[tokio::test]
+async fn bench_next_mode_finishes_with_next() {
+    let cluster = DevCluster::up().await;
+    let report = cluster
+        .rota(&[
+            "bench",
+            "--mode",
+            "next",
+            "--workers",
+            "2",
+            "--max-cycles",
+            "12",
+            "--group",
+            "bench-next",
+        ])
+        .await;
+    let text = report.ok();
+    let count = |op: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(op))
+            .unwrap_or_else(|| panic!("no {op} line: {text}"));
+        assert!(line.trim_end().ends_with(" 0"), "errors: {text}");
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count: {line}"))
+    };
+    let (claims, nexts) = (count("claim"), count("next"));
+    assert!(
+        (1..=2).contains(&claims),
+        "one claim per worker to start: {text}"
+    );
+    assert_eq!(claims + nexts, 12, "{text}");
+    assert!(
+        text.contains(&format!("cycles with next: {nexts} in")),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn bench_job_mode_runs_whole_job_cycles() {
     let cluster = DevCluster::up().await;
