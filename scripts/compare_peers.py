@@ -277,7 +277,7 @@ class Postgres:
             + " (initdb defaults; only listen address and port set)",
             "claim: UPDATE t SET state='claimed', owner=$1, claimed_at=now() WHERE id = (SELECT id FROM t"
             " WHERE state='ready' ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id;"
-            (" complete: DELETE FROM t WHERE id=$1 AND owner=$2; each its own transaction (autocommit, one fsync each)"
+            + (" complete: DELETE FROM t WHERE id=$1 AND owner=$2; each its own transaction (autocommit, one fsync each)"
              if self.cfg.get("mode", "separate") == "separate" else
              " complete: one transaction (one commit, one fsync) of DELETE FROM t WHERE id=$1 AND owner=$2 and the"
              " claim of the next task; claim: the task that brought (a transaction only when it brought none)"),
