@@ -174,9 +174,10 @@ fn load_or_create(dir: &Path, nodes: u64, secure: bool) -> Result<DevCluster, De
         nodes: Vec::new(),
         secure,
     };
+    let mut ports = PortPicker::new();
     for id in 1..=nodes {
-        let api = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
-        let raft = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+        let api = ports.reserve().map_err(io("finding a free port"))?;
+        let raft = ports.reserve().map_err(io("finding a free port"))?;
         cluster.nodes.push(DevNode {
             id,
             api_port: api.local_addr().map_err(io("finding a free port"))?.port(),
@@ -192,6 +193,58 @@ fn load_or_create(dir: &Path, nodes: u64, secure: bool) -> Result<DevCluster, De
         .map_err(|e| DevError::Usage(format!("encoding cluster.json: {e}")))?;
     fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
     Ok(cluster)
+}
+
+/// Picks the dev cluster's ports below the kernel's ephemeral range. A port is chosen by
+/// binding it and released before its node binds it; a port from the ephemeral range
+/// (`bind` to port 0) can be taken in that gap by any process's outgoing connection,
+/// which a busy machine (a test suite) makes by the thousand. Below the range, only
+/// another process choosing the same port on purpose could.
+struct PortPicker {
+    low: u16,
+    high: u16,
+    state: u64,
+}
+
+impl PortPicker {
+    /// Lowest port this picker uses when the ephemeral range starts high enough.
+    const FLOOR: u16 = 10_000;
+    /// Ports tried before falling back to one of the ephemeral range.
+    const TRIES: usize = 64;
+
+    fn new() -> Self {
+        let ephemeral_low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32_768);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self {
+            low: Self::FLOOR,
+            high: ephemeral_low,
+            // Two `dev up`s at once start from different ports.
+            state: nanos ^ (u64::from(std::process::id()) << 32) | 1,
+        }
+    }
+
+    /// A listener on a free `127.0.0.1` port, held until the caller drops it.
+    fn reserve(&mut self) -> std::io::Result<TcpListener> {
+        if self.high > self.low {
+            for _ in 0..Self::TRIES {
+                // xorshift64: spread, not secret.
+                self.state ^= self.state << 13;
+                self.state ^= self.state >> 7;
+                self.state ^= self.state << 17;
+                let span = u64::from(self.high - self.low);
+                let port = self.low + (self.state % span) as u16;
+                if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                    return Ok(listener);
+                }
+            }
+        }
+        TcpListener::bind("127.0.0.1:0")
+    }
 }
 
 /// The `rota-node` binary: `ROTA_NODE_BIN`, beside this executable, or on `PATH`.
@@ -548,4 +601,26 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
     }
     eprintln!("rota: stopped {stopped} node(s) in {}", dir.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_ports_come_from_below_the_ephemeral_range() {
+        let mut ports = PortPicker::new();
+        let mut held = Vec::new();
+        for _ in 0..6 {
+            let listener = ports.reserve().expect("a free port");
+            let port = listener.local_addr().expect("bound").port();
+            assert!(
+                (PortPicker::FLOOR..ports.high).contains(&port),
+                "port {port} is outside {}..{}",
+                PortPicker::FLOOR,
+                ports.high
+            );
+            held.push(listener);
+        }
+    }
 }
