@@ -119,22 +119,33 @@ impl PeerLogForms {
     }
 
     /// `request` in a form every one of `members` reads, `leader` being this node: as it
-    /// is, or a finish, fail or finish of many in its legacy form; a finish with `next`,
-    /// which has no older form, is refused.
+    /// is, or a finish, fail or finish of many in its legacy form. A finish with `next`,
+    /// which has no older form, comes back with why it cannot be logged.
     pub fn readable(
         &self,
         request: Request,
         members: impl IntoIterator<Item = NodeId>,
         leader: NodeId,
-    ) -> Result<Request, NotReadByAll> {
+    ) -> Result<Request, Box<Unreadable>> {
         if !needs_claimed_rule_form(&request) {
             return Ok(request);
         }
         match self.first_behind(members, leader, CLAIMED_RULE_FORM) {
             None => Ok(request),
-            Some(behind) => legacy_form(request).ok_or(behind),
+            Some(behind) => {
+                legacy_form(request).map_err(|request| Box::new(Unreadable { request, behind }))
+            }
         }
     }
+}
+
+/// A request no form of which every member reads, and a member that may not.
+#[derive(Debug)]
+pub struct Unreadable {
+    /// The request, unchanged.
+    pub request: Request,
+    /// Why it cannot be logged.
+    pub behind: NotReadByAll,
 }
 
 /// Whether `request` is logged in a form builds before [`CLAIMED_RULE_FORM`] cannot read.
@@ -145,21 +156,26 @@ pub fn needs_claimed_rule_form(request: &Request) -> bool {
     )
 }
 
-/// The form-1 entry that does what `request` does under the older rule, if there is one.
-fn legacy_form(request: Request) -> Option<Request> {
+/// The form-1 entry that does what `request` does under the older rule, or `request`
+/// back if there is none.
+fn legacy_form(request: Request) -> Result<Request, Request> {
     match request {
-        Request::Finish(finish) => Some(Request::LegacyFinish(finish)),
-        Request::FinishMany(many) => Some(Request::LegacyFinishMany(many)),
-        Request::Fail(fail) => Some(Request::LegacyFail(fail)),
+        Request::Finish(finish) => Ok(Request::LegacyFinish(finish)),
+        Request::FinishMany(many) => Ok(Request::LegacyFinishMany(many)),
+        Request::Fail(fail) => Ok(Request::LegacyFail(fail)),
         Request::Scoped(ScopedRequest { groups, request }) => {
-            legacy_form(*request).map(|request| {
+            let rewrap = |request| {
                 Request::Scoped(ScopedRequest {
                     groups,
                     request: Box::new(request),
                 })
-            })
+            };
+            match legacy_form(*request) {
+                Ok(legacy) => Ok(rewrap(legacy)),
+                Err(unchanged) => Err(rewrap(unchanged)),
+            }
         }
-        _ => None,
+        other => Err(other),
     }
 }
 
@@ -202,9 +218,9 @@ mod tests {
         let finish = Request::Finish(finish());
         // Not heard from node 2 or 3 yet.
         let unheard = forms.readable(finish_and_claim(), [1, 2, 3], 1).err();
-        assert!(
-            unheard.is_some_and(|e| e.heard.is_none() && e.to_string().contains("may be down"))
-        );
+        assert!(unheard.is_some_and(|e| e.request == finish_and_claim()
+            && e.behind.heard.is_none()
+            && e.behind.to_string().contains("may be down")));
         assert_eq!(
             forms.readable(finish.clone(), [1, 2, 3], 1).ok(),
             Some(Request::LegacyFinish(self::finish()))
@@ -213,7 +229,7 @@ mod tests {
         assert!(forms.any_unheard(&[1, 2, 3], 1));
         forms.heard(3, FORM_BEFORE_HEADER);
         let refused = forms.readable(finish_and_claim(), [1, 2, 3], 1);
-        let Err(refused) = refused else {
+        let Err(refused) = refused.map_err(|e| e.behind) else {
             panic!("node 3 reads form 1")
         };
         assert_eq!((refused.member, refused.heard), (3, Some(1)));

@@ -490,14 +490,33 @@ async fn a_finish_with_next_waits_until_every_member_reads_it() {
     cluster.wait_ready(&[1, 2, 3]).await;
     let leader = cluster.wait_leader(&[1, 2, 3]).await;
     let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let adds = json!({"clientid": 1, "adds": [{"group": "u", "key": "y"},
+        {"group": "u", "key": "z"}, {"group": "u", "key": "a"}, {"group": "u", "key": "b"},
+        {"group": "u", "key": "c"}]});
+    post(&cluster, leader, "/update", adds).await;
+    let next = json!({"group": "u", "duration": 60_000});
+    // While every member reads it: y finished and z claimed in one write.
+    let y = first_task(&post(&cluster, leader, "/claim", claim("u", 7)).await);
+    let finish_y = json!({"clientid": 7, "id": y["id"], "next": next, "requestid": "y-1"});
+    let first = post(&cluster, leader, "/finish", finish_y.clone()).await;
+    assert_eq!(first_task(&first)["key"], "z", "{first}");
+
     let node4 = &cluster.nodes[3];
     let learner = json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr});
     post(&cluster, leader, "/admin/add-learner", learner).await;
-    let adds = json!({"clientid": 1, "adds": [
-        {"group": "u", "key": "a"}, {"group": "u", "key": "b"}, {"group": "u", "key": "c"}]});
-    post(&cluster, leader, "/update", adds).await;
+    // A retry of that write now gets its first outcome, not a 409: it was applied.
+    let again = post(&cluster, follower, "/finish", finish_y).await;
+    assert_eq!(again, first);
+    let z = first_task(&first);
+    post(
+        &cluster,
+        leader,
+        "/finish",
+        json!({"clientid": 7, "id": z["id"]}),
+    )
+    .await;
     let a = first_task(&post(&cluster, leader, "/claim", claim("u", 7)).await);
-    let next = json!({"group": "u", "duration": 60_000});
+    assert_eq!(a["key"], "a", "{a}");
 
     let finish_a = json!({"clientid": 7, "id": a["id"], "next": next});
     let (status, body) = call(&cluster, follower, Method::POST, "/finish", Some(finish_a)).await;

@@ -14,6 +14,7 @@ use store_sm::machine::Refusal;
 use store_sm::machine::Request;
 
 use super::ServiceError;
+use crate::log_forms::Unreadable;
 use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 
@@ -64,7 +65,14 @@ impl Node {
     ) -> Result<Arc<Outcome>, ServiceError> {
         self.check_member()?;
         self.settled_leader().await?;
-        let request = self.readable_by_members(request).await?;
+        let request = match self.readable_by_members(request).await {
+            Ok(request) => request,
+            Err(unreadable) => {
+                return self
+                    .answer_unreadable(*unreadable, request_id.as_deref())
+                    .await;
+            }
+        };
         let command = Command {
             stamp: self.clock.now(),
             request_id,
@@ -100,7 +108,7 @@ impl Node {
     /// `next`, refused while a member is not known to read it, first waits a little for
     /// members this leader has not heard from yet: a leader just elected hears from each
     /// within a heartbeat.
-    async fn readable_by_members(&self, request: Request) -> Result<Request, ServiceError> {
+    async fn readable_by_members(&self, request: Request) -> Result<Request, Box<Unreadable>> {
         if !crate::log_forms::needs_claimed_rule_form(&request) {
             return Ok(request);
         }
@@ -113,9 +121,32 @@ impl Node {
                 tokio::time::sleep(SETTLED_POLL).await;
             }
         }
-        self.peer_forms
-            .readable(request, members, self.id())
-            .map_err(|e| ServiceError::Conflict(e.to_string()))
+        self.peer_forms.readable(request, members, self.id())
+    }
+
+    /// The answer to a request no form of which every member reads (a finish with
+    /// `next`): 409, unless its request id names a command already applied. Then it is
+    /// a retry whose first attempt went into the log while every member read it, and
+    /// it gets that first outcome: otherwise a client that sends the finish alone next
+    /// finds its task gone and the task it claimed held for nothing. The dedup table is
+    /// read after a linearizable barrier, so that every committed entry is applied.
+    async fn answer_unreadable(
+        &self,
+        unreadable: Unreadable,
+        request_id: Option<&str>,
+    ) -> Result<Arc<Outcome>, ServiceError> {
+        let Unreadable { request, behind } = unreadable;
+        if let Some(id) = request_id {
+            let view = self.read(super::read::Consistency::Linearizable).await?;
+            if let Some(first) = view
+                .state
+                .machine
+                .remembered(request.client(), id, &request)
+            {
+                return Self::outcome_or_reused_id(first);
+            }
+        }
+        Err(ServiceError::Conflict(behind.to_string()))
     }
 
     /// Returns once this node leads with its clock settled in its term (see
