@@ -12,9 +12,16 @@
 //! header comes from an older build: form 1.
 //!
 //! What is heard is not stored: a restarted leader hears from every reachable member
-//! within a heartbeat, and a member it cannot reach keeps the older forms in use, which
-//! is safe. Putting an older build in the place of a newer one (a downgrade) after
-//! form-2 entries were logged is not supported: that node cannot read them.
+//! within a heartbeat, and a member it never heard from keeps the older forms in use,
+//! which is safe. A member keeps the form it last announced while it is down. Putting an
+//! older build in the place of a newer one (a downgrade) after form-2 entries were
+//! logged is not supported: that node cannot read them.
+//!
+//! The gate lives in each leader's memory, so a finish's rule (and whether `next` is
+//! taken) depends on whom the current leader has heard from: a fully upgraded cluster
+//! with a member down since its leader started logs finishes in the older form. A
+//! one-way floor kept in the replicated state, raised once every member announced
+//! form 2, would end that; it is not built yet.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -62,7 +69,9 @@ pub fn announced(headers: &HeaderMap) -> u32 {
 /// The forms each peer last announced in answer to this node.
 #[derive(Debug, Default)]
 pub struct PeerLogForms {
-    heard: Mutex<HashMap<NodeId, u32>>,
+    /// By peer: the form it last announced, or `None` if this node only ever failed to
+    /// reach it.
+    heard: Mutex<HashMap<NodeId, Option<u32>>>,
 }
 
 /// Why a request cannot go into the log in any form every member reads.
@@ -88,7 +97,15 @@ impl PeerLogForms {
     /// Notes that `peer` answered announcing `forms`.
     pub fn heard(&self, peer: NodeId, forms: u32) {
         let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-        heard.insert(peer, forms);
+        heard.insert(peer, Some(forms));
+    }
+
+    /// Notes that a message to `peer` got no answer: a finish with `next` stops waiting
+    /// for word from it (see [`PeerLogForms::any_unheard`]); a form it announced before
+    /// is kept.
+    pub fn unanswered(&self, peer: NodeId) {
+        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.entry(peer).or_insert(None);
     }
 
     /// A member of `members`, other than `leader`, not known to read `form`, with the
@@ -105,12 +122,13 @@ impl PeerLogForms {
             .filter(|&id| id != leader)
             .map(|member| NotReadByAll {
                 member,
-                heard: heard.get(&member).copied(),
+                heard: heard.get(&member).copied().flatten(),
             })
             .find(|behind| behind.heard.is_none_or(|forms| forms < form))
     }
 
-    /// Whether one of `members`, other than `leader`, has not answered this node yet.
+    /// Whether one of `members`, other than `leader`, has neither answered this node nor
+    /// failed to.
     pub fn any_unheard(&self, members: &[NodeId], leader: NodeId) -> bool {
         let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
         members
@@ -227,6 +245,10 @@ mod tests {
         );
         forms.heard(2, LOG_FORMS_READ);
         assert!(forms.any_unheard(&[1, 2, 3], 1));
+        // Tried and not reached: no more waiting for it, and still not known to read.
+        forms.unanswered(3);
+        assert!(!forms.any_unheard(&[1, 2, 3], 1));
+        assert!(forms.readable(finish_and_claim(), [1, 2, 3], 1).is_err());
         forms.heard(3, FORM_BEFORE_HEADER);
         let refused = forms.readable(finish_and_claim(), [1, 2, 3], 1);
         let Err(refused) = refused.map_err(|e| e.behind) else {

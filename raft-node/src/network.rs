@@ -355,7 +355,13 @@ impl PeerClient {
         response: Result<rpc::client::HttpResponse, ClientError>,
         path: &str,
     ) -> Result<Resp, ClientError> {
-        let response = response?.success(&self.addr)?;
+        let response = response
+            .inspect_err(|_| {
+                if let Some(forms) = &self.peer_forms {
+                    forms.unanswered(self.target);
+                }
+            })?
+            .success(&self.addr)?;
         if let Some(forms) = &self.peer_forms {
             forms.heard(self.target, log_forms::announced(&response.headers));
         }

@@ -91,11 +91,11 @@ fn silent_while_waiting(addr: &str) -> String {
 /// How long a write is retried before the client gives up on a definite answer.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
 
-/// Pause between two attempts, so that a cluster electing a leader is not flooded.
 /// How long a client that found a finish with `next` not taken sends finish and claim
 /// apart before it tries `next` again (a rolling upgrade may have completed).
 pub const NEXT_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// Pause between two attempts, so that a cluster electing a leader is not flooded.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Why a call did not give what was asked.
@@ -821,16 +821,17 @@ impl WorkerClient {
         // Nothing was written under an id whose finish with `next` was not taken, so
         // the finish alone goes under the same id.
         let request_id = self.next_request_id();
-        if !self.next_refused_lately() {
-            let with_next = FinishRequestJson {
-                next: Some(crate::job::NextClaimJson {
-                    group: group.to_string(),
-                    duration: lease.as_millis() as i64,
-                    count: (count != 1).then_some(count),
-                }),
-                ..finish.clone()
-            };
-            match self.write_as(with_next, request_id.clone()).await {
+        let with_next = FinishRequestJson {
+            next: Some(crate::job::NextClaimJson {
+                group: group.to_string(),
+                duration: lease.as_millis() as i64,
+                count: (count != 1).then_some(count),
+            }),
+            ..finish.clone()
+        };
+        let sent_next = !self.next_refused_lately();
+        if sent_next {
+            match self.write_as(with_next.clone(), request_id.clone()).await {
                 Err(WorkerError::Rejected(ClientError::Status {
                     status, message, ..
                 })) if crate::job::next_not_taken(status.as_u16(), &message) => {
@@ -839,7 +840,18 @@ impl WorkerClient {
                 answer => return answer,
             }
         }
-        self.write_as(finish, request_id).await?;
+        match self.write_as(finish, request_id.clone()).await {
+            Ok(_) => {}
+            // The id names a finish with next after all: one sent earlier in this call
+            // that was still on its way into the log when a leader refused its retry.
+            // Asked again with next, the cluster answers its first outcome.
+            Err(WorkerError::Rejected(ClientError::Status { status, .. }))
+                if sent_next && status.as_u16() == 422 =>
+            {
+                return self.write_as(with_next, request_id).await;
+            }
+            Err(e) => return Err(e),
+        }
         // The finish applied: a claim that fails now is no task claimed, not a failed
         // finish; the caller claims as usual.
         Ok(self
@@ -1280,6 +1292,43 @@ mod tests {
         // the 20 s wait plus a call timeout.
         let took = started.elapsed();
         assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
+    /// A finish with next refused (409) although an earlier send of it was on its way
+    /// into the log: the finish alone under that id is a reused id (422), and the client
+    /// asks again with next, which the cluster answers with the first outcome. A 409
+    /// is remembered: the next call sends the finish alone at once.
+    #[tokio::test]
+    async fn a_finish_alone_refused_as_a_reused_id_asks_again_with_next() {
+        fn answer(n: u64) -> &'static str {
+            match n {
+                0 => concat!(
+                    "HTTP/1.1 409 Conflict\r\ncontent-length: 56\r\n\r\n",
+                    "{\"error\":\"this cluster cannot log a finish with `next`\"}"
+                ),
+                1 => {
+                    "HTTP/1.1 422 Unprocessable Entity\r\ncontent-length: 18\r\n\r\n{\"error\":\"reused\"}"
+                }
+                _ => TASKS,
+            }
+        }
+        let node = ScriptedNode::start(answer).await;
+        let client = WorkerClient::new([node.addr.as_str()], 1).expect("ok");
+        client.asked_for_leader.store(true, Ordering::Relaxed);
+        let lease = Duration::from_secs(1);
+        let tasks = client
+            .finish_and_claim(5, None, "g", lease, 1)
+            .await
+            .expect("answered with the first outcome");
+        assert!(tasks.is_empty());
+        assert_eq!(node.posts(), 3, "with next, alone, with next again");
+        assert!(client.next_refused_lately());
+        // Remembered: the finish alone, then the claim.
+        client
+            .finish_and_claim(6, None, "g", lease, 1)
+            .await
+            .expect("finished");
+        assert_eq!(node.posts(), 5);
     }
 
     /// A node that answers a waiting call's probe with an error (busy, unauthorised,

@@ -415,28 +415,22 @@ def test_an_error_page_that_is_not_rotas_is_cut() -> None:
     assert split_status(Response(status=429, headers={}, body=b'{"error":"slow down"}')) == (429, "slow down")
 
 
-def test_finish_and_claim_sends_its_parts_apart_to_a_node_that_predates_next() -> None:
-    """A node of a build before ``next`` (400, unknown field) gets the finish alone under
-    the same request id, then a claim; the client remembers, and asks apart at once."""
+def _json_node(answer: Callable[[Dict[str, Any]], Tuple[int, Dict[str, Any]]]) -> Tuple[Any, List[Dict[str, Any]]]:
+    """A node answering each POST's JSON body with the status and JSON ``answer`` gives
+    for it; the bodies it was sent, with the path under ``"_path"``."""
     import http.server
     import json
 
-    seen: List[Tuple[str, Dict[str, Any]]] = []
+    seen: List[Dict[str, Any]] = []
 
-    class Older(http.server.BaseHTTPRequestHandler):
+    class Scripted(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body))
-            if "next" in body:
-                status, answer = 400, {
-                    "error": "invalid /finish body: unknown field `next`, expected one of "
-                    "`clientid`, `id`, `result`, `requestid` at line 1 column 80"
-                }
-            else:
-                status, answer = 200, {"tasks": []}
-            data = json.dumps(answer).encode()
+            seen.append(dict(body, _path=self.path))
+            status, reply = answer(body)
+            data = json.dumps(reply).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -446,22 +440,32 @@ def test_finish_and_claim_sends_its_parts_apart_to_a_node_that_predates_next() -
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_finish_and_claim_sends_its_parts_apart_to_a_node_that_predates_next() -> None:
+    """A node of a build before ``next`` (400, unknown field) gets the finish alone under
+    the same request id, then a claim; the client remembers, and asks apart at once."""
+    unknown = (
+        "invalid /finish body: unknown field `next`, expected one of "
+        "`clientid`, `id`, `result`, `requestid` at line 1 column 80"
+    )
+    server, seen = _json_node(lambda body: (400, {"error": unknown}) if "next" in body else (200, {"tasks": []}))
     try:
         client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
         client._discover_needed = False
         assert client.finish_and_claim(5, {"ok": 1}, group="g", duration_ms=1000) == []
-        paths = [path for path, _ in seen]
-        assert paths == ["/finish", "/finish", "/claim"], seen
-        with_next, alone, claim = (body for _, body in seen)
+        assert [body["_path"] for body in seen] == ["/finish", "/finish", "/claim"], seen
+        with_next, alone, claim = seen
         assert with_next["next"] == {"group": "g", "duration": 1000}
         assert "next" not in alone and alone["result"] == {"ok": 1}
         assert alone["requestid"] == with_next["requestid"], "nothing was written under it"
         assert (claim["group"], claim["duration"], claim["count"]) == ("g", 1000, 1)
         seen.clear()
         assert client.finish_and_claim(6, group="g", duration_ms=1000) == []
-        assert [("next" in body) for _, body in seen] == [False, False], seen
+        assert [("next" in body) for body in seen] == [False, False], seen
     finally:
         server.shutdown()
         server.server_close()
@@ -528,5 +532,30 @@ def test_a_probe_answered_with_an_error_is_not_silence() -> None:
         assert not client._still_answers(Node.parse(f"127.0.0.1:{closed.getsockname()[1]}"))
     finally:
         closed.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_finish_alone_refused_as_a_reused_id_asks_again_with_next() -> None:
+    """A finish with next refused (409) although an earlier send of it was on its way
+    into the log: the finish alone under that id is a reused id (422), and the client
+    asks again with next, which the cluster answers with the first outcome."""
+    refused = {"error": "this cluster cannot log a finish with `next` yet: ..."}
+
+    def answer(body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
+        if len(seen) == 1:
+            return 409, refused
+        if "next" not in body:
+            return 422, {"error": "request id reused"}
+        return 200, {"tasks": []}
+
+    server, seen = _json_node(answer)
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
+        client._discover_needed = False
+        assert client.finish_and_claim(5, group="g", duration_ms=1000) == []
+        assert [("next" in body) for body in seen] == [True, False, True], seen
+        assert len({body["requestid"] for body in seen}) == 1, "one request id throughout"
+    finally:
         server.shutdown()
         server.server_close()

@@ -797,17 +797,26 @@ class RotaClient:
         # Nothing was written under an id whose finish with next was not taken, so the
         # finish alone goes under the same id.
         rid = request_id if request_id is not None else self.next_request_id()
-        if time.monotonic() >= self._next_retry_at:
-            nxt: Dict[str, Any] = {"group": group, "duration": int(duration_ms)}
-            if count != 1:
-                nxt["count"] = int(count)
+        nxt: Dict[str, Any] = {"group": group, "duration": int(duration_ms)}
+        if count != 1:
+            nxt["count"] = int(count)
+        sent_next = time.monotonic() >= self._next_retry_at
+        if sent_next:
             try:
                 return self.write("/finish", dict(body, next=nxt), rid)
             except Rejected as e:
                 if not next_not_taken(e.status, e.message):
                     raise
                 self._next_retry_at = time.monotonic() + NEXT_RETRY_AFTER
-        self.write("/finish", body, rid)
+        try:
+            self.write("/finish", body, rid)
+        except Rejected as e:
+            if not (sent_next and e.status == 422):
+                raise
+            # The id names a finish with next after all: one sent earlier in this call
+            # that was still on its way into the log when a leader refused its retry.
+            # Asked again with next, the cluster answers its first outcome.
+            return self.write("/finish", dict(body, next=nxt), rid)
         # The finish applied: a claim that fails now is no task claimed, not a failed
         # finish; the caller claims as usual.
         try:
