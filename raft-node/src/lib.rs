@@ -174,7 +174,7 @@ pub fn raft_router(node: SharedNode) -> Router {
             node.clone(),
             tls::require_member,
         ))
-        .layer(axum::middleware::map_response(log_forms::announce))
+        .layer(axum::middleware::map_response(raft_api::announce_forms))
         .with_state(node)
 }
 

@@ -26,45 +26,20 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use axum::http::HeaderMap;
-use axum::http::HeaderName;
-use axum::http::HeaderValue;
-use axum::response::Response;
 use rpc::job::NEXT_NOT_READ_BY_ALL;
 use store_sm::machine::Request;
 use store_sm::machine::ScopedRequest;
 use store_sm::raft_types::NodeId;
 
-/// The header of a Raft answer that names the newest log entry form its sender reads.
-pub const LOG_FORMS_HEADER: &str = "x-rota-log-forms";
-
-/// The newest log entry form this build reads (see the module documentation).
+/// The newest log entry form this build reads (see the module documentation); the
+/// network announces it on every Raft answer (`crate::network::LOG_FORMS_HEADER`).
 pub const LOG_FORMS_READ: u32 = 2;
 
 /// Form of the entries a build before the header reads, and of an answer without it.
-const FORM_BEFORE_HEADER: u32 = 1;
+pub const FORM_BEFORE_HEADER: u32 = 1;
 
 /// The form `FinishAndClaim` and the claimed-only finish, fail and finish of many need.
 const CLAIMED_RULE_FORM: u32 = 2;
-
-/// Adds this build's [`LOG_FORMS_HEADER`] to a Raft answer.
-pub async fn announce(mut response: Response) -> Response {
-    response.headers_mut().insert(
-        HeaderName::from_static(LOG_FORMS_HEADER),
-        HeaderValue::from(LOG_FORMS_READ),
-    );
-    response
-}
-
-/// The form a Raft answer's headers announce: [`FORM_BEFORE_HEADER`] without the header
-/// or with one that is not a number.
-pub fn announced(headers: &HeaderMap) -> u32 {
-    headers
-        .get(LOG_FORMS_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse().ok())
-        .unwrap_or(FORM_BEFORE_HEADER)
-}
 
 /// The forms each peer last announced in answer to this node.
 #[derive(Debug, Default)]
@@ -304,15 +279,5 @@ mod tests {
             forms.readable(Request::PassTime, [1, 2], 1).ok(),
             Some(Request::PassTime)
         );
-    }
-
-    #[test]
-    fn an_answer_without_the_header_is_an_older_build() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(announced(&headers), FORM_BEFORE_HEADER);
-        headers.insert(LOG_FORMS_HEADER, HeaderValue::from(LOG_FORMS_READ));
-        assert_eq!(announced(&headers), LOG_FORMS_READ);
-        headers.insert(LOG_FORMS_HEADER, HeaderValue::from_static("x"));
-        assert_eq!(announced(&headers), FORM_BEFORE_HEADER);
     }
 }

@@ -47,7 +47,7 @@ use store_sm::snapshot_data::SnapshotSpool;
 
 use crate::clock::LogClock;
 use crate::config::RaftTiming;
-use crate::log_forms;
+use crate::log_forms::FORM_BEFORE_HEADER;
 use crate::log_forms::PeerLogForms;
 use crate::types::NodeTypes;
 
@@ -77,6 +77,20 @@ pub const RAFT_CONTENT_TYPE: &str = "application/x-rota-raft";
 /// leader's even when no command was stamped lately (an idle cluster, a node that caught
 /// up on old entries), and a follower that becomes leader continues from it.
 pub const RAFT_LOG_TIME_HEADER: &str = "x-rota-log-time";
+
+/// The header of a Raft answer that names the newest log entry form its sender reads
+/// (see `crate::log_forms`).
+pub const LOG_FORMS_HEADER: &str = "x-rota-log-forms";
+
+/// The form a Raft answer's headers announce: [`FORM_BEFORE_HEADER`] without the header
+/// or with one that is not a number.
+pub fn announced_forms(headers: &hyper::HeaderMap) -> u32 {
+    headers
+        .get(LOG_FORMS_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(FORM_BEFORE_HEADER)
+}
 
 /// The header naming the node a Raft message is for. A receiver with another id refuses
 /// the message: otherwise a member registered at another member's Raft address (a
@@ -363,7 +377,7 @@ impl PeerClient {
             })?
             .success(&self.addr)?;
         if let Some(forms) = &self.peer_forms {
-            forms.heard(self.target, log_forms::announced(&response.headers));
+            forms.heard(self.target, announced_forms(&response.headers));
         }
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
@@ -532,6 +546,17 @@ mod tests {
             after: std::time::Duration::from_secs(1),
         };
         assert!(!backs_off(&slow));
+    }
+
+    #[test]
+    fn an_answer_without_the_forms_header_is_an_older_build() {
+        let mut headers = hyper::HeaderMap::new();
+        assert_eq!(announced_forms(&headers), FORM_BEFORE_HEADER);
+        let read = crate::log_forms::LOG_FORMS_READ;
+        headers.insert(LOG_FORMS_HEADER, HeaderValue::from(read));
+        assert_eq!(announced_forms(&headers), read);
+        headers.insert(LOG_FORMS_HEADER, HeaderValue::from_static("x"));
+        assert_eq!(announced_forms(&headers), FORM_BEFORE_HEADER);
     }
 
     #[test]

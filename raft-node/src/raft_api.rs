@@ -4,6 +4,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
@@ -22,6 +24,8 @@ use crate::http::ApiError;
 use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
 use crate::http::stream_body;
+use crate::log_forms::LOG_FORMS_READ;
+use crate::network::LOG_FORMS_HEADER;
 use crate::network::RAFT_CONTENT_TYPE;
 use crate::network::RAFT_LOG_TIME_HEADER;
 use crate::network::RAFT_TARGET_HEADER;
@@ -44,6 +48,15 @@ pub fn routes() -> Router<SharedNode> {
         .route(paths::TRANSFER_LEADER, post(transfer_leader))
         .route(paths::CLOCK_ESTIMATE, post(clock_estimate))
         .route(paths::REMOVED, post(removed))
+}
+
+/// Adds this build's [`LOG_FORMS_HEADER`] to a Raft answer.
+pub async fn announce_forms(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        HeaderName::from_static(LOG_FORMS_HEADER),
+        HeaderValue::from(LOG_FORMS_READ),
+    );
+    response
 }
 
 /// Refuses a message for another node (see [`RAFT_TARGET_HEADER`]). One without the

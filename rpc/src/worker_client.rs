@@ -811,27 +811,24 @@ impl WorkerClient {
         lease: Duration,
         count: u32,
     ) -> Result<Vec<TaskJson>, WorkerError> {
-        let finish = FinishRequestJson {
+        // Built per send: the common case sends one, with `next`.
+        let finish = |with_next: bool| FinishRequestJson {
             clientid: self.client_id,
             id,
-            result,
+            result: result.clone(),
             requestid: None,
-            next: None,
-        };
-        // Nothing was written under an id whose finish with `next` was not taken, so
-        // the finish alone goes under the same id.
-        let request_id = self.next_request_id();
-        let with_next = FinishRequestJson {
-            next: Some(crate::job::NextClaimJson {
+            next: with_next.then(|| crate::job::NextClaimJson {
                 group: group.to_string(),
                 duration: lease.as_millis() as i64,
                 count: (count != 1).then_some(count),
             }),
-            ..finish.clone()
         };
+        // Nothing was written under an id whose finish with `next` was not taken, so
+        // the finish alone goes under the same id.
+        let request_id = self.next_request_id();
         let sent_next = !self.next_refused_lately();
         if sent_next {
-            match self.write_as(with_next.clone(), request_id.clone()).await {
+            match self.write_as(finish(true), request_id.clone()).await {
                 Err(WorkerError::Rejected(ClientError::Status {
                     status, message, ..
                 })) if crate::job::next_not_taken(status.as_u16(), &message) => {
@@ -840,7 +837,7 @@ impl WorkerClient {
                 answer => return answer,
             }
         }
-        match self.write_as(finish, request_id.clone()).await {
+        match self.write_as(finish(false), request_id.clone()).await {
             Ok(_) => {}
             // The id names a finish with next after all: one sent earlier in this call
             // that was still on its way into the log when a leader refused its retry.
@@ -848,7 +845,7 @@ impl WorkerClient {
             Err(WorkerError::Rejected(ClientError::Status { status, .. }))
                 if sent_next && status.as_u16() == 422 =>
             {
-                return self.write_as(with_next, request_id).await;
+                return self.write_as(finish(true), request_id).await;
             }
             Err(e) => return Err(e),
         }
@@ -1340,24 +1337,17 @@ mod tests {
         let busy = ScriptedNode::start_with(|_| TASKS, Some(UNAVAILABLE.into())).await;
         let (frozen, _) = silent_node().await;
         let client = WorkerClient::new([busy.addr.as_str()], 1).expect("ok");
+        let heard_at = || {
+            let heard = client.probes_heard.lock().expect("lock");
+            heard.get(&busy.addr).copied()
+        };
         assert!(client.still_answers(&busy.addr).await);
         assert!(!client.still_answers(&frozen).await);
         // Heard lately: another waiting call's probe is not sent again.
-        let heard = client
-            .probes_heard
-            .lock()
-            .expect("lock")
-            .get(&busy.addr)
-            .copied();
+        let heard = heard_at();
         assert!(heard.is_some_and(|at| at.elapsed() < WAIT_PROBE_EVERY));
         assert!(client.still_answers(&busy.addr).await);
-        let again = client
-            .probes_heard
-            .lock()
-            .expect("lock")
-            .get(&busy.addr)
-            .copied();
-        assert_eq!(again, heard, "answered from the last probe, none sent");
+        assert_eq!(heard_at(), heard, "answered from the last probe, none sent");
     }
 
     #[tokio::test]
