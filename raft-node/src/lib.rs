@@ -372,6 +372,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         )),
     ];
     let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));
+    tokio::spawn(log_forms::keep_form_recorded(node.clone()));
     bootstrap(&node).await;
     tracing::info!(
         id = node.id(),

@@ -300,6 +300,28 @@ impl PeerClient {
             .await
     }
 
+    /// The newest log entry form the target announces, from its answer to a harmless
+    /// message (a request for its clock estimate).
+    pub async fn announced_log_form(&self) -> Result<u32, ClientError> {
+        let body = encode_value(&()).map_err(|e| ClientError::Body {
+            addr: self.addr.clone(),
+            message: e.to_string(),
+        })?;
+        let response = self
+            .client
+            .send_chunks(
+                &self.addr,
+                Method::POST,
+                paths::CLOCK_ESTIMATE,
+                &self.headers(),
+                &[Bytes::from(body)],
+                self.timing.rpc_timeout,
+            )
+            .await?
+            .success(&self.addr)?;
+        Ok(announced_forms(&response.headers))
+    }
+
     /// Tells the target it was removed from the cluster, whose members serve at
     /// `members` (API addresses).
     pub async fn tell_removed(&self, members: &[String]) -> Result<(), ClientError> {

@@ -50,6 +50,9 @@ pub struct Node {
     pub append_latency: Arc<store_sm::log_stats::LatencyHistogram>,
     /// The log entry forms each peer reads, as it last answered this node.
     pub peer_forms: Arc<PeerLogForms>,
+    /// Held while the recorded log form is raised or a learner added, so that neither
+    /// misses the other (see `Node::record_log_form`).
+    pub log_form_change: tokio::sync::Mutex<()>,
     /// Every change this node applied, recently, by group; wakes waiters.
     pub feed: Arc<ChangeFeed>,
     /// The waiting requests this node holds.
@@ -119,6 +122,7 @@ impl Node {
             log_stats,
             append_latency: Arc::default(),
             peer_forms: Arc::default(),
+            log_form_change: tokio::sync::Mutex::new(()),
             request_nonce: u64::from_le_bytes(crate::random::random_bytes()),
             request_counter: AtomicU64::new(0),
             removed_notice: std::sync::OnceLock::new(),

@@ -24,7 +24,7 @@ use crate::http::ApiError;
 use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
 use crate::http::stream_body;
-use crate::log_forms::LOG_FORMS_READ;
+use crate::log_forms::announced_form;
 use crate::network::LOG_FORMS_HEADER;
 use crate::network::RAFT_CONTENT_TYPE;
 use crate::network::RAFT_LOG_TIME_HEADER;
@@ -54,7 +54,7 @@ pub fn routes() -> Router<SharedNode> {
 pub async fn announce_forms(mut response: Response) -> Response {
     response.headers_mut().insert(
         HeaderName::from_static(LOG_FORMS_HEADER),
-        HeaderValue::from(LOG_FORMS_READ),
+        HeaderValue::from(announced_form()),
     );
     response
 }

@@ -152,6 +152,7 @@ async fn many_waiters_and_ten_adds_wake_ten_claims_and_idle_waiting_writes_nothi
     const WAITERS: i64 = 1_000;
     let cluster = TestCluster::start(1, "never");
     cluster.wait_leader(&[1]).await;
+    cluster.wait_log_form_recorded(1).await;
     let before = applied_index(&cluster, 1).await;
     let waiters: Vec<_> = (0..WAITERS)
         .map(|i| {

@@ -576,6 +576,8 @@ async fn a_follower_behind_a_compacted_log_catches_up_by_snapshot() {
     let cluster = TestCluster::start_with(3, "always", &["--logs-kept-after-snapshot", "0"]);
     cluster.wait_ready(&[1, 2, 3]).await;
     let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    // Its one entry lands before the log is compacted, not after.
+    cluster.wait_log_form_recorded(leader).await;
     let follower = (1..=3).find(|&id| id != leader).expect("a follower");
     cluster.kill(follower);
 
@@ -673,6 +675,8 @@ async fn snapshots_stream_through_disk_within_one_limit_shared_with_restore() {
     .with_joiner(4);
     cluster.wait_ready(&[1, 2, 3]).await;
     let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    // Its one entry lands before the log is compacted, not after.
+    cluster.wait_log_form_recorded(leader).await;
     let follower = (1..=3).find(|&id| id != leader).expect("a follower");
 
     // Under the limit (about 150 KiB): the follower catches up by a streamed snapshot.

@@ -6,6 +6,8 @@ mod common;
 
 use common::TestCluster;
 use hyper::Method;
+use raft_node::log_forms::ANNOUNCE_FORM_ENV;
+use raft_node::log_forms::LOG_FORMS_READ;
 use serde_json::Value;
 use serde_json::json;
 
@@ -36,6 +38,18 @@ async fn call(
         .expect("the node answered");
     let json = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
     (response.status.as_u16(), json)
+}
+
+/// POSTs `body` to node `via` until it answers `want` (a new leader may first answer
+/// 503, a node just started not at all), and returns that answer's JSON body.
+async fn post_until(cluster: &TestCluster, via: u64, path: &str, body: &Value, want: u16) -> Value {
+    common::eventually(|| async {
+        match call(cluster, via, Method::POST, path, Some(body.clone())).await {
+            (status, answer) if status == want => Ok(answer),
+            (status, answer) => Err(format!("{status}: {answer}")),
+        }
+    })
+    .await
 }
 
 async fn post(cluster: &TestCluster, via: u64, path: &str, body: Value) -> Value {
@@ -480,13 +494,16 @@ async fn a_finish_with_next_claims_the_next_task_in_the_same_write() {
     }
 }
 
-/// Issue 17's upgrade rule: a leader logs a finish with `next` only once every member
-/// has shown it reads that entry. A learner that never answered keeps it refused (409,
-/// naming the node); a plain finish still applies, in the form older builds read; once
-/// the learner runs and answers, `next` is taken.
+/// Issue 17's upgrade rule in a cluster in the middle of an upgrade (node 3 announces
+/// form 2, as the builds before the recorded form do, so none is recorded): a leader
+/// logs a finish with `next` only once every member has shown it reads that entry. A
+/// learner that never answered keeps it refused (409, naming the node); a plain finish
+/// still applies, in the form older builds read; once the learner runs and answers,
+/// `next` is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finish_with_next_waits_until_every_member_reads_it() {
-    let cluster = TestCluster::start(3, "never").with_joiner(4);
+    let older = [(3, ANNOUNCE_FORM_ENV, "2")];
+    let cluster = TestCluster::start_with_env(3, "never", &[], &older).with_joiner(4);
     cluster.wait_ready(&[1, 2, 3]).await;
     let leader = cluster.wait_leader(&[1, 2, 3]).await;
     let follower = (1..=3).find(|&id| id != leader).expect("a follower");
@@ -545,22 +562,86 @@ async fn a_finish_with_next_waits_until_every_member_reads_it() {
 
     cluster.start_node(4);
     let finish_b = json!({"clientid": 7, "id": b["id"], "next": next});
+    let answer = post_until(&cluster, follower, "/finish", &finish_b, 200).await;
+    assert_eq!(first_task(&answer)["key"], "c", "{answer}");
+    for id in 1..=4 {
+        let status = cluster.status(id).await.expect("a status");
+        assert_eq!(status.log_form, 0, "node 3 reads form 2 only: {status:?}");
+    }
+}
+
+/// Once every member announced the form that records itself, the leader records it in
+/// the replicated state, and every later leader takes `next` at once, even one that
+/// never heard from a member that is down; a learner of an older build is then refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_log_form_keeps_next_while_a_member_is_down() {
+    let cluster = TestCluster::start(3, "never").with_joiner(4);
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    cluster.wait_log_form_recorded(leader).await;
+    let status = cluster.status(leader).await.expect("a status");
+    assert_eq!(status.log_form, LOG_FORMS_READ, "{status:?}");
+    let adds = json!({"clientid": 1, "adds": [{"group": "d", "key": "x"},
+        {"group": "d", "key": "y"}]});
+    post(&cluster, leader, "/update", adds).await;
+    let x = first_task(&post(&cluster, leader, "/claim", claim("d", 7)).await);
+
+    // A follower goes down, then the leader restarts: whoever leads next has not heard
+    // from the follower since its process started.
+    let down = (1..=3).find(|&id| id != leader).expect("a follower");
+    let up = (1..=3)
+        .find(|&id| id != leader && id != down)
+        .expect("another");
+    cluster.kill(down);
+    cluster.kill(leader);
+    cluster.start_node(leader);
+    let new_leader = cluster.wait_leader(&[leader, up]).await;
+    let finish_x = json!({"clientid": 7, "id": x["id"], "requestid": "x-1",
+        "next": {"group": "d", "duration": 60_000}});
     let answer = common::eventually(|| async {
         match call(
             &cluster,
-            follower,
+            new_leader,
             Method::POST,
             "/finish",
-            Some(finish_b.clone()),
+            Some(finish_x.clone()),
         )
         .await
         {
             (200, answer) => Ok(answer),
+            (409, body) => panic!("refused although every member reads it: {body}"),
             (status, body) => Err(format!("{status}: {body}")),
         }
     })
     .await;
-    assert_eq!(first_task(&answer)["key"], "c", "{answer}");
+    assert_eq!(first_task(&answer)["key"], "y", "{answer}");
+    let job = get(&cluster, new_leader, "/job?group=d&key=x").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+
+    // A learner that announces an older form is refused, and taken once upgraded.
+    cluster.set_env(4, ANNOUNCE_FORM_ENV, "2");
+    cluster.start_node(4);
+    let node4_up = || async {
+        match cluster.status(4).await {
+            Some(_) => Ok(()),
+            None => Err("node 4 does not answer yet".to_string()),
+        }
+    };
+    common::eventually(node4_up).await;
+    let node4 = &cluster.nodes[3];
+    let learner = json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr});
+    let refused = post_until(&cluster, new_leader, "/admin/add-learner", &learner, 409).await;
+    let error = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("node 4") && error.contains("older build") && error.contains("form 3"),
+        "{refused}"
+    );
+    let status = cluster.status(new_leader).await.expect("a status");
+    assert!(!status.learners.contains(&4), "{status:?}");
+    cluster.kill(4);
+    cluster.clear_env(4);
+    cluster.start_node(4);
+    common::eventually(node4_up).await;
+    post_until(&cluster, new_leader, "/admin/add-learner", &learner, 200).await;
 }
 
 #[tokio::test]

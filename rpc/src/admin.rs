@@ -44,6 +44,10 @@ pub struct ClusterStatusJson {
     /// should be stopped and its data directory wiped.
     #[serde(default)]
     pub removed: bool,
+    /// The newest log entry form every member is recorded to read (0 until one is):
+    /// once it is set, the cluster's upgrade is complete and new learners must read it.
+    #[serde(default)]
+    pub log_form: u32,
     /// Every member with its addresses and, seen from the leader, its lag.
     pub nodes: Vec<NodeStatusJson>,
 }

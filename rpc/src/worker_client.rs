@@ -1082,6 +1082,7 @@ mod tests {
             membership_committed: true,
             joint: false,
             removed: false,
+            log_form: 0,
             nodes,
         }
     }

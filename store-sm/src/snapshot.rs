@@ -6,9 +6,14 @@
 //!        oldest first, then the ids of every node that was ever a member, ascending,
 //!        then per group with job records (name, count, records in key order, each
 //!        followed by its id), then the groups whose settings differ from the
-//!        defaults (name, settings), then whether the first admin token was made and the access tokens in id order
+//!        defaults (name, settings), then whether the first admin token was made and the access tokens in id order,
+//!        then (version 7) the log entry form every member reads
 //! ```
 //!
+//! Version 7 added the recorded log entry form (`TaskMachine::log_form`). It is written
+//! only for a machine that recorded one, which every member of its cluster has said it
+//! reads; a machine without one is written as version 6, so that builds reading at most
+//! version 6 still take the snapshots of a cluster in the middle of an upgrade.
 //! Version 6 added each job record's id after the record (older formats decode with
 //! none, so their jobs are read by key only until their next run).
 //! Version 5 added access tokens (older formats decode with none, never bootstrapped).
@@ -53,8 +58,23 @@ use crate::planted;
 /// First bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
-/// The format this build writes. Older formats get upgrade code beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
+/// The newest format this build writes and reads. Older formats get upgrade code
+/// beside the decoder.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 7;
+
+/// The format of a machine that recorded no log entry form, which builds before
+/// [`SNAPSHOT_FORMAT_VERSION`] read.
+const FORMAT_WITHOUT_LOG_FORM: u32 = 6;
+
+/// The format `machine` is written in: the newest only once it recorded a log entry
+/// form, which says that every member reads it.
+fn format_of(machine: &TaskMachine) -> u32 {
+    if machine.log_form() > 0 {
+        SNAPSHOT_FORMAT_VERSION
+    } else {
+        FORMAT_WITHOUT_LOG_FORM
+    }
+}
 
 /// The oldest format this build still reads.
 pub const SNAPSHOT_FORMAT_OLDEST: u32 = 1;
@@ -270,7 +290,7 @@ fn put<T: Serialize, W: Write>(value: &T, out: &mut W) -> io::Result<()> {
 
 /// Writes the canonical body and returns its SHA-256.
 fn write_body<W: Write>(machine: &TaskMachine, out: W) -> io::Result<(W, StateHash)> {
-    write_body_as(machine, out, SNAPSHOT_FORMAT_VERSION)
+    write_body_as(machine, out, format_of(machine))
 }
 
 /// Writes the body in `format` (this one, or an older one: tests of the upgrade write
@@ -382,6 +402,9 @@ fn write_body_as<W: Write>(
             put(token, &mut out)?;
         }
     }
+    if format >= 7 {
+        put(&machine.log_form(), &mut out)?;
+    }
     let writer = out.into_inner().map_err(|e| e.into_error())?;
     let digest = StateHash(writer.hasher.finalize().into());
     Ok((writer.inner, digest))
@@ -390,7 +413,7 @@ fn write_body_as<W: Write>(
 /// Encodes `machine` as a snapshot into `out` and returns its state hash.
 pub fn write_snapshot<W: Write>(machine: &TaskMachine, mut out: W) -> io::Result<StateHash> {
     out.write_all(SNAPSHOT_MAGIC)?;
-    out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+    out.write_all(&format_of(machine).to_le_bytes())?;
     let (mut out, hash) = write_body(machine, out)?;
     out.write_all(&hash.0)?;
     out.flush()?;
@@ -593,6 +616,12 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
             auth.tokens.push(take(&mut input)?);
         }
     }
+    let log_form: u32 = if version >= 7 { take(&mut input)? } else { 0 };
+    if version >= 7 && log_form == 0 {
+        return Err(SnapshotError::Invalid(
+            "format 7 with no log entry form recorded (it is written as format 6)".into(),
+        ));
+    }
     if !input.is_empty() {
         return Err(SnapshotError::Invalid(format!(
             "{} bytes left over after the last entry",
@@ -604,9 +633,10 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     } else {
         head.next_id
     };
-    let machine =
+    let mut machine =
         TaskMachine::from_parts(next_id, head.log_time, tasks, dedup, members, jobs, auth)
             .map_err(|invalid| SnapshotError::Invalid(invalid.to_string()))?;
+    machine.raise_log_form(log_form);
     Ok((machine, StateHash(hash)))
 }
 
@@ -800,6 +830,43 @@ mod tests {
         assert_eq!(old.job_by_id(first), None, "format 5 knows no job ids");
         let live = running.task.expect("c runs");
         assert_eq!(old.job_by_id(live).map(|r| &*r.key), Some("c"));
+    }
+
+    #[test]
+    fn a_recorded_log_form_takes_format_seven_and_none_keeps_format_six() {
+        let version = |bytes: &[u8]| checked_versioned_body(bytes).expect("valid").0;
+        let without = auth_sample();
+        let six = encode_snapshot(&without);
+        assert_eq!(version(&six), 6, "what builds before format 7 read");
+        assert_eq!(six, snapshot_as(&without, 6), "the very bytes of format 6");
+        assert_eq!(decode_snapshot(&six).expect("decodes").log_form(), 0);
+
+        let mut with = auth_sample();
+        with.apply(&Command {
+            stamp: LogTime::from_millis(9000),
+            request_id: None,
+            request: Request::RaiseLogForm(3),
+        });
+        let seven = encode_snapshot(&with);
+        assert_eq!(version(&seven), 7);
+        let restored = decode_snapshot(&seven).expect("round trip");
+        assert_eq!(restored.log_form(), 3);
+        assert_eq!(state_hash(&restored), state_hash(&with));
+        assert_ne!(
+            state_hash(&with),
+            state_hash(&without),
+            "the hash covers it"
+        );
+
+        // Format 7 saying no form was recorded is not what any build writes.
+        let (mut body, _) = write_body_as(&without, Vec::new(), 6).expect("vec");
+        body.push(0); // the form, 0, as a varint
+        let digest: [u8; DIGEST_BYTES] = Sha256::digest(&body).into();
+        let zero = [&SNAPSHOT_MAGIC[..], &7u32.to_le_bytes(), &body, &digest].concat();
+        assert!(matches!(
+            decode_snapshot(&zero),
+            Err(SnapshotError::Invalid(reason)) if reason.contains("no log entry form")
+        ));
     }
 
     #[test]

@@ -125,7 +125,7 @@ fn resolve(command: &Command, model: &Model) -> Command {
         Request::TokenAdd(a) | Request::AuthBootstrap(a) => &mut a.client,
         Request::TokenRevoke(r) => &mut r.client,
         Request::Scoped(s) => unreachable!("the generator nests no scope: {s:?}"),
-        Request::PassTime => return command.clone(),
+        Request::PassTime | Request::RaiseLogForm(_) => return command.clone(),
     };
     if *client == OWNER {
         *client = owner.unwrap_or(1);
@@ -395,7 +395,12 @@ fn request_strategy() -> impl Strategy<Value = Request> {
             request: Box::new(request),
         }),
     });
-    prop_oneof![20 => scoped, 1 => token_request_strategy(), 1 => Just(Request::PassTime)]
+    prop_oneof![
+        20 => scoped,
+        1 => token_request_strategy(),
+        1 => Just(Request::PassTime),
+        1 => (0u32..5).prop_map(Request::RaiseLogForm),
+    ]
 }
 
 /// Prefixes of worker tokens: whole group names, parts of them and none of them.
@@ -465,6 +470,7 @@ fn check_state(machine: &TaskMachine, model: &Model) -> Result<(), TestCaseError
     prop_assert_eq!(tasks, expected);
     prop_assert_eq!(machine.next_id(), model.next_id);
     prop_assert_eq!(machine.log_time().as_millis(), model.time_ms);
+    prop_assert_eq!(machine.log_form(), model.log_form);
     let groups: BTreeSet<String> = model.tasks.values().map(|t| t.group.to_string()).collect();
     let machine_groups: Vec<String> = machine.groups().iter().map(|g| g.to_string()).collect();
     prop_assert_eq!(machine_groups, groups.iter().cloned().collect::<Vec<_>>());

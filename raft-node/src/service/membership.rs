@@ -90,8 +90,47 @@ impl Node {
             Err(e) if e.is_malformed() => return Err(ServiceError::Invalid(e.to_string())),
             Err(e) => return Err(ServiceError::Conflict(e.to_string())),
         }
+        // Held through the change: a log form recorded meanwhile counts the learner.
+        let _forms_fixed = self.log_form_change.lock().await;
+        self.check_learner_reads_the_log(id, &addrs).await?;
         let change = self.raft.add_learner(id, addrs, false).await;
         self.membership_changed(change)
+    }
+
+    /// Refuses a learner that says it reads an older log entry form than the one the
+    /// cluster recorded (see `crate::log_forms`): it could not apply the log. A learner
+    /// that does not answer (not started yet) is added; should it run an older build,
+    /// it will not apply the log, and cannot be promoted.
+    async fn check_learner_reads_the_log(
+        &self,
+        id: NodeId,
+        addrs: &RotaNode,
+    ) -> Result<(), ServiceError> {
+        let recorded = self.state.read(|s| s.machine.log_form());
+        if recorded == 0 {
+            return Ok(());
+        }
+        match self
+            .peer(id, addrs.raft_addr.clone())
+            .announced_log_form()
+            .await
+        {
+            Ok(form) if form < recorded => Err(ServiceError::Conflict(format!(
+                "node {id} at {} runs an older build: it reads log entry forms up to {form}, \
+                 and every member of this cluster reads form {recorded}, which its log \
+                 uses; upgrade node {id} to this release, then add it again",
+                addrs.raft_addr
+            ))),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::warn!(
+                    learner = id,
+                    error = %e,
+                    "adding a learner whose build could not be checked; it must read log form {recorded}"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// Makes learner `id` a voter.

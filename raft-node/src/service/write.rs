@@ -14,6 +14,7 @@ use store_sm::machine::Refusal;
 use store_sm::machine::Request;
 
 use super::ServiceError;
+use crate::log_forms::RECORDED_FORM;
 use crate::log_forms::Unreadable;
 use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
@@ -112,8 +113,9 @@ impl Node {
         if !crate::log_forms::needs_claimed_rule_form(&request) {
             return Ok(request);
         }
+        let recorded = self.state.read(|s| s.machine.log_form());
         let members = self.member_ids();
-        if matches!(request.unscoped(), Request::FinishAndClaim(_)) {
+        if recorded < RECORDED_FORM && matches!(request.unscoped(), Request::FinishAndClaim(_)) {
             let deadline = tokio::time::Instant::now() + UNHEARD_MEMBER_WAIT;
             while self.peer_forms.any_unheard(&members, self.id())
                 && tokio::time::Instant::now() < deadline
@@ -121,7 +123,30 @@ impl Node {
                 tokio::time::sleep(SETTLED_POLL).await;
             }
         }
-        self.peer_forms.readable(request, members, self.id())
+        self.peer_forms
+            .readable(request, members, self.id(), recorded)
+    }
+
+    /// Records in the replicated state the newest log entry form every member announced
+    /// to this leader, once it is [`RECORDED_FORM`] or newer and above the record (see
+    /// `crate::log_forms`). Returns the form recorded, if one was. Serialised with
+    /// adding a learner, so that a member added meanwhile is counted.
+    pub async fn record_log_form(&self) -> Result<Option<u32>, ServiceError> {
+        let _members_fixed = self.log_form_change.lock().await;
+        let recorded = self.state.read(|s| s.machine.log_form());
+        let members = self.member_ids();
+        match self.peer_forms.common_form(&members, self.id()) {
+            Some(common) if common >= RECORDED_FORM && common > recorded => {
+                let outcome = self.write(Request::RaiseLogForm(common), None).await?;
+                match &*outcome {
+                    Outcome::Refused(refusals) => Err(ServiceError::Internal(format!(
+                        "recording log form {common} was refused: {refusals:?}"
+                    ))),
+                    _ => Ok(Some(common)),
+                }
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The answer to a request no form of which every member reads (a finish with

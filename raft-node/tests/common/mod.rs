@@ -66,6 +66,8 @@ pub struct TestCluster {
     dir: tempfile::TempDir,
     sync: &'static str,
     extra_args: Vec<String>,
+    /// Environment variables set for one node's process: `(id, name, value)`.
+    envs: Mutex<Vec<(u64, String, String)>>,
 }
 
 /// A bound `127.0.0.1` listener on a port this test process never handed out before (a
@@ -91,6 +93,17 @@ impl TestCluster {
 
     /// Starts `n` nodes, each with `extra_args` added to its command line.
     pub fn start_with(n: u64, sync: &'static str, extra_args: &[&str]) -> Self {
+        Self::start_with_env(n, sync, extra_args, &[])
+    }
+
+    /// Starts `n` nodes, each with `extra_args` added to its command line and the
+    /// environment variables `envs` names for it, `(id, name, value)`.
+    pub fn start_with_env(
+        n: u64,
+        sync: &'static str,
+        extra_args: &[&str],
+        envs: &[(u64, &str, &str)],
+    ) -> Self {
         let mut held = Vec::new();
         let mut nodes = Vec::new();
         for id in 1..=n {
@@ -112,6 +125,11 @@ impl TestCluster {
             dir: tempfile::tempdir().expect("temporary directory"),
             sync,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            envs: Mutex::new(
+                envs.iter()
+                    .map(|&(id, name, value)| (id, name.to_string(), value.to_string()))
+                    .collect(),
+            ),
         };
         for id in 1..=n {
             cluster.start_node(id);
@@ -149,6 +167,20 @@ impl TestCluster {
         .collect()
     }
 
+    /// Waits until node `id` has applied the record of the log form every member
+    /// reads, which a new cluster's leader writes once, soon after it is elected: a
+    /// test that counts log entries starts after it.
+    pub async fn wait_log_form_recorded(&self, id: u64) {
+        eventually(|| async {
+            match self.status(id).await {
+                Some(status) if status.log_form > 0 => Ok(()),
+                Some(status) => Err(format!("log form {}", status.log_form)),
+                None => Err("no status".to_string()),
+            }
+        })
+        .await;
+    }
+
     /// Starts (or restarts) node `id` with its original command line.
     pub fn start_node(&self, id: u64) {
         let initial = self.initial_cluster();
@@ -184,6 +216,14 @@ impl TestCluster {
                 },
             )
             .args(&self.extra_args)
+            .envs(
+                self.envs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter(|(node, _, _)| *node == id)
+                    .map(|(_, name, value)| (name.clone(), value.clone())),
+            )
             .env("ROTA_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -191,6 +231,23 @@ impl TestCluster {
             .spawn()
             .expect("rota-node starts");
         *node.process.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+    }
+
+    /// Sets environment variable `name` to `value` for node `id` from its next start.
+    pub fn set_env(&self, id: u64, name: &str, value: &str) {
+        self.envs.lock().unwrap_or_else(|p| p.into_inner()).push((
+            id,
+            name.to_string(),
+            value.to_string(),
+        ));
+    }
+
+    /// Drops the environment variables set for node `id`, from its next start.
+    pub fn clear_env(&self, id: u64) {
+        self.envs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(node, _, _)| *node != id);
     }
 
     /// Prepares node `id` (beyond the initial ones) to start alone, without a member

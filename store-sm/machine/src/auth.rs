@@ -290,7 +290,8 @@ impl TaskMachine {
             Request::TokenAdd(_)
             | Request::TokenRevoke(_)
             | Request::AuthBootstrap(_)
-            | Request::PassTime => Some(Refusal::OutOfScope {
+            | Request::PassTime
+            | Request::RaiseLogForm(_) => Some(Refusal::OutOfScope {
                 group: String::new(),
             }),
         }

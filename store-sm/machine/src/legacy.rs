@@ -264,6 +264,7 @@ mod tests {
             },
         };
         assert_eq!(variant(Request::FinishAndClaim(both)), "variant20");
+        assert_eq!(variant(Request::RaiseLogForm(3)), "variant21");
     }
 
     /// A tiny serializer that records serde's data model as text, so the test needs no

@@ -106,6 +106,9 @@ pub struct TaskMachine {
     tokens: OrdMap<String, TokenRecord>,
     /// Whether the first admin token was ever made (it can be made once).
     auth_bootstrapped: bool,
+    /// The newest log entry form every member reads, once recorded (0 before); see
+    /// [`Request::RaiseLogForm`].
+    log_form: u32,
     /// What the last command changed (see [`Change`]); not state.
     changes: Vec<Change>,
 }
@@ -134,6 +137,7 @@ impl TaskMachine {
             job_ids: OrdMap::new(),
             tokens: OrdMap::new(),
             auth_bootstrapped: false,
+            log_form: 0,
             changes: Vec::new(),
         }
     }
@@ -149,6 +153,16 @@ impl TaskMachine {
     /// Every node id that was ever a member (voter or learner), sorted.
     pub fn members_ever(&self) -> impl Iterator<Item = MemberId> + '_ {
         self.members_ever.iter().copied()
+    }
+
+    /// The newest log entry form every member is recorded to read (0 if none was).
+    pub fn log_form(&self) -> u32 {
+        self.log_form
+    }
+
+    /// Raises the recorded log entry form to `form`; a lower one changes nothing.
+    pub fn raise_log_form(&mut self, form: u32) {
+        self.log_form = self.log_form.max(form);
     }
 
     /// Applies one command at its log time and returns its outcome.
@@ -259,6 +273,11 @@ impl TaskMachine {
             Request::TokenRevoke(revoke) => token(self.apply_token_revoke(revoke)),
             // What it does, `apply` did: time passed before the request.
             Request::PassTime => (Outcome::Tasks(Vec::new()), Effect::Unchanged),
+            // Touches no task, job or token: the maps stay as they were.
+            Request::RaiseLogForm(form) => {
+                self.raise_log_form(*form);
+                (Outcome::Tasks(Vec::new()), Effect::Unchanged)
+            }
             Request::Scoped(scoped) => match self.scope_refusal(&scoped.groups, &scoped.request) {
                 Some(refusal) => (Outcome::Refused(vec![refusal]), Effect::Unchanged),
                 None => self.apply_request(&scoped.request, now),

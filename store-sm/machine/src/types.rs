@@ -224,6 +224,10 @@ pub enum Request {
     /// A finish and then a claim by the same client, all or nothing: refused as a whole
     /// if either would be; the claim may still find no task.
     FinishAndClaim(FinishAndClaimRequest),
+    /// Records that every member reads log entry forms up to this one (the node's
+    /// numbering, see raft-node's `log_forms`): a one-way floor, never lowered, so
+    /// that any later leader logs those forms without hearing from every member first.
+    RaiseLogForm(u32),
 }
 
 impl Request {
@@ -244,7 +248,7 @@ impl Request {
             Request::TokenAdd(add) | Request::AuthBootstrap(add) => add.client,
             Request::TokenRevoke(revoke) => revoke.client,
             Request::Scoped(scoped) => scoped.request.client(),
-            Request::PassTime => 0,
+            Request::PassTime | Request::RaiseLogForm(_) => 0,
         }
     }
 
@@ -334,6 +338,7 @@ impl fmt::Display for Command {
             Request::TokenRevoke(r) => write!(f, "token revoke(id={})", r.id)?,
             Request::Scoped(_) => f.write_str("scoped")?,
             Request::PassTime => f.write_str("pass time")?,
+            Request::RaiseLogForm(form) => write!(f, "raise log form to {form}")?,
         }
         write!(f, "@{}", self.stamp)
     }

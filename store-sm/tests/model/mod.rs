@@ -25,6 +25,7 @@ pub struct Model {
     pub settings: BTreeMap<String, GroupSettings>,
     pub tokens: BTreeMap<String, TokenRecord>,
     pub bootstrapped: bool,
+    pub log_form: u32,
 }
 
 fn at(ms: i64) -> LogTime {
@@ -139,6 +140,10 @@ impl Model {
                 None => self.dispatch(&scoped.request, now),
             },
             Request::PassTime => Outcome::Tasks(Vec::new()),
+            Request::RaiseLogForm(form) => {
+                self.log_form = self.log_form.max(*form);
+                Outcome::Tasks(Vec::new())
+            }
         }
     }
 
@@ -183,7 +188,8 @@ impl Model {
             Request::TokenAdd(_)
             | Request::TokenRevoke(_)
             | Request::AuthBootstrap(_)
-            | Request::PassTime => {
+            | Request::PassTime
+            | Request::RaiseLogForm(_) => {
                 return None;
             }
         })
