@@ -10,11 +10,13 @@
 //! Two sources say that every member reads a form:
 //!
 //! - **The replicated record** (`TaskMachine::log_form`). Once every member of the
-//!   configuration has answered the leader with form 3 or more, the leader logs
-//!   `RaiseLogForm` with the lowest form they announced (`Node::record_log_form`). The
-//!   record never goes down, so every later leader logs those forms at once, whoever it
-//!   has heard from: a fully upgraded cluster keeps taking `next` while a member is down.
-//!   A node announcing a form below the record is refused as a new learner.
+//!   configuration has answered the leader with form 3 or more, the leader asks each
+//!   again (an answer from before a restart may be stale) and logs `RaiseLogForm` with
+//!   the lowest form they announced (`Node::record_log_form`). The record never goes
+//!   down (a restore drops it, and the new members record theirs), so every later leader
+//!   logs those forms at once, whoever it has heard from: a fully upgraded cluster keeps
+//!   taking `next` while a member is down. A node announcing a form below the record is
+//!   refused as a new learner and as a new voter.
 //! - **What this leader heard** since its process started, until the record is made
 //!   (a cluster in the middle of an upgrade, or with a member of form 2 left). A member
 //!   this leader never heard from is not known to read anything new.
@@ -75,6 +77,9 @@ const CLAIMED_RULE_FORM: u32 = 2;
 /// recorded: soon after an election, so that the record lands before most writes.
 const RECORD_LOOK_EVERY: Duration = Duration::from_millis(100);
 
+/// How long a leader waits before it asks the members again, after one did not answer.
+const RECORD_RETRY_AFTER: Duration = Duration::from_secs(2);
+
 /// Runs until Raft shuts down or the recorded form is the one this node announces,
 /// above which it never records: while this node leads, records in the replicated
 /// state the newest form every member announced (`Node::record_log_form`).
@@ -87,18 +92,24 @@ pub async fn keep_form_recorded(node: SharedNode) {
         {
             return;
         }
+        let mut wait = RECORD_LOOK_EVERY;
         if state == ServerState::Leader && node.check_member().is_ok() {
             match node.record_log_form().await {
                 Ok(Some(form)) => {
                     tracing::info!(form, "every member reads log form {form}: recorded");
                 }
                 Ok(None) => {}
-                Err(e) => tracing::debug!(error = %e, "could not record the log form"),
+                Err(e) => {
+                    // A member heard once and not answering now: asked again later, not
+                    // ten times a second.
+                    tracing::debug!(error = %e, "could not record the log form");
+                    wait = RECORD_RETRY_AFTER;
+                }
             }
         }
         // Slept, not woken by the metrics: tokio's watch wakes its waiters in an order
         // the simulation cannot replay.
-        tokio::time::sleep(RECORD_LOOK_EVERY).await;
+        tokio::time::sleep(wait).await;
     }
 }
 

@@ -300,8 +300,9 @@ impl PeerClient {
             .await
     }
 
-    /// The newest log entry form the target announces, from its answer to a harmless
-    /// message (a request for its clock estimate).
+    /// The newest log entry form the target announces, from any answer to a harmless
+    /// message (a request for its clock estimate): a build before the header, or one
+    /// before that message (404), reads form 1.
     pub async fn announced_log_form(&self) -> Result<u32, ClientError> {
         let body = encode_value(&()).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
@@ -317,8 +318,7 @@ impl PeerClient {
                 &[Bytes::from(body)],
                 self.timing.rpc_timeout,
             )
-            .await?
-            .success(&self.addr)?;
+            .await?;
         Ok(announced_forms(&response.headers))
     }
 
@@ -391,16 +391,17 @@ impl PeerClient {
         response: Result<rpc::client::HttpResponse, ClientError>,
         path: &str,
     ) -> Result<Resp, ClientError> {
-        let response = response
-            .inspect_err(|_| {
-                if let Some(forms) = &self.peer_forms {
-                    forms.unanswered(self.target);
-                }
-            })?
-            .success(&self.addr)?;
+        let response = response.inspect_err(|_| {
+            if let Some(forms) = &self.peer_forms {
+                forms.unanswered(self.target);
+            }
+        })?;
+        // Any answer names the peer's forms, a refusal too (an older build refusing an
+        // entry it cannot read).
         if let Some(forms) = &self.peer_forms {
             forms.heard(self.target, announced_forms(&response.headers));
         }
+        let response = response.success(&self.addr)?;
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
             message: e.to_string(),

@@ -591,9 +591,12 @@ async fn a_recorded_log_form_keeps_next_while_a_member_is_down() {
     let up = (1..=3)
         .find(|&id| id != leader && id != down)
         .expect("another");
+    // Both others restart, so that neither holds an answer of the follower's.
     cluster.kill(down);
     cluster.kill(leader);
+    cluster.kill(up);
     cluster.start_node(leader);
+    cluster.start_node(up);
     let new_leader = cluster.wait_leader(&[leader, up]).await;
     let finish_x = json!({"clientid": 7, "id": x["id"], "requestid": "x-1",
         "next": {"group": "d", "duration": 60_000}});
@@ -629,19 +632,40 @@ async fn a_recorded_log_form_keeps_next_while_a_member_is_down() {
     common::eventually(node4_up).await;
     let node4 = &cluster.nodes[3];
     let learner = json!({"id": 4, "api_addr": node4.api_addr, "raft_addr": node4.raft_addr});
-    let refused = post_until(&cluster, new_leader, "/admin/add-learner", &learner, 409).await;
-    let error = refused["error"].as_str().unwrap_or_default();
-    assert!(
-        error.contains("node 4") && error.contains("older build") && error.contains("form 3"),
-        "{refused}"
-    );
+    let older = |answer: &Value| {
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("node 4") && error.contains("older build") && error.contains("form 3"),
+            "{answer}"
+        );
+    };
+    older(&post_until(&cluster, new_leader, "/admin/add-learner", &learner, 409).await);
     let status = cluster.status(new_leader).await.expect("a status");
     assert!(!status.learners.contains(&4), "{status:?}");
+
+    // Added while it does not run (it cannot be asked), it is asked again before it
+    // votes.
+    cluster.kill(4);
+    post_until(&cluster, new_leader, "/admin/add-learner", &learner, 200).await;
+    cluster.start_node(4);
+    common::eventually(node4_up).await;
+    common::eventually(|| async {
+        let status = cluster.status(new_leader).await.ok_or("no status")?;
+        match status.nodes.iter().find(|n| n.id == 4).and_then(|n| n.lag) {
+            Some(0) => Ok(()),
+            lag => Err(format!("node 4's lag: {lag:?}")),
+        }
+    })
+    .await;
+    let promote = json!({"id": 4});
+    older(&post_until(&cluster, new_leader, "/admin/promote", &promote, 409).await);
     cluster.kill(4);
     cluster.clear_env(4);
     cluster.start_node(4);
     common::eventually(node4_up).await;
-    post_until(&cluster, new_leader, "/admin/add-learner", &learner, 200).await;
+    post_until(&cluster, new_leader, "/admin/promote", &promote, 200).await;
+    let status = cluster.status(new_leader).await.expect("a status");
+    assert!(status.voters.contains(&4), "{status:?}");
 }
 
 #[tokio::test]

@@ -757,7 +757,7 @@ mod tests {
         [&SNAPSHOT_MAGIC[..], &format.to_le_bytes(), &body, &hash.0].concat()
     }
 
-    /// Format 4's, 5's and 6's bodies, pinned: a change of any encoded type shows here
+    /// Format 4's, 5's, 6's and 7's bodies, pinned: a change of any encoded type shows here
     /// before it reaches a disk or a replica with another build.
     #[test]
     fn the_body_encoding_is_pinned() {
@@ -780,6 +780,13 @@ mod tests {
         assert_eq!(
             state_hash(&auth_sample()).to_string(),
             "460e75edcb8c4dfa9d8b9b06927b73433ae0e9b79bc5570f543bc8609d2ca2d0"
+        );
+        let mut recorded = auth_sample();
+        recorded.raise_log_form(3);
+        assert_eq!(format_of(&recorded), 7);
+        assert_eq!(
+            state_hash(&recorded).to_string(),
+            "f84fc398ac134eff4fd20ef63e9884e6c9cdb0289def8e6fa0e386f5e5da33d5"
         );
     }
 

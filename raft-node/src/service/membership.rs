@@ -97,10 +97,29 @@ impl Node {
         self.membership_changed(change)
     }
 
+    /// Refuses to promote learner `id` unless it says it reads the log entry form the
+    /// cluster recorded: a voter that cannot apply the log would count toward majorities
+    /// without a copy.
+    async fn check_voter_reads_the_log(&self, id: NodeId) -> Result<(), ServiceError> {
+        let recorded = self.state.read(|s| s.machine.log_form());
+        if recorded == 0 {
+            return Ok(());
+        }
+        let form = self.member_log_form(id).await.map_err(|e| {
+            ServiceError::Conflict(format!(
+                "{e}; a voter must read log form {recorded}: check that node {id} runs, then retry"
+            ))
+        })?;
+        if form < recorded {
+            return Err(older_build(id, form, recorded));
+        }
+        Ok(())
+    }
+
     /// Refuses a learner that says it reads an older log entry form than the one the
     /// cluster recorded (see `crate::log_forms`): it could not apply the log. A learner
     /// that does not answer (not started yet) is added; should it run an older build,
-    /// it will not apply the log, and cannot be promoted.
+    /// it will not apply the log, and promoting it is refused.
     async fn check_learner_reads_the_log(
         &self,
         id: NodeId,
@@ -115,12 +134,7 @@ impl Node {
             .announced_log_form()
             .await
         {
-            Ok(form) if form < recorded => Err(ServiceError::Conflict(format!(
-                "node {id} at {} runs an older build: it reads log entry forms up to {form}, \
-                 and every member of this cluster reads form {recorded}, which its log \
-                 uses; upgrade node {id} to this release, then add it again",
-                addrs.raft_addr
-            ))),
+            Ok(form) if form < recorded => Err(older_build(id, form, recorded)),
             Ok(_) => Ok(()),
             Err(e) => {
                 tracing::warn!(
@@ -160,6 +174,8 @@ impl Node {
                  {CAUGHT_UP_ENTRIES_MAX}"
             )));
         }
+        let _forms_fixed = self.log_form_change.lock().await;
+        self.check_voter_reads_the_log(id).await?;
         let change = self
             .raft
             .change_membership(ChangeMembers::AddVoterIds([id].into()), true)
@@ -357,4 +373,14 @@ impl Node {
         self.check_member()?;
         self.raft.trigger().snapshot().await.map_err(Self::stopped)
     }
+}
+
+/// The refusal of node `id`, which reads log entry forms up to `form`, in a cluster
+/// whose members are recorded to read `recorded`.
+fn older_build(id: NodeId, form: u32, recorded: u32) -> ServiceError {
+    ServiceError::Conflict(format!(
+        "node {id} runs an older build: it reads log entry forms up to {form}, and every \
+         member of this cluster reads form {recorded}, which its log uses; upgrade node \
+         {id} to this release, then retry"
+    ))
 }

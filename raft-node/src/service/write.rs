@@ -12,10 +12,12 @@ use store_sm::machine::Command;
 use store_sm::machine::Outcome;
 use store_sm::machine::Refusal;
 use store_sm::machine::Request;
+use store_sm::raft_types::NodeId;
 
 use super::ServiceError;
 use crate::log_forms::RECORDED_FORM;
 use crate::log_forms::Unreadable;
+use crate::log_forms::announced_form;
 use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 
@@ -127,26 +129,56 @@ impl Node {
             .readable(request, members, self.id(), recorded)
     }
 
-    /// Records in the replicated state the newest log entry form every member announced
-    /// to this leader, once it is [`RECORDED_FORM`] or newer and above the record (see
-    /// `crate::log_forms`). Returns the form recorded, if one was. Serialised with
-    /// adding a learner, so that a member added meanwhile is counted.
+    /// Records in the replicated state the newest log entry form every member reads,
+    /// once it is [`RECORDED_FORM`] or newer and above the record (see
+    /// `crate::log_forms`). Returns the form recorded, if one was. Every member is asked
+    /// again first, so that none is counted from an answer it gave before a restart
+    /// (with an older build, say); a member that does not answer now holds the record
+    /// back. Serialised with adding and promoting a learner, so that a member added
+    /// meanwhile is counted.
     pub async fn record_log_form(&self) -> Result<Option<u32>, ServiceError> {
         let _members_fixed = self.log_form_change.lock().await;
         let recorded = self.state.read(|s| s.machine.log_form());
         let members = self.member_ids();
-        match self.peer_forms.common_form(&members, self.id()) {
-            Some(common) if common >= RECORDED_FORM && common > recorded => {
-                let outcome = self.write(Request::RaiseLogForm(common), None).await?;
-                match &*outcome {
-                    Outcome::Refused(refusals) => Err(ServiceError::Internal(format!(
-                        "recording log form {common} was refused: {refusals:?}"
-                    ))),
-                    _ => Ok(Some(common)),
-                }
-            }
-            _ => Ok(None),
+        let heard = self.peer_forms.common_form(&members, self.id());
+        if heard.is_none_or(|common| common < RECORDED_FORM || common <= recorded) {
+            return Ok(None);
         }
+        let asked = members
+            .iter()
+            .filter(|&&id| id != self.id())
+            .map(|&id| async move { (id, self.member_log_form(id).await) });
+        let mut common = announced_form();
+        for (id, answer) in futures_util::future::join_all(asked).await {
+            let form = answer?;
+            self.peer_forms.heard(id, form);
+            common = common.min(form);
+        }
+        if common < RECORDED_FORM || common <= recorded {
+            return Ok(None);
+        }
+        let outcome = self.write(Request::RaiseLogForm(common), None).await?;
+        match &*outcome {
+            Outcome::Refused(refusals) => Err(ServiceError::Internal(format!(
+                "recording log form {common} was refused: {refusals:?}"
+            ))),
+            _ => Ok(Some(common)),
+        }
+    }
+
+    /// The log entry form member `id` announces when asked now.
+    pub(crate) async fn member_log_form(&self, id: NodeId) -> Result<u32, ServiceError> {
+        let raft_addr = self
+            .member_raft_addr(id)
+            .ok_or_else(|| ServiceError::Conflict(format!("node {id} is not a member")))?;
+        self.peer(id, raft_addr)
+            .announced_log_form()
+            .await
+            .map_err(|e| {
+                ServiceError::Unavailable(format!(
+                    "node {id} did not say which log entry forms it reads: {e}"
+                ))
+            })
     }
 
     /// The answer to a request no form of which every member reads (a finish with

@@ -663,10 +663,12 @@ fn a_restored_cluster_starts_at_its_own_time_with_ids_above_a_time_floor() {
     adds(&mut machine, 1, "g", 2);
     let claimed = tasks_of(&machine.apply(&claim_cmd(T0, 5, "g", 60_000)))[0].clone();
     let backed_up_next = machine.next_id();
+    machine.raise_log_form(3);
 
     let restored_at = T0 + 3_600_000;
     machine.start_restored_cluster(at(restored_at));
     assert_eq!(machine.log_time().as_millis(), restored_at);
+    assert_eq!(machine.log_form(), 0, "the new members record their own");
     let floor = u64::try_from(restored_at).expect("positive") * constants::RESTORED_IDS_PER_MS;
     assert_eq!(machine.next_id(), floor);
     assert!(floor > backed_up_next);
