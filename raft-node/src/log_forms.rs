@@ -13,7 +13,8 @@
 //!   configuration has answered the leader with form 3 or more, the leader asks each
 //!   again (an answer from before a restart may be stale) and logs `RaiseLogForm` with
 //!   the lowest form they announced (`Node::record_log_form`). The record never goes
-//!   down (a restore drops it, and the new members record theirs), so every later leader
+//!   down (a backup keeps it; a restore records its new members' form in the restored
+//!   state), so every later leader
 //!   logs those forms at once, whoever it has heard from: a fully upgraded cluster keeps
 //!   taking `next` while a member is down. A node announcing a form below the record is
 //!   refused as a new learner and as a new voter.

@@ -92,6 +92,20 @@ pub fn announced_forms(headers: &hyper::HeaderMap) -> u32 {
         .unwrap_or(FORM_BEFORE_HEADER)
 }
 
+/// The forms a Raft answer says its node reads: any answer names them, a refusal too
+/// (an older build refusing an entry it cannot read, which sends no header: form 1, as
+/// does one without the message's path, 404). Not a 421, which comes from another node
+/// at that address, nor a 5xx without the header, which may come from a layer before
+/// the node's own (a connection limit) or from something in between.
+pub fn forms_answered(response: &rpc::client::HttpResponse) -> Option<u32> {
+    let status = response.status.as_u16();
+    let named = response.headers.contains_key(LOG_FORMS_HEADER);
+    if status == 421 || (status >= 500 && !named) {
+        return None;
+    }
+    Some(announced_forms(&response.headers))
+}
+
 /// The header naming the node a Raft message is for. A receiver with another id refuses
 /// the message: otherwise a member registered at another member's Raft address (a
 /// typo in `add-learner`) would be answered for by that node, and count twice toward
@@ -300,9 +314,8 @@ impl PeerClient {
             .await
     }
 
-    /// The newest log entry form the target announces, from any answer to a harmless
-    /// message (a request for its clock estimate): a build before the header, or one
-    /// before that message (404), reads form 1.
+    /// The newest log entry form the target announces, from its answer to a harmless
+    /// message (a request for its clock estimate; see [`forms_answered`]).
     pub async fn announced_log_form(&self) -> Result<u32, ClientError> {
         let body = encode_value(&()).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
@@ -319,7 +332,11 @@ impl PeerClient {
                 self.timing.rpc_timeout,
             )
             .await?;
-        Ok(announced_forms(&response.headers))
+        forms_answered(&response).ok_or_else(|| ClientError::Status {
+            addr: self.addr.clone(),
+            status: response.status,
+            message: "the answer names no log entry form of this node".into(),
+        })
     }
 
     /// Tells the target it was removed from the cluster, whose members serve at
@@ -396,10 +413,11 @@ impl PeerClient {
                 forms.unanswered(self.target);
             }
         })?;
-        // Any answer names the peer's forms, a refusal too (an older build refusing an
-        // entry it cannot read).
         if let Some(forms) = &self.peer_forms {
-            forms.heard(self.target, announced_forms(&response.headers));
+            match forms_answered(&response) {
+                Some(announced) => forms.heard(self.target, announced),
+                None => forms.unanswered(self.target),
+            }
         }
         let response = response.success(&self.addr)?;
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
@@ -580,6 +598,36 @@ mod tests {
         assert_eq!(announced_forms(&headers), read);
         headers.insert(LOG_FORMS_HEADER, HeaderValue::from_static("x"));
         assert_eq!(announced_forms(&headers), FORM_BEFORE_HEADER);
+    }
+
+    #[test]
+    fn forms_come_from_the_node_itself_not_from_another_or_a_layer_before_it() {
+        let answer = |code: u16, forms: Option<u32>| {
+            let mut headers = hyper::HeaderMap::new();
+            if let Some(forms) = forms {
+                headers.insert(LOG_FORMS_HEADER, HeaderValue::from(forms));
+            }
+            rpc::client::HttpResponse {
+                status: hyper::StatusCode::from_u16(code).expect("a status"),
+                headers,
+                body: Bytes::new(),
+            }
+        };
+        assert_eq!(forms_answered(&answer(200, Some(3))), Some(3));
+        assert_eq!(forms_answered(&answer(200, None)), Some(FORM_BEFORE_HEADER));
+        assert_eq!(
+            forms_answered(&answer(400, None)),
+            Some(FORM_BEFORE_HEADER),
+            "an older build refusing an entry"
+        );
+        assert_eq!(forms_answered(&answer(404, None)), Some(FORM_BEFORE_HEADER));
+        assert_eq!(forms_answered(&answer(503, Some(3))), Some(3));
+        assert_eq!(forms_answered(&answer(421, Some(3))), None, "another node");
+        assert_eq!(
+            forms_answered(&answer(503, None)),
+            None,
+            "a layer before it"
+        );
     }
 
     #[test]

@@ -748,38 +748,12 @@ async fn snapshots_stream_through_disk_within_one_limit_shared_with_restore() {
 
     // The same limit bounds a restore: a body over it is refused before it is decoded,
     // and the empty node stays empty.
-    cluster.start_node(4);
-    eventually(|| async {
-        cluster
-            .status(4)
-            .await
-            .map(|_| ())
-            .ok_or("node 4 does not answer".to_string())
-    })
-    .await;
-    let node = &cluster.nodes[3];
-    let members =
-        json!({"members": [{"id": 4, "api_addr": node.api_addr, "raft_addr": node.raft_addr}]});
-    let header = (
-        hyper::header::HeaderName::from_static(rpc::admin::RESTORE_MEMBERS_HEADER),
-        hyper::header::HeaderValue::from_str(&members.to_string()).expect("header"),
-    );
+    start_empty(&cluster, 4).await;
     for (body, status, says) in [
         (vec![7u8; LIMIT + 1], 413, "larger than"),
         (vec![7u8; 1000], 400, "not a usable backup"),
     ] {
-        let response = cluster
-            .client
-            .send(
-                cluster.api(4),
-                hyper::Method::POST,
-                "/admin/restore",
-                std::slice::from_ref(&header),
-                body.into(),
-                common::CALL_TIMEOUT,
-            )
-            .await
-            .expect("answered");
+        let response = restore_alone(&cluster, 4, body).await;
         assert_eq!(response.status.as_u16(), status);
         let text = String::from_utf8_lossy(&response.body);
         assert!(text.contains(says), "{text}");
@@ -1161,4 +1135,95 @@ async fn bad_input_gets_a_json_answer_and_changes_nothing() {
     );
     let (status, _) = get(format!("/task/{}", added[0].id)).await;
     assert_eq!(status, 200, "the refused update changed nothing");
+}
+
+/// A backup without a recorded log form (snapshot format 6: an older build's, or one
+/// taken before the record) restores with the form its new members read recorded in the
+/// restored state itself, so that no entry recording it follows the restore and changes
+/// the state every member is checked to hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_without_a_log_form_restores_with_one_recorded() {
+    use store_sm::machine::AddTask;
+    use store_sm::machine::Command;
+    use store_sm::machine::LogTime;
+    use store_sm::machine::Request;
+    use store_sm::machine::TaskMachine;
+    use store_sm::machine::UpdateRequest;
+
+    let mut machine = TaskMachine::new();
+    machine.apply(&Command {
+        stamp: LogTime::from_millis(1_000),
+        request_id: None,
+        request: Request::Update(UpdateRequest {
+            client: 1,
+            adds: vec![AddTask::seed("g".to_string(), "d".to_string(), Some(0))],
+            ..UpdateRequest::default()
+        }),
+    });
+    let backup = store_sm::snapshot::encode_snapshot(&machine);
+    assert_eq!(&backup[8..12], &6u32.to_le_bytes(), "format 6");
+
+    let cluster = TestCluster::start(1, "never").with_joiner(2);
+    start_empty(&cluster, 2).await;
+    let response = restore_alone(&cluster, 2, backup).await;
+    assert_eq!(
+        response.status.as_u16(),
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    let restored: rpc::admin::RestoreJson = serde_json::from_slice(&response.body).expect("JSON");
+    // Long enough for the node to lead and, were the form not in the restored state,
+    // to record it.
+    cluster.wait_leader(&[2]).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let status = cluster.status(2).await.expect("a status");
+    assert_eq!(status.log_form, 3, "{status:?}");
+    let held = cluster.state_hash(2).await.expect("a hash");
+    assert_eq!(held.state_hash, restored.restored_state_hash);
+    assert!(
+        held.applied_index >= Some(restored.applied_index),
+        "{held:?}"
+    );
+}
+
+/// Starts node `id`, a joiner, and waits until it answers.
+async fn start_empty(cluster: &TestCluster, id: u64) {
+    cluster.start_node(id);
+    eventually(|| async {
+        cluster
+            .status(id)
+            .await
+            .map(|_| ())
+            .ok_or(format!("node {id} does not answer"))
+    })
+    .await;
+}
+
+/// Sends `backup` to node `id`'s `POST /admin/restore`, the new cluster being that
+/// node alone.
+async fn restore_alone(
+    cluster: &TestCluster,
+    id: u64,
+    backup: Vec<u8>,
+) -> rpc::client::HttpResponse {
+    let node = &cluster.nodes[(id - 1) as usize];
+    let members =
+        json!({"members": [{"id": id, "api_addr": node.api_addr, "raft_addr": node.raft_addr}]});
+    let header = (
+        hyper::header::HeaderName::from_static(rpc::admin::RESTORE_MEMBERS_HEADER),
+        hyper::header::HeaderValue::from_str(&members.to_string()).expect("header"),
+    );
+    cluster
+        .client
+        .send(
+            cluster.api(id),
+            hyper::Method::POST,
+            "/admin/restore",
+            std::slice::from_ref(&header),
+            backup.into(),
+            common::CALL_TIMEOUT,
+        )
+        .await
+        .expect("answered")
 }

@@ -95,12 +95,13 @@ impl Node {
         backup: SnapshotData,
     ) -> Result<RestoreJson, ServiceError> {
         self.check_restore(&members)?;
+        let form = self.restored_members_form(&members).await;
         let now = self.clock.now();
         let spool = self
             .snapshot_spool()
             .map_err(|e| ServiceError::Internal(format!("cannot spool the restored state: {e}")))?;
         let restored = off_thread("preparing the backup", move || {
-            restored_state(&backup, now, spool)
+            restored_state(&backup, now, form, spool)
         })
         .await??;
         let (vote, snapshot) = restored_snapshot(members, restored.data.clone())?;
@@ -119,6 +120,26 @@ impl Node {
             "restored from a backup"
         );
         Ok(answer)
+    }
+}
+
+impl Node {
+    /// The log entry form every one of `members` reads, if each says so now and it is
+    /// one a cluster records: the restored state carries it, so that no entry recording
+    /// it follows the restore and changes the state every member is checked to hold.
+    async fn restored_members_form(&self, members: &BTreeMap<NodeId, RotaNode>) -> Option<u32> {
+        let asked = members
+            .iter()
+            .filter(|(id, _)| **id != self.id())
+            .map(|(id, node)| {
+                let peer = self.peer(*id, node.raft_addr.clone());
+                async move { peer.announced_log_form().await }
+            });
+        let mut common = crate::log_forms::announced_form();
+        for answer in futures_util::future::join_all(asked).await {
+            common = common.min(answer.ok()?);
+        }
+        (common >= crate::log_forms::RECORDED_FORM).then_some(common)
     }
 }
 
@@ -146,10 +167,12 @@ impl RestoredState {
 }
 
 /// Decodes the spooled `backup` (which checks it), starts a new cluster's state from it
-/// at `now`, and encodes that state into `spool`.
+/// at `now` with the log entry `form` its members read recorded, if they all said so,
+/// and encodes that state into `spool`.
 fn restored_state(
     backup: &SnapshotData,
     now: LogTime,
+    form: Option<u32>,
     mut spool: SnapshotSpool,
 ) -> Result<RestoredState, ServiceError> {
     let bytes = backup
@@ -159,6 +182,9 @@ fn restored_state(
         .map_err(|e| ServiceError::Invalid(format!("the body is not a usable backup: {e}")))?;
     drop(bytes);
     machine.start_restored_cluster(now);
+    if let Some(form) = form {
+        machine.raise_log_form(form);
+    }
     let spooled =
         |e: std::io::Error| ServiceError::Internal(format!("cannot spool the restored state: {e}"));
     let hash = store_sm::snapshot::write_snapshot(&machine, &mut spool).map_err(spooled)?;

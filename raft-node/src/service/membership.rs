@@ -78,6 +78,8 @@ impl Node {
     /// are `rpc::admin::check_new_learner`, which the CLI checks too; re-adding a current
     /// learner with the same addresses is a retry and changes nothing.
     pub async fn add_learner(&self, id: NodeId, addrs: RotaNode) -> Result<(), ServiceError> {
+        // Held through the change: a log form recorded meanwhile counts the learner.
+        let _forms_fixed = self.log_form_change.lock().await;
         let status = self.ready_for_change()?;
         let member = MemberJson {
             id,
@@ -90,8 +92,6 @@ impl Node {
             Err(e) if e.is_malformed() => return Err(ServiceError::Invalid(e.to_string())),
             Err(e) => return Err(ServiceError::Conflict(e.to_string())),
         }
-        // Held through the change: a log form recorded meanwhile counts the learner.
-        let _forms_fixed = self.log_form_change.lock().await;
         self.check_learner_reads_the_log(id, &addrs).await?;
         let change = self.raft.add_learner(id, addrs, false).await;
         self.membership_changed(change)
@@ -149,6 +149,8 @@ impl Node {
 
     /// Makes learner `id` a voter.
     pub async fn promote(&self, id: NodeId) -> Result<(), ServiceError> {
+        // Taken first, so that the checks below see the status the change is made in.
+        let _forms_fixed = self.log_form_change.lock().await;
         let status = self.ready_for_change()?;
         if status.voters.contains(&id) {
             return Err(ServiceError::Conflict(format!(
@@ -174,7 +176,6 @@ impl Node {
                  {CAUGHT_UP_ENTRIES_MAX}"
             )));
         }
-        let _forms_fixed = self.log_form_change.lock().await;
         self.check_voter_reads_the_log(id).await?;
         let change = self
             .raft

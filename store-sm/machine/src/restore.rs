@@ -91,10 +91,9 @@ impl TaskMachine {
     /// induction over restores, a cluster's ids stay below its log time in those units as
     /// long as it issues fewer than that many per millisecond on average, so the floor
     /// is above every id the old cluster issued, provided the two clusters' clocks agree
-    /// within the slack that rate leaves. The recorded log entry form is dropped: the new
-    /// cluster's members record theirs once each has said which it reads.
+    /// within the slack that rate leaves. The recorded log entry form is kept: the
+    /// restored state must be the backup's, whose format only builds that read it take.
     pub fn start_restored_cluster(&mut self, now: LogTime) {
-        self.log_form = 0;
         let now = self.advance_time(now);
         let floor = u64::try_from(now.as_millis())
             .unwrap_or(0)
