@@ -88,9 +88,7 @@ pub async fn keep_form_recorded(node: SharedNode) {
     let server = node.raft.server_metrics();
     loop {
         let state = server.borrow_watched().state;
-        if state == ServerState::Shutdown
-            || node.state.read(|s| s.machine.log_form()) >= announced_form()
-        {
+        if state == ServerState::Shutdown || node.recorded_log_form() >= announced_form() {
             return;
         }
         let mut wait = RECORD_LOOK_EVERY;

@@ -195,6 +195,12 @@ impl Node {
         )
     }
 
+    /// The log entry form every member is recorded to read, as this node applied it
+    /// (0 before one is; see `crate::log_forms`).
+    pub fn recorded_log_form(&self) -> u32 {
+        self.state.read(|s| s.machine.log_form())
+    }
+
     /// The leader this node knows of, if any.
     pub fn leader_id(&self) -> Option<NodeId> {
         self.raft.metrics().borrow_watched().current_leader

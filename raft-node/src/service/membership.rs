@@ -101,7 +101,7 @@ impl Node {
     /// cluster recorded: a voter that cannot apply the log would count toward majorities
     /// without a copy.
     async fn check_voter_reads_the_log(&self, id: NodeId) -> Result<(), ServiceError> {
-        let recorded = self.state.read(|s| s.machine.log_form());
+        let recorded = self.recorded_log_form();
         if recorded == 0 {
             return Ok(());
         }
@@ -125,7 +125,7 @@ impl Node {
         id: NodeId,
         addrs: &RotaNode,
     ) -> Result<(), ServiceError> {
-        let recorded = self.state.read(|s| s.machine.log_form());
+        let recorded = self.recorded_log_form();
         if recorded == 0 {
             return Ok(());
         }

@@ -79,7 +79,7 @@ impl Node {
             snapshot_index: metrics.snapshot.map(|id| id.index()),
             purged_index: metrics.purged.map(|id| id.index()),
             applied_time_ms: self.state.read(|s| s.machine.log_time().as_millis()),
-            log_form: self.state.read(|s| s.machine.log_form()),
+            log_form: self.recorded_log_form(),
             voters,
             learners,
             retired,

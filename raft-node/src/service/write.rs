@@ -115,7 +115,7 @@ impl Node {
         if !crate::log_forms::needs_claimed_rule_form(&request) {
             return Ok(request);
         }
-        let recorded = self.state.read(|s| s.machine.log_form());
+        let recorded = self.recorded_log_form();
         let members = self.member_ids();
         if recorded < RECORDED_FORM && matches!(request.unscoped(), Request::FinishAndClaim(_)) {
             let deadline = tokio::time::Instant::now() + UNHEARD_MEMBER_WAIT;
@@ -138,7 +138,7 @@ impl Node {
     /// meanwhile is counted.
     pub async fn record_log_form(&self) -> Result<Option<u32>, ServiceError> {
         let _members_fixed = self.log_form_change.lock().await;
-        let recorded = self.state.read(|s| s.machine.log_form());
+        let recorded = self.recorded_log_form();
         let members = self.member_ids();
         let heard = self.peer_forms.common_form(&members, self.id());
         if heard.is_none_or(|common| common < RECORDED_FORM || common <= recorded) {
