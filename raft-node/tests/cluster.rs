@@ -89,6 +89,9 @@ async fn three_nodes_form_and_serve_through_every_node() {
         assert_eq!(status.leader, Some(leader));
         assert_eq!(status.voters, vec![1, 2, 3]);
     }
+    // The leader records the members' log form once it heard from all of them, a write
+    // of its own at a moment of its choosing: the two backups below must see one state.
+    cluster.wait_log_form_recorded(leader).await;
     cluster.wait_converged(&[1, 2, 3]).await;
 
     // A backup through a follower holds every acknowledged write and says its hash.
