@@ -127,7 +127,7 @@ impl Mix {
         delete: 10,
         finish: 10,
         renew: 10,
-        jobs: 25,
+        jobs: 40,
     };
     /// Few adds, many claims: queues stay nearly empty, so a task whose lease ends is
     /// claimed again soon, and a lease cut short shows at once.
@@ -137,7 +137,7 @@ impl Mix {
         delete: 5,
         finish: 10,
         renew: 15,
-        jobs: 25,
+        jobs: 40,
     };
 }
 
