@@ -8,6 +8,7 @@
 
 pub mod admin_api;
 pub mod api_error;
+pub mod append_stream;
 pub mod auth_api;
 pub mod clock;
 pub mod config;
@@ -40,10 +41,10 @@ pub mod worker_api;
 use std::io;
 use std::sync::Arc;
 
+use crate::network::ReplicationStats;
 use axum::Router;
 use openraft::storage::RaftLogStorage;
 use rpc::client::HttpClient;
-use store_sm::log_stats::LatencyHistogram;
 use store_sm::log_stats::LogStats;
 use store_sm::machine::LogTime;
 use store_sm::state_machine::TaskStateMachine;
@@ -303,13 +304,13 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     // What the log held before Raft starts on it: see `Node::log_at_start`.
     let log_at_start = log_at_start(&mut log_store).await?;
     let clock = Arc::new(LogClock::new(wall));
-    let append_latency = Arc::new(LatencyHistogram::default());
+    let replication = Arc::new(ReplicationStats::default());
     let peer_forms = Arc::new(PeerLogForms::default());
     let network = Network::new(
         client.clone(),
         config.timing.clone(),
         Arc::clone(&clock),
-        Arc::clone(&append_latency),
+        Arc::clone(&replication),
         Arc::clone(&peer_forms),
     );
     let raft = NodeRaft::new(
@@ -344,7 +345,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
         &observer,
     );
     node.log_at_start = log_at_start;
-    node.append_latency = append_latency;
+    node.replication = replication;
     node.peer_forms = peer_forms;
     let node = Arc::new(node);
     let (shutdown, shutdown_rx) = watch::channel(false);

@@ -7,14 +7,26 @@
 //! slow; a whole snapshot gets [`RaftTiming::snapshot_timeout`].
 
 use std::future::Future;
+use std::future::Ready;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::Stream;
+use futures_util::StreamExt;
+use futures_util::stream::Chain;
+use futures_util::stream::Once;
+use futures_util::stream::Peekable;
 use hyper::Method;
 use hyper::header::CONTENT_TYPE;
 use hyper::header::HeaderName;
 use hyper::header::HeaderValue;
+use openraft::OptionalSend;
+use openraft::base::BoxFuture;
+use openraft::base::BoxStream;
 use openraft::error::NetworkError;
 use openraft::error::RPCError;
 use openraft::error::RaftError;
@@ -23,10 +35,12 @@ use openraft::error::StreamingError;
 use openraft::error::Unreachable;
 use openraft::network::RPCOption;
 use openraft::network::RaftNetworkFactory;
+use openraft::network::stream_append_sequential;
 use openraft::network::v2::RaftNetworkV2;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::StreamAppendResult;
 use openraft::raft::TransferLeaderRequest;
 use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
@@ -45,6 +59,8 @@ use store_sm::raft_types::RotaVote;
 use store_sm::raft_types::SnapshotData;
 use store_sm::snapshot_data::SnapshotSpool;
 
+use crate::append_stream;
+use crate::append_stream::Exchange;
 use crate::clock::LogClock;
 use crate::config::RaftTiming;
 use crate::log_forms::FORM_BEFORE_HEADER;
@@ -67,6 +83,8 @@ pub mod paths {
     pub const CLOCK_ESTIMATE: &str = "/raft/clock-estimate";
     /// Tells a node it was removed from the cluster (it hears of it no other way).
     pub const REMOVED: &str = "/raft/removed";
+    /// The replication exchange (see `crate::append_stream`).
+    pub const APPEND_STREAM: &str = "/raft/append-stream";
 }
 
 /// The media type of Raft bodies.
@@ -201,13 +219,25 @@ impl SnapshotReceiver {
     }
 }
 
+/// The answers of a replication exchange, in the order of its appends.
+type AnswerStream<'s> = BoxStream<'s, Result<StreamAppendResult<NodeTypes>, RPCError<NodeTypes>>>;
+
+/// What a leader's replication measures, for `GET /metrics`.
+#[derive(Debug, Default)]
+pub struct ReplicationStats {
+    /// Appends with entries, from send to answer.
+    pub append_latency: LatencyHistogram,
+    /// Replication streams opened with followers (see `crate::append_stream`).
+    pub streams_opened: AtomicU64,
+}
+
 /// Creates a [`PeerClient`] per target; shares one connection pool.
 #[derive(Clone, Debug)]
 pub struct Network {
     client: HttpClient,
     timing: RaftTiming,
     clock: Arc<LogClock>,
-    append_latency: Arc<LatencyHistogram>,
+    replication: Arc<ReplicationStats>,
     peer_forms: Arc<PeerLogForms>,
 }
 
@@ -219,14 +249,14 @@ impl Network {
         client: HttpClient,
         timing: RaftTiming,
         clock: Arc<LogClock>,
-        append_latency: Arc<LatencyHistogram>,
+        replication: Arc<ReplicationStats>,
         peer_forms: Arc<PeerLogForms>,
     ) -> Self {
         Self {
             client,
             timing,
             clock,
-            append_latency,
+            replication,
             peer_forms,
         }
     }
@@ -242,8 +272,9 @@ impl RaftNetworkFactory<NodeTypes> for Network {
             client: self.client.clone(),
             timing: self.timing.clone(),
             clock: Arc::clone(&self.clock),
-            append_latency: Some(Arc::clone(&self.append_latency)),
+            replication: Some(Arc::clone(&self.replication)),
             peer_forms: Some(Arc::clone(&self.peer_forms)),
+            plain_appends_until: None,
         }
     }
 }
@@ -256,10 +287,12 @@ pub struct PeerClient {
     client: HttpClient,
     timing: RaftTiming,
     clock: Arc<LogClock>,
-    /// Where appends with entries are timed; `None` for a client that sends no appends.
-    append_latency: Option<Arc<LatencyHistogram>>,
+    /// Where replication is measured; `None` for a client that sends no appends.
+    replication: Option<Arc<ReplicationStats>>,
     /// Where the peer's log forms are noted; `None` outside replication.
     peer_forms: Option<Arc<PeerLogForms>>,
+    /// Until when appends go one request each, the peer having no append stream.
+    plain_appends_until: Option<tokio::time::Instant>,
 }
 
 /// A transport failure: peers that cannot take the message get openraft's backoff, the
@@ -303,8 +336,9 @@ impl PeerClient {
             client,
             timing,
             clock,
-            append_latency: None,
+            replication: None,
             peer_forms: None,
+            plain_appends_until: None,
         }
     }
 
@@ -402,23 +436,25 @@ impl PeerClient {
         ]
     }
 
+    /// Notes the log forms a peer's answer names, or that it did not answer.
+    fn note_forms(&self, response: Result<&rpc::client::HttpResponse, ()>) {
+        let Some(forms) = &self.peer_forms else {
+            return;
+        };
+        match response.ok().and_then(forms_answered) {
+            Some(announced) => forms.heard(self.target, announced),
+            None => forms.unanswered(self.target),
+        }
+    }
+
     /// A peer's answer to a call on `path`, decoded; a failure status is an error.
     fn answer<Resp: DeserializeOwned>(
         &self,
         response: Result<rpc::client::HttpResponse, ClientError>,
         path: &str,
     ) -> Result<Resp, ClientError> {
-        let response = response.inspect_err(|_| {
-            if let Some(forms) = &self.peer_forms {
-                forms.unanswered(self.target);
-            }
-        })?;
-        if let Some(forms) = &self.peer_forms {
-            match forms_answered(&response) {
-                Some(announced) => forms.heard(self.target, announced),
-                None => forms.unanswered(self.target),
-            }
-        }
+        self.note_forms(response.as_ref().map_err(|_| ()));
+        let response = response?;
         let response = response.success(&self.addr)?;
         decode_value(&response.body, path).map_err(|e| ClientError::Body {
             addr: self.addr.clone(),
@@ -459,6 +495,151 @@ impl PeerClient {
     }
 }
 
+/// The appends openraft hands [`PeerClient::stream_append`], after the first.
+type Appends<S> = Chain<Once<Ready<AppendEntriesRequest<NodeTypes>>>, Peekable<S>>;
+
+/// How one call of [`PeerClient::stream_append`] sends its appends.
+enum Link<'s, S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Unpin> {
+    /// Nothing sent yet.
+    Start {
+        client: &'s mut PeerClient,
+        input: Peekable<S>,
+        option: RPCOption,
+    },
+    /// One request per append: a heartbeat, or a peer without the exchange.
+    Plain(AnswerStream<'s>),
+    /// The appends in one exchange.
+    Streamed(Box<Exchange<Appends<S>>>),
+    /// The exchange could not be opened.
+    Failed(RPCError<NodeTypes>),
+    Ended,
+}
+
+impl<'s, S> Link<'s, S>
+where
+    S: Stream<Item = AppendEntriesRequest<NodeTypes>> + OptionalSend + Unpin + 'static,
+{
+    /// The next answer, and the link that gives the ones after it.
+    async fn next(
+        mut self,
+    ) -> Option<(
+        Result<StreamAppendResult<NodeTypes>, RPCError<NodeTypes>>,
+        Self,
+    )> {
+        loop {
+            self = match self {
+                Link::Start {
+                    client,
+                    mut input,
+                    option,
+                } => {
+                    let first = input.next().await?;
+                    client.link_for(first, input, option).await
+                }
+                Link::Plain(mut answers) => {
+                    let answer = answers.next().await?;
+                    return Some((answer, Link::Plain(answers)));
+                }
+                Link::Streamed(mut exchange) => {
+                    let answer = exchange.next_answer().await?;
+                    return Some((answer, Link::Streamed(exchange)));
+                }
+                Link::Failed(e) => return Some((Err(e), Link::Ended)),
+                Link::Ended => return None,
+            };
+        }
+    }
+}
+
+impl PeerClient {
+    /// How to send `first` and the rest of `input`: in one exchange, unless `first` is
+    /// alone (a heartbeat: one request, no exchange to open) or the peer has none.
+    async fn link_for<'s, S>(
+        &'s mut self,
+        first: AppendEntriesRequest<NodeTypes>,
+        mut input: Peekable<S>,
+        option: RPCOption,
+    ) -> Link<'s, S>
+    where
+        S: Stream<Item = AppendEntriesRequest<NodeTypes>> + OptionalSend + Unpin + 'static,
+    {
+        let alone = matches!(
+            std::pin::Pin::new(&mut input).peek().now_or_never(),
+            Some(None)
+        );
+        let input = futures_util::stream::once(std::future::ready(first)).chain(input);
+        let plain = self
+            .plain_appends_until
+            .is_some_and(|until| tokio::time::Instant::now() < until);
+        if alone || plain {
+            return self.plain(input, option).await;
+        }
+        let (body, to_send) = tokio::sync::mpsc::unbounded_channel();
+        let opened = self
+            .client
+            .open_duplex(
+                &self.addr,
+                paths::APPEND_STREAM,
+                &self.headers(),
+                to_send,
+                self.timing.rpc_timeout,
+            )
+            .await;
+        let duplex = match opened {
+            Ok(Ok(duplex)) => duplex,
+            Ok(Err(refusal)) => {
+                self.note_forms(Ok(&refusal));
+                if refusal.status == hyper::StatusCode::NOT_FOUND {
+                    tracing::info!(
+                        target = self.target,
+                        "the peer has no replication stream (an older build): one request per \
+                         append"
+                    );
+                    self.plain_appends_until =
+                        Some(tokio::time::Instant::now() + append_stream::PLAIN_APPENDS_FOR);
+                    return self.plain(input, option).await;
+                }
+                return Link::Failed(match refusal.success(&self.addr) {
+                    Err(e) => transport_error(e),
+                    Ok(_) => RPCError::Network(NetworkError::new(&std::io::Error::other(
+                        "the peer refused the replication stream",
+                    ))),
+                });
+            }
+            Err(e) => {
+                self.note_forms(Err(()));
+                return Link::Failed(transport_error(e));
+            }
+        };
+        if let Some(forms) = &self.peer_forms {
+            forms.heard(self.target, announced_forms(&duplex.headers));
+        }
+        if let Some(replication) = &self.replication {
+            replication.streams_opened.fetch_add(1, Ordering::Relaxed);
+        }
+        Link::Streamed(Box::new(Exchange::new(
+            self.target,
+            input,
+            body,
+            duplex.body,
+            self.timing.rpc_timeout,
+            Arc::clone(&self.clock),
+            self.replication.clone(),
+        )))
+    }
+
+    /// `input` sent one request per append.
+    async fn plain<'s, S>(&'s mut self, input: Appends<S>, option: RPCOption) -> Link<'s, S>
+    where
+        S: Stream<Item = AppendEntriesRequest<NodeTypes>> + OptionalSend + Unpin + 'static,
+    {
+        match stream_append_sequential(self, input, option).await {
+            Ok(answers) => Link::Plain(answers),
+            Err(e) => Link::Failed(e),
+        }
+    }
+}
+
 impl RaftNetworkV2<NodeTypes> for PeerClient {
     type SnapshotData = SnapshotData;
 
@@ -470,17 +651,37 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
         // Entry-less appends (heartbeats, a new commit index) carry nothing to commit:
         // the histogram is the replication leg of a write's latency.
         let timed = self
-            .append_latency
+            .replication
             .as_ref()
             .filter(|_| !rpc.entries.is_empty());
         let started = std::time::Instant::now();
         let answer = self.rpc(paths::APPEND, &rpc).await;
-        if let Some(histogram) = timed
+        if let Some(replication) = timed
             && answer.is_ok()
         {
-            histogram.record(started.elapsed());
+            replication.append_latency.record(started.elapsed());
         }
         answer
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<AnswerStream<'s>, RPCError<NodeTypes>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<NodeTypes>> + OptionalSend + Unpin + 'static,
+    {
+        // Nothing is read from `input` here but in the answers' stream, which openraft
+        // polls only while its replication still runs: read here, an append could be
+        // built after this node lost the leadership, from the new leader's log.
+        let start = Link::Start {
+            client: self,
+            input: input.peekable(),
+            option,
+        };
+        let answers: AnswerStream<'s> = Box::pin(futures_util::stream::unfold(start, Link::next));
+        Box::pin(std::future::ready(Ok(answers)))
     }
 
     async fn vote(
@@ -558,6 +759,97 @@ mod tests {
     use store_sm::snapshot_data::SNAPSHOT_CHUNK_BYTES;
 
     use super::*;
+
+    /// A Raft listener of a build before the replication stream: it answers every
+    /// append with success, and 404 to anything else. Counts both.
+    async fn older_build_listener() -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("an address").to_string();
+        let appends = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&appends);
+        let missing = Arc::clone(&refused);
+        let router = axum::Router::new()
+            .route(
+                paths::APPEND,
+                axum::routing::post(move || {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                    let answer: Result<AppendEntriesResponse<NodeTypes>, RaftError<NodeTypes>> =
+                        Ok(AppendEntriesResponse::Success);
+                    std::future::ready(encode_value(&answer).expect("encode"))
+                }),
+            )
+            .fallback(move || {
+                missing.fetch_add(1, Ordering::Relaxed);
+                std::future::ready(hyper::StatusCode::NOT_FOUND)
+            });
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        // Serves until the test's runtime ends.
+        std::mem::forget(stop);
+        tokio::spawn(crate::http::serve(
+            listener,
+            router,
+            stopped,
+            crate::config::ConnectionLimits {
+                total: 16,
+                per_peer: 16,
+            },
+            None,
+            crate::connection::ListenerRules::default(),
+        ));
+        (addr, appends, refused)
+    }
+
+    fn heartbeat() -> AppendEntriesRequest<NodeTypes> {
+        AppendEntriesRequest {
+            vote: RotaVote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_without_the_replication_stream_gets_one_request_per_append() {
+        let (addr, appends, refused) = older_build_listener().await;
+        let replication = Arc::new(ReplicationStats::default());
+        let mut client = Network::new(
+            HttpClient::new(),
+            RaftTiming::default(),
+            Arc::new(LogClock::new(crate::clock::SystemClock)),
+            Arc::clone(&replication),
+            Arc::new(PeerLogForms::default()),
+        )
+        .new_client(
+            2,
+            &RotaNode {
+                api_addr: addr.clone(),
+                raft_addr: addr,
+            },
+        )
+        .await;
+        for round in 1..=2u64 {
+            let appends_in =
+                futures_util::stream::iter(vec![heartbeat(), heartbeat(), heartbeat()]);
+            let answers: Vec<_> = client
+                .stream_append(appends_in, RPCOption::new(Duration::from_secs(1)))
+                .await
+                .expect("a stream")
+                .collect()
+                .await;
+            assert_eq!(answers.len(), 3, "round {round}: {answers:?}");
+            assert!(
+                answers.iter().all(|a| matches!(a, Ok(Ok(None)))),
+                "round {round}: {answers:?}"
+            );
+            assert_eq!(appends.load(Ordering::Relaxed), 3 * round);
+            // Asked once; the second round remembers the answer.
+            assert_eq!(refused.load(Ordering::Relaxed), 1, "round {round}");
+        }
+        assert_eq!(replication.streams_opened.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn peers_that_cannot_take_a_message_get_the_backoff() {

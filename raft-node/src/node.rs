@@ -47,7 +47,7 @@ pub struct Node {
     /// The log store's write counters, when the store keeps them.
     pub log_stats: Option<std::sync::Arc<store_sm::log_stats::LogStats>>,
     /// Round trips of the appends with entries this node sent while leading.
-    pub append_latency: Arc<store_sm::log_stats::LatencyHistogram>,
+    pub replication: Arc<crate::network::ReplicationStats>,
     /// The log entry forms each peer reads, as it last answered this node.
     pub peer_forms: Arc<PeerLogForms>,
     /// Held while the recorded log form is raised or a learner added, so that neither
@@ -120,7 +120,7 @@ impl Node {
             client,
             http_metrics: Arc::default(),
             log_stats,
-            append_latency: Arc::default(),
+            replication: Arc::default(),
             peer_forms: Arc::default(),
             log_form_change: tokio::sync::Mutex::new(()),
             request_nonce: u64::from_le_bytes(crate::random::random_bytes()),

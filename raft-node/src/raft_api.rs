@@ -1,5 +1,9 @@
 //! The Raft listener's endpoints: the receiving side of [`crate::network`].
 
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::Mutex;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -11,7 +15,10 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::post;
+use futures_util::StreamExt;
 use openraft::raft::AppendEntriesResponse;
+use openraft::raft::StreamAppendError;
+use openraft::raft::StreamAppendResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use store_sm::codec::decode_value;
@@ -20,6 +27,12 @@ use store_sm::machine::LogTime;
 use store_sm::raft_types::NodeId;
 use store_sm::raft_types::RotaSnapshot;
 
+use crate::append_stream::AnswerFrame;
+use crate::append_stream::AppendFrame;
+use crate::append_stream::FOLLOWER_IDLE_MAX;
+use crate::append_stream::FrameReader;
+use crate::append_stream::frame;
+use crate::append_stream::unframe;
 use crate::http::ApiError;
 use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
@@ -33,6 +46,7 @@ use crate::network::SNAPSHOT_HEAD_BYTES_MAX;
 use crate::network::SnapshotReceiver;
 use crate::network::paths;
 use crate::node::SharedNode;
+use crate::types::NodeTypes;
 
 /// Largest Raft message other than a snapshot, which streams to disk bounded by
 /// `--snapshot-max-bytes` instead.
@@ -42,6 +56,7 @@ pub const RAFT_BODY_BYTES_MAX: usize = 1024 * 1024 * 1024;
 pub fn routes() -> Router<SharedNode> {
     Router::new()
         .route(paths::APPEND, post(append))
+        .route(paths::APPEND_STREAM, post(append_stream))
         .route(paths::VOTE, post(vote))
         .route(paths::PRE_VOTE, post(pre_vote))
         .route(paths::SNAPSHOT, post(snapshot))
@@ -125,6 +140,88 @@ async fn append(
         node.clock.advance_to(LogTime::from_millis(time));
     }
     Ok(encode(&answer))
+}
+
+/// Whether the leader that sent an append is this node's leader now (a stale leader's
+/// append is answered HigherVote), so that its log time is followed.
+fn leader_accepted(answer: &StreamAppendResult<NodeTypes>) -> bool {
+    !matches!(answer, Err(StreamAppendError::HigherVote(_)))
+}
+
+/// The follower's side of a replication exchange (see [`crate::append_stream`]): the
+/// appends in the request's body go to Raft as they arrive, and each one's result goes
+/// back in the answer's body, in order.
+async fn append_stream(
+    State(node): State<SharedNode>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    check_target(&node, &headers)?;
+    // The log time of each append given to Raft and not yet answered, oldest first.
+    let times: Arc<Mutex<VecDeque<i64>>> = Arc::default();
+    // Why this node stopped reading appends, for the leader's log.
+    let refusal: Arc<Mutex<Option<String>>> = Arc::default();
+    let appends = {
+        let times = Arc::clone(&times);
+        let refusal = Arc::clone(&refusal);
+        let reader = FrameReader::new(body);
+        futures_util::stream::unfold(reader, move |mut reader| {
+            let times = Arc::clone(&times);
+            let refusal = Arc::clone(&refusal);
+            async move {
+                let read = tokio::time::timeout(FOLLOWER_IDLE_MAX, reader.next()).await;
+                let bytes = match read {
+                    Ok(Ok(Some(bytes))) => bytes,
+                    // The leader ended the exchange, or went quiet for too long.
+                    Ok(Ok(None)) | Err(_) => return None,
+                    Ok(Err(e)) => {
+                        *lock(&refusal) = Some(e);
+                        return None;
+                    }
+                };
+                match unframe::<AppendFrame>(&bytes, "append") {
+                    Ok((time, append)) => {
+                        lock(&times).push_back(time);
+                        Some((append, reader))
+                    }
+                    Err(e) => {
+                        *lock(&refusal) = Some(format!("cannot read an append: {e}"));
+                        None
+                    }
+                }
+            }
+        })
+    };
+    let clock = Arc::clone(&node.clock);
+    let answers = node.raft.stream_append(appends).map(move |answer| {
+        let time = lock(&times).pop_front();
+        let answer: AnswerFrame = match answer {
+            Ok(result) => {
+                if leader_accepted(&result)
+                    && let Some(time) = time
+                {
+                    clock.advance_to(LogTime::from_millis(time));
+                }
+                Ok(result)
+            }
+            Err(fatal) => Err(format!("its Raft stopped: {fatal}")),
+        };
+        frame(&answer)
+    });
+    let last_word = futures_util::stream::once(async move {
+        let why = lock(&refusal).take();
+        why.map(|why| frame(&AnswerFrame::Err(why)))
+    })
+    .filter_map(std::future::ready);
+    let body = Body::from_stream(answers.chain(last_word));
+    Ok(([(CONTENT_TYPE, RAFT_CONTENT_TYPE)], body).into_response())
+}
+
+/// `mutex`'s value; one poisoned by a panic elsewhere is still the latest.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn vote(

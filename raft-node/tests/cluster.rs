@@ -175,6 +175,13 @@ async fn three_nodes_form_and_serve_through_every_node() {
         .and_then(|count| count.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no rota_raft_append_seconds_count in:\n{text}"));
     assert!(appends_timed > 0, "no append timed:\n{text}");
+    // ...through one replication stream per follower at least, not a request each.
+    let streams = text
+        .lines()
+        .find_map(|line| line.strip_prefix("rota_raft_append_streams_total "))
+        .and_then(|count| count.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no rota_raft_append_streams_total in:\n{text}"));
+    assert!(streams >= 2, "{streams} replication streams:\n{text}");
 }
 
 /// What one worker saw acknowledged.

@@ -133,8 +133,21 @@ async fn within<T>(
         })?
 }
 
-/// Largest error message [`HttpClient::download`] reads.
+/// Largest error message [`HttpClient::download`] and [`HttpClient::open_duplex`] read.
 const ERROR_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// A non-success answer's body (its error message), read whole up to
+/// [`ERROR_BODY_BYTES_MAX`].
+async fn error_body(body: hyper::body::Incoming, addr: &str) -> Result<Bytes, ClientError> {
+    Ok(Limited::new(body, ERROR_BODY_BYTES_MAX)
+        .collect()
+        .await
+        .map_err(|e| ClientError::Http {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })?
+        .to_bytes())
+}
 
 impl HttpResponse {
     /// The body as JSON of type `T`.
@@ -246,6 +259,53 @@ fn request_body(chunks: &[Bytes]) -> RequestBody {
                 .collect();
             StreamBody::new(futures_util::stream::iter(frames)).boxed()
         }
+    }
+}
+
+/// A request body of the chunks sent on a channel, ending when its sender is dropped.
+struct ChannelBody(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+/// An exchange opened by [`HttpClient::open_duplex`]: the answer's head, and its body
+/// still arriving.
+#[derive(Debug)]
+pub struct Duplex {
+    /// The answer's headers.
+    pub headers: HeaderMap,
+    /// The answer's body, read frame by frame as it arrives.
+    pub body: DuplexBody,
+}
+
+/// The body of a [`Duplex`] answer; it holds the exchange's connection, which ends when
+/// the body is dropped.
+#[derive(Debug)]
+pub struct DuplexBody {
+    body: hyper::body::Incoming,
+    _connection: Sender,
+}
+
+impl hyper::body::Body for DuplexBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
 }
 
@@ -555,11 +615,7 @@ impl HttpClient {
             let response = sender.send(request).await.map_err(|e| http_error(&e))?;
             let (parts, mut body) = response.into_parts();
             if !parts.status.is_success() {
-                let error_body = Limited::new(body, ERROR_BODY_BYTES_MAX)
-                    .collect()
-                    .await
-                    .map_err(|e| http_error(&e))?
-                    .to_bytes();
+                let error_body = error_body(body, addr).await?;
                 return Ok(Download {
                     status: parts.status,
                     headers: parts.headers,
@@ -590,6 +646,59 @@ impl HttpClient {
                 bytes,
                 error_body: Bytes::new(),
             })
+        };
+        within(addr, timeout, attempt).await
+    }
+
+    /// Opens a request whose body and answer both stream at once, on an HTTP/2
+    /// connection of its own (whatever this client speaks otherwise): a long-lived
+    /// exchange, such as Raft replication, where each side sends as it goes. The body is
+    /// whatever arrives on `body` until its sender is dropped. Returns once the answer's
+    /// head arrives, within `timeout`: `Ok(Err(answer))` is a non-success answer, read
+    /// whole (at most 64 KiB). The connection ends with the exchange.
+    pub async fn open_duplex(
+        &self,
+        addr: &str,
+        path_and_query: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        body: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+        timeout: Duration,
+    ) -> Result<Result<Duplex, HttpResponse>, ClientError> {
+        let http_error = |e: &dyn std::fmt::Display| ClientError::Http {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        };
+        let attempt = async {
+            let two = self.clone().with_http2(true);
+            let mut sender = two.connect(addr).await?;
+            let mut builder = Request::builder()
+                .method(Method::POST)
+                .uri(two.uri(addr, path_and_query))
+                .header(hyper::header::HOST, addr);
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+            let request = self
+                .authorize(builder, headers)
+                .body(ChannelBody(body).boxed())
+                .map_err(|e| http_error(&e))?;
+            let response = sender.send(request).await.map_err(|e| http_error(&e))?;
+            let (parts, body) = response.into_parts();
+            if !parts.status.is_success() {
+                let error_body = error_body(body, addr).await?;
+                return Ok(Err(HttpResponse {
+                    status: parts.status,
+                    headers: parts.headers,
+                    body: error_body,
+                }));
+            }
+            Ok(Ok(Duplex {
+                headers: parts.headers,
+                body: DuplexBody {
+                    body,
+                    _connection: sender,
+                },
+            }))
         };
         within(addr, timeout, attempt).await
     }

@@ -39,7 +39,15 @@ pub fn render(node: &Node) -> String {
         &mut out,
         "rota_raft_append_seconds",
         "Round trips of log appends with entries this node sent to followers while leading, from send to answer.",
-        &node.append_latency.snapshot(),
+        &node.replication.append_latency.snapshot(),
+    );
+    counter(
+        &mut out,
+        "rota_raft_append_streams_total",
+        "Replication streams this node opened to followers while leading (one per follower, again after a break or 20 s idle).",
+        node.replication
+            .streams_opened
+            .load(std::sync::atomic::Ordering::Relaxed),
     );
     requests::render(&mut out, &node.http_metrics);
     out

@@ -1,0 +1,461 @@
+//! Replication as one long-lived exchange per follower: the leader sends appends as
+//! openraft produces them, without waiting for the answer to the one before, and the
+//! follower answers each in order (openraft's `stream_append` on both sides).
+//!
+//! One request per append, as before, made a leader that had new entries wait a round
+//! trip for the follower's previous answer, and paid an HTTP request's parsing, routing
+//! and answer per append on both sides. The exchange is an HTTP/2 request on a
+//! connection of its own, so TLS, the target header and the log-forms header work as for
+//! every other Raft message; its body and its answer's body are frames, each a length
+//! (u32 LE) and a codec value: the leader's log time and an append one way, the result
+//! of each append the other way.
+//!
+//! A follower of a build without the exchange answers 404; the leader then sends that
+//! follower one request per append again for [`PLAIN_APPENDS_FOR`] before it asks again.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Buf;
+use bytes::BufMut;
+use bytes::Bytes;
+use bytes::BytesMut;
+use futures_util::Stream;
+use futures_util::StreamExt;
+use http_body::Body as HttpBody;
+use http_body_util::BodyExt;
+use openraft::error::NetworkError;
+use openraft::error::RPCError;
+use openraft::error::Unreachable;
+use openraft::raft::AppendEntriesRequest;
+use openraft::raft::StreamAppendResult;
+use rpc::client::DuplexBody;
+use serde::Serialize;
+use store_sm::codec::decode_value;
+use store_sm::codec::encode_value;
+use store_sm::raft_types::NodeId;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::clock::LogClock;
+use crate::network::ReplicationStats;
+
+use crate::types::NodeTypes;
+
+/// Appends a leader sends a follower ahead of its answers. One: measured against eight
+/// (docs/performance.md, session 27), eight split the same writes into more, smaller
+/// appends, each a follower fsync and a message, and cost 12% of the cycles at 16
+/// workers, while one kept today's batches and still saved a request's parsing and
+/// routing per append (5-15% more cycles with one worker). The exchange keeps the
+/// order either way (the simulation passed 100 seeds of each).
+pub const AHEAD_MAX: usize = 1;
+
+/// How long a leader sends a follower that has no exchange (an older build) one request
+/// per append before it offers the exchange again.
+pub const PLAIN_APPENDS_FOR: Duration = Duration::from_secs(60);
+
+/// How long an exchange may carry nothing before the leader ends it (and opens another
+/// when there is something to send): a connection left open forever would outlive any
+/// change of the network between the two nodes unnoticed.
+pub const LEADER_IDLE_MAX: Duration = Duration::from_secs(20);
+
+/// How long a follower waits for the next append before it ends the exchange: longer
+/// than [`LEADER_IDLE_MAX`], so a live leader always ends an idle exchange first, and
+/// bounded, so a leader that vanished (a partition, a crash) does not hold the follower's
+/// connection and task for good.
+pub const FOLLOWER_IDLE_MAX: Duration = Duration::from_secs(60);
+
+/// Largest frame either side accepts: the largest Raft message.
+pub const FRAME_BYTES_MAX: usize = crate::raft_api::RAFT_BODY_BYTES_MAX;
+
+/// The codec value of a frame the leader sends: its log time (milliseconds) and an
+/// append. Encoded from a borrowed append, decoded into an owned one.
+pub type AppendFrame = (i64, AppendEntriesRequest<NodeTypes>);
+
+/// The codec value of a frame the follower sends: an append's result, or why the
+/// follower stopped taking appends (its Raft stopped, a frame it cannot read); the
+/// exchange ends after that.
+pub type AnswerFrame = Result<StreamAppendResult<NodeTypes>, String>;
+
+/// `value` as a frame: its length (u32 LE), then its codec bytes.
+pub fn frame<T: Serialize + ?Sized>(value: &T) -> std::io::Result<Bytes> {
+    let body = encode_value(value)?;
+    if body.len() > FRAME_BYTES_MAX {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a frame of {} bytes is over the limit of {FRAME_BYTES_MAX}",
+                body.len()
+            ),
+        ));
+    }
+    let mut framed = BytesMut::with_capacity(4 + body.len());
+    // Within u32: FRAME_BYTES_MAX is 1 GiB.
+    framed.put_u32_le(body.len() as u32);
+    framed.extend_from_slice(&body);
+    Ok(framed.freeze())
+}
+
+/// Decodes a frame's value; `what` names it in errors.
+pub fn unframe<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> std::io::Result<T> {
+    decode_value(bytes, what)
+}
+
+/// Reads frames off a body as its pieces arrive. Cancel-safe: a read dropped before it
+/// ends loses nothing.
+#[derive(Debug)]
+pub struct FrameReader<B> {
+    body: B,
+    buffer: BytesMut,
+}
+
+impl<B> FrameReader<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    /// A reader of `body`.
+    pub fn new(body: B) -> Self {
+        Self {
+            body,
+            buffer: BytesMut::new(),
+        }
+    }
+
+    /// The next frame's value bytes; `None` once the body ended between frames. A body
+    /// that ends within a frame, fails, or announces a frame over [`FRAME_BYTES_MAX`] is
+    /// an error.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, String> {
+        loop {
+            if let Some(frame) = self.complete_frame()? {
+                return Ok(Some(frame));
+            }
+            match self.body.frame().await {
+                None if self.buffer.is_empty() => return Ok(None),
+                None => {
+                    return Err(format!(
+                        "the stream ended within a frame ({} bytes of it arrived)",
+                        self.buffer.len()
+                    ));
+                }
+                Some(Err(e)) => return Err(format!("the stream broke: {e}")),
+                Some(Ok(piece)) => {
+                    if let Ok(data) = piece.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+
+    fn complete_frame(&mut self) -> Result<Option<Bytes>, String> {
+        let Some(head) = self.buffer.get(..4) else {
+            return Ok(None);
+        };
+        let mut head = head;
+        let length = head.get_u32_le() as usize;
+        if length > FRAME_BYTES_MAX {
+            return Err(format!(
+                "a frame of {length} bytes is over the limit of {FRAME_BYTES_MAX}"
+            ));
+        }
+        if self.buffer.len() < 4 + length {
+            return Ok(None);
+        }
+        self.buffer.advance(4);
+        Ok(Some(self.buffer.split_to(length).freeze()))
+    }
+}
+
+/// An append sent and not yet answered.
+#[derive(Debug)]
+pub struct Sent {
+    /// When it was sent.
+    pub at: tokio::time::Instant,
+    /// Whether it carried entries (then its answer's delay is a write's replication leg).
+    pub entries: bool,
+}
+
+/// The appends sent and not yet answered, oldest first.
+#[derive(Debug, Default)]
+pub struct Unanswered(VecDeque<Sent>);
+
+impl Unanswered {
+    /// Notes an append sent now.
+    pub fn sent(&mut self, entries: bool) {
+        self.0.push_back(Sent {
+            at: tokio::time::Instant::now(),
+            entries,
+        });
+    }
+
+    /// The oldest append, answered now; `None` if every append was answered.
+    pub fn answered(&mut self) -> Option<Sent> {
+        self.0.pop_front()
+    }
+
+    /// How many wait for an answer.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// When the oldest one's answer is overdue, given the answer deadline `within`.
+    pub fn overdue_at(&self, within: Duration) -> Option<tokio::time::Instant> {
+        self.0.front().map(|sent| sent.at + within)
+    }
+}
+
+/// What the leader's side of an exchange does next.
+enum Step {
+    Answer(Result<Option<Bytes>, String>),
+    Request(Option<AppendEntriesRequest<NodeTypes>>),
+    Overdue,
+    Idle,
+}
+
+/// The leader's side of one exchange with a follower: sends what `input` yields, at
+/// most [`AHEAD_MAX`] ahead of the answers, and yields the answers in order.
+pub struct Exchange<S> {
+    target: NodeId,
+    /// `None` once openraft ended the requests.
+    input: Option<S>,
+    /// The body going to the follower; dropped (ending it) with `input`.
+    body: Option<UnboundedSender<Bytes>>,
+    answers: FrameReader<DuplexBody>,
+    unanswered: Unanswered,
+    /// How long an append may go unanswered before the exchange counts as broken.
+    answer_within: Duration,
+    clock: Arc<LogClock>,
+    /// Where appends with entries are timed, from send to answer.
+    replication: Option<Arc<ReplicationStats>>,
+    ended: bool,
+}
+
+impl<S> Exchange<S>
+where
+    S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Unpin,
+{
+    /// An exchange with node `target` over an opened `body` pair, sending `input`.
+    pub fn new(
+        target: NodeId,
+        input: S,
+        body: UnboundedSender<Bytes>,
+        answers: DuplexBody,
+        answer_within: Duration,
+        clock: Arc<LogClock>,
+        replication: Option<Arc<ReplicationStats>>,
+    ) -> Self {
+        Self {
+            target,
+            input: Some(input),
+            body: Some(body),
+            answers: FrameReader::new(answers),
+            unanswered: Unanswered::default(),
+            answer_within,
+            clock,
+            replication,
+            ended: false,
+        }
+    }
+
+    /// The next append's result; `None` once the requests ended and every append was
+    /// answered, or after an error (openraft opens another exchange).
+    pub async fn next_answer(
+        &mut self,
+    ) -> Option<Result<StreamAppendResult<NodeTypes>, RPCError<NodeTypes>>> {
+        while !self.ended {
+            if self.input.is_none() && self.unanswered.is_empty() {
+                self.ended = true;
+                return None;
+            }
+            let step = self.next_step().await;
+            let outcome = match step {
+                Step::Answer(answer) => Some(self.take_answer(answer)),
+                Step::Request(Some(request)) => self.send(request).err().map(Err),
+                Step::Request(None) => {
+                    self.input = None;
+                    self.body = None;
+                    None
+                }
+                Step::Overdue => Some(Err(self.broken(format!(
+                    "an append went unanswered for {:?}",
+                    self.answer_within
+                )))),
+                Step::Idle => {
+                    self.ended = true;
+                    return None;
+                }
+            };
+            if let Some(outcome) = outcome {
+                self.ended = outcome.is_err();
+                return Some(outcome);
+            }
+        }
+        None
+    }
+
+    async fn next_step(&mut self) -> Step {
+        let room = self.input.is_some() && self.unanswered.len() < AHEAD_MAX;
+        let overdue = self.unanswered.overdue_at(self.answer_within);
+        let idle = self.unanswered.is_empty();
+        let far = tokio::time::Instant::now() + LEADER_IDLE_MAX;
+        let answers = &mut self.answers;
+        let input = &mut self.input;
+        tokio::select! {
+            biased;
+            answer = answers.next() => Step::Answer(answer),
+            request = next_of(input), if room => Step::Request(request),
+            () = tokio::time::sleep_until(overdue.unwrap_or(far)), if overdue.is_some() => Step::Overdue,
+            () = tokio::time::sleep_until(far), if idle => Step::Idle,
+        }
+    }
+
+    fn send(
+        &mut self,
+        request: AppendEntriesRequest<NodeTypes>,
+    ) -> Result<(), RPCError<NodeTypes>> {
+        let entries = !request.entries.is_empty();
+        let bytes = frame(&(self.clock.now().as_millis(), &request))
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let sent = self
+            .body
+            .as_ref()
+            .is_some_and(|body| body.send(bytes).is_ok());
+        if !sent {
+            return Err(self.broken("the connection no longer takes appends".into()));
+        }
+        self.unanswered.sent(entries);
+        Ok(())
+    }
+
+    fn take_answer(
+        &mut self,
+        answer: Result<Option<Bytes>, String>,
+    ) -> Result<StreamAppendResult<NodeTypes>, RPCError<NodeTypes>> {
+        let bytes = match answer {
+            Err(e) => return Err(self.broken(e)),
+            Ok(None) => {
+                return Err(self.broken(format!(
+                    "node {} ended the exchange with {} appends unanswered",
+                    self.target,
+                    self.unanswered.len()
+                )));
+            }
+            Ok(Some(bytes)) => bytes,
+        };
+        let answer: AnswerFrame =
+            unframe(&bytes, "append answer").map_err(|e| self.broken(e.to_string()))?;
+        let result = match answer {
+            Ok(result) => result,
+            // The follower stopped taking appends (its Raft stopped, or it cannot read
+            // them): it meets the next exchange the same way, so back off.
+            Err(refusal) => {
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &std::io::Error::other(format!("node {}: {refusal}", self.target)),
+                )));
+            }
+        };
+        let Some(sent) = self.unanswered.answered() else {
+            return Err(self.broken("an answer came for no append".into()));
+        };
+        if let Some(replication) = self
+            .replication
+            .as_ref()
+            .filter(|_| sent.entries && result.is_ok())
+        {
+            replication.append_latency.record(sent.at.elapsed());
+        }
+        Ok(result)
+    }
+
+    fn broken(&self, why: String) -> RPCError<NodeTypes> {
+        RPCError::Network(NetworkError::new(&std::io::Error::other(format!(
+            "replication stream to node {}: {why}",
+            self.target
+        ))))
+    }
+}
+
+/// The next item of `input`; pending for good once it is `None`.
+async fn next_of<S>(input: &mut Option<S>) -> Option<S::Item>
+where
+    S: Stream + Unpin,
+{
+    match input {
+        Some(input) => input.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::StreamBody;
+
+    use super::*;
+
+    fn body_of(
+        pieces: Vec<Bytes>,
+    ) -> StreamBody<
+        impl futures_util::Stream<Item = Result<http_body::Frame<Bytes>, std::io::Error>> + Unpin,
+    > {
+        StreamBody::new(futures_util::stream::iter(
+            pieces.into_iter().map(|p| Ok(http_body::Frame::data(p))),
+        ))
+    }
+
+    #[tokio::test]
+    async fn frames_come_back_whole_however_the_body_cuts_them() {
+        let values: Vec<(i64, String)> = (0..5).map(|i| (i, "x".repeat(i as usize * 7))).collect();
+        let mut wire = Vec::new();
+        for value in &values {
+            wire.extend_from_slice(&frame(value).expect("encode"));
+        }
+        for cut in [1, 3, 4, 5, 11, wire.len()] {
+            let pieces: Vec<Bytes> = wire.chunks(cut).map(Bytes::copy_from_slice).collect();
+            let mut reader = FrameReader::new(body_of(pieces));
+            for expected in &values {
+                let bytes = reader.next().await.expect("read").expect("a frame");
+                let value: (i64, String) = unframe(&bytes, "test").expect("decode");
+                assert_eq!(&value, expected, "pieces of {cut} bytes");
+            }
+            assert_eq!(
+                reader.next().await.expect("read"),
+                None,
+                "the end, cut {cut}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_ending_within_a_frame_or_announcing_a_huge_one_is_an_error() {
+        let whole = frame(&(1i64, "hello".to_string())).expect("encode");
+        let cut = whole.slice(..whole.len() - 1);
+        let mut reader = FrameReader::new(body_of(vec![cut]));
+        let error = reader.next().await.expect_err("a cut frame");
+        assert!(error.contains("ended within a frame"), "{error}");
+
+        let mut huge = BytesMut::new();
+        huge.put_u32_le(FRAME_BYTES_MAX as u32 + 1);
+        let mut reader = FrameReader::new(body_of(vec![huge.freeze()]));
+        let error = reader.next().await.expect_err("over the limit");
+        assert!(error.contains("over the limit"), "{error}");
+    }
+
+    #[test]
+    fn answers_are_matched_to_appends_oldest_first() {
+        let mut unanswered = Unanswered::default();
+        assert_eq!(unanswered.overdue_at(Duration::from_secs(1)), None);
+        unanswered.sent(true);
+        unanswered.sent(false);
+        assert_eq!(unanswered.len(), 2);
+        assert!(unanswered.answered().expect("the first").entries);
+        assert!(!unanswered.answered().expect("the second").entries);
+        assert!(unanswered.answered().is_none());
+        assert!(unanswered.is_empty());
+    }
+}
