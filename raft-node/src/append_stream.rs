@@ -10,8 +10,9 @@
 //! (u32 LE) and a codec value: the leader's log time and an append one way, the result
 //! of each append the other way.
 //!
-//! A follower of a build without the exchange answers 404; the leader then sends that
-//! follower one request per append again for [`PLAIN_APPENDS_FOR`] before it asks again.
+//! A follower of a build without the exchange answers 404 (or, before HTTP/2 on the Raft
+//! listener, cannot speak it); the leader then sends that follower one request per
+//! append for [`PLAIN_APPENDS_FOR`] before it asks again.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -59,6 +60,11 @@ pub const PLAIN_APPENDS_FOR: Duration = Duration::from_secs(60);
 /// change of the network between the two nodes unnoticed.
 pub const LEADER_IDLE_MAX: Duration = Duration::from_secs(20);
 
+/// How long an exchange takes appends before the leader ends it, once every append in
+/// it is answered, and opens another: the new one passes the follower's checks again
+/// (its certificate, reloaded on SIGHUP; the membership).
+pub const EXCHANGE_AGE_MAX: Duration = Duration::from_secs(300);
+
 /// How long a follower waits for the next append before it ends the exchange: longer
 /// than [`LEADER_IDLE_MAX`], so a live leader always ends an idle exchange first, and
 /// bounded, so a leader that vanished (a partition, a crash) does not hold the follower's
@@ -94,11 +100,6 @@ pub fn frame<T: Serialize + ?Sized>(value: &T) -> std::io::Result<Bytes> {
     framed.put_u32_le(body.len() as u32);
     framed.extend_from_slice(&body);
     Ok(framed.freeze())
-}
-
-/// Decodes a frame's value; `what` names it in errors.
-pub fn unframe<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> std::io::Result<T> {
-    decode_value(bytes, what)
 }
 
 /// Reads frames off a body as its pieces arrive. Cancel-safe: a read dropped before it
@@ -178,12 +179,16 @@ pub struct Sent {
 
 /// The appends sent and not yet answered, oldest first.
 #[derive(Debug, Default)]
-pub struct Unanswered(VecDeque<Sent>);
+pub struct Unanswered {
+    sent: VecDeque<Sent>,
+    /// When the last answer came.
+    last_answer: Option<tokio::time::Instant>,
+}
 
 impl Unanswered {
     /// Notes an append sent now.
     pub fn sent(&mut self, entries: bool) {
-        self.0.push_back(Sent {
+        self.sent.push_back(Sent {
             at: tokio::time::Instant::now(),
             entries,
         });
@@ -191,22 +196,29 @@ impl Unanswered {
 
     /// The oldest append, answered now; `None` if every append was answered.
     pub fn answered(&mut self) -> Option<Sent> {
-        self.0.pop_front()
+        self.last_answer = Some(tokio::time::Instant::now());
+        self.sent.pop_front()
     }
 
     /// How many wait for an answer.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.sent.len()
     }
 
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.sent.is_empty()
     }
 
-    /// When the oldest one's answer is overdue, given the answer deadline `within`.
+    /// When the oldest one's answer is overdue, given that the follower answers one
+    /// append within `within` of its sending or of the answer before, whichever is
+    /// later (it works through them in order).
     pub fn overdue_at(&self, within: Duration) -> Option<tokio::time::Instant> {
-        self.0.front().map(|sent| sent.at + within)
+        let oldest = self.sent.front()?;
+        let since = self
+            .last_answer
+            .map_or(oldest.at, |last| last.max(oldest.at));
+        Some(since + within)
     }
 }
 
@@ -233,6 +245,8 @@ pub struct Exchange<S> {
     clock: Arc<LogClock>,
     /// Where appends with entries are timed, from send to answer.
     replication: Option<Arc<ReplicationStats>>,
+    /// When it opened (see [`EXCHANGE_AGE_MAX`]).
+    opened: tokio::time::Instant,
     ended: bool,
 }
 
@@ -259,6 +273,7 @@ where
             answer_within,
             clock,
             replication,
+            opened: tokio::time::Instant::now(),
             ended: false,
         }
     }
@@ -269,12 +284,19 @@ where
         &mut self,
     ) -> Option<Result<StreamAppendResult<NodeTypes>, RPCError<NodeTypes>>> {
         while !self.ended {
-            if self.input.is_none() && self.unanswered.is_empty() {
+            let aged = self.opened.elapsed() >= EXCHANGE_AGE_MAX;
+            if (self.input.is_none() || aged) && self.unanswered.is_empty() {
                 self.ended = true;
                 return None;
             }
             let step = self.next_step().await;
             let outcome = match step {
+                // Ended by the follower between appends (it waited too long for one, or
+                // it is stopping): the next exchange finds out which.
+                Step::Answer(Ok(None)) if self.unanswered.is_empty() => {
+                    self.ended = true;
+                    return None;
+                }
                 Step::Answer(answer) => Some(self.take_answer(answer)),
                 Step::Request(Some(request)) => self.send(request).err().map(Err),
                 Step::Request(None) => {
@@ -300,7 +322,9 @@ where
     }
 
     async fn next_step(&mut self) -> Step {
-        let room = self.input.is_some() && self.unanswered.len() < AHEAD_MAX;
+        let room = self.input.is_some()
+            && self.unanswered.len() < AHEAD_MAX
+            && self.opened.elapsed() < EXCHANGE_AGE_MAX;
         let overdue = self.unanswered.overdue_at(self.answer_within);
         let idle = self.unanswered.is_empty();
         let far = tokio::time::Instant::now() + LEADER_IDLE_MAX;
@@ -349,7 +373,7 @@ where
             Ok(Some(bytes)) => bytes,
         };
         let answer: AnswerFrame =
-            unframe(&bytes, "append answer").map_err(|e| self.broken(e.to_string()))?;
+            decode_value(&bytes, "append answer").map_err(|e| self.broken(e.to_string()))?;
         let result = match answer {
             Ok(result) => result,
             // The follower stopped taking appends (its Raft stopped, or it cannot read
@@ -420,7 +444,7 @@ mod tests {
             let mut reader = FrameReader::new(body_of(pieces));
             for expected in &values {
                 let bytes = reader.next().await.expect("read").expect("a frame");
-                let value: (i64, String) = unframe(&bytes, "test").expect("decode");
+                let value: (i64, String) = decode_value(&bytes, "test").expect("decode");
                 assert_eq!(&value, expected, "pieces of {cut} bytes");
             }
             assert_eq!(
@@ -444,6 +468,32 @@ mod tests {
         let mut reader = FrameReader::new(body_of(vec![huge.freeze()]));
         let error = reader.next().await.expect_err("over the limit");
         assert!(error.contains("over the limit"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_append_is_overdue_a_deadline_after_its_sending_or_the_answer_before() {
+        let within = Duration::from_secs(1);
+        let mut unanswered = Unanswered::default();
+        let start = tokio::time::Instant::now();
+        unanswered.sent(true);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        unanswered.sent(true);
+        assert_eq!(unanswered.overdue_at(within), Some(start + within));
+        // The follower works in order: the second is due a deadline after the first's
+        // answer, not after its own sending.
+        tokio::time::advance(Duration::from_millis(900)).await;
+        unanswered.answered();
+        let answered_at = start + Duration::from_millis(1200);
+        assert_eq!(unanswered.overdue_at(within), Some(answered_at + within));
+        unanswered.answered();
+        assert_eq!(unanswered.overdue_at(within), None);
+        // One sent later than the last answer counts from its own sending.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        unanswered.sent(false);
+        assert_eq!(
+            unanswered.overdue_at(within),
+            Some(answered_at + Duration::from_millis(500) + within)
+        );
     }
 
     #[test]

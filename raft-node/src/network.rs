@@ -243,7 +243,8 @@ pub struct Network {
 
 impl Network {
     /// A network using `client`'s pool, sending `clock`'s time with every append,
-    /// timing, in `append_latency`, each append with entries from send to answer, and
+    /// measuring replication in `replication` (each append with entries from send to
+    /// answer, the streams opened), and
     /// noting in `peer_forms` the log forms each peer answers with.
     pub fn new(
         client: HttpClient,
@@ -506,7 +507,8 @@ enum Link<'s, S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Unpin> {
         input: Peekable<S>,
         option: RPCOption,
     },
-    /// One request per append: a heartbeat, or a peer without the exchange.
+    /// One request per append: a lone append (a heartbeat, a probe), or a peer without
+    /// the exchange.
     Plain(AnswerStream<'s>),
     /// The appends in one exchange.
     Streamed(Box<Exchange<Appends<S>>>),
@@ -553,7 +555,8 @@ where
 
 impl PeerClient {
     /// How to send `first` and the rest of `input`: in one exchange, unless `first` is
-    /// alone (a heartbeat: one request, no exchange to open) or the peer has none.
+    /// alone (a heartbeat or a probe: one request, no exchange to open) or the peer has
+    /// none.
     async fn link_for<'s, S>(
         &'s mut self,
         first: AppendEntriesRequest<NodeTypes>,
@@ -587,18 +590,8 @@ impl PeerClient {
             .await;
         let duplex = match opened {
             Ok(Ok(duplex)) => duplex,
-            Ok(Err(refusal)) => {
+            Ok(Err(refusal)) if refusal.status != hyper::StatusCode::NOT_FOUND => {
                 self.note_forms(Ok(&refusal));
-                if refusal.status == hyper::StatusCode::NOT_FOUND {
-                    tracing::info!(
-                        target = self.target,
-                        "the peer has no replication stream (an older build): one request per \
-                         append"
-                    );
-                    self.plain_appends_until =
-                        Some(tokio::time::Instant::now() + append_stream::PLAIN_APPENDS_FOR);
-                    return self.plain(input, option).await;
-                }
                 return Link::Failed(match refusal.success(&self.addr) {
                     Err(e) => transport_error(e),
                     Ok(_) => RPCError::Network(NetworkError::new(&std::io::Error::other(
@@ -606,10 +599,17 @@ impl PeerClient {
                     ))),
                 });
             }
-            Err(e) => {
+            Err(e @ (ClientError::Connect { .. } | ClientError::Timeout { .. })) => {
                 self.note_forms(Err(()));
                 return Link::Failed(transport_error(e));
             }
+            // No such path, or no HTTP/2 at all (builds before 0b089a3 spoke HTTP/1.1
+            // only on the Raft listener): an older build.
+            Ok(Err(refusal)) => {
+                let why = format!("it answered {}", refusal.status);
+                return self.without_exchange(why, input, option).await;
+            }
+            Err(e) => return self.without_exchange(e.to_string(), input, option).await,
         };
         if let Some(forms) = &self.peer_forms {
             forms.heard(self.target, announced_forms(&duplex.headers));
@@ -626,6 +626,28 @@ impl PeerClient {
             Arc::clone(&self.clock),
             self.replication.clone(),
         )))
+    }
+
+    /// `input` sent one request per append, and so for [`append_stream::PLAIN_APPENDS_FOR`]:
+    /// the peer cannot take the exchange (`why`). The first append was not sent; the
+    /// plain requests send it and tell what the peer is.
+    async fn without_exchange<'s, S>(
+        &'s mut self,
+        why: String,
+        input: Appends<S>,
+        option: RPCOption,
+    ) -> Link<'s, S>
+    where
+        S: Stream<Item = AppendEntriesRequest<NodeTypes>> + OptionalSend + Unpin + 'static,
+    {
+        tracing::info!(
+            target = self.target,
+            %why,
+            "the peer takes no replication stream (an older build?): one request per append"
+        );
+        self.plain_appends_until =
+            Some(tokio::time::Instant::now() + append_stream::PLAIN_APPENDS_FOR);
+        self.plain(input, option).await
     }
 
     /// `input` sent one request per append.
@@ -761,8 +783,9 @@ mod tests {
     use super::*;
 
     /// A Raft listener of a build before the replication stream: it answers every
-    /// append with success, and 404 to anything else. Counts both.
-    async fn older_build_listener() -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
+    /// append with success, and 404 to anything else. Counts both. `http1_only`: a build
+    /// before HTTP/2 on the Raft listener, which cannot even read the exchange's request.
+    async fn older_build_listener(http1_only: bool) -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -785,6 +808,24 @@ mod tests {
                 missing.fetch_add(1, Ordering::Relaxed);
                 std::future::ready(hyper::StatusCode::NOT_FOUND)
             });
+        if http1_only {
+            let unreadable = Arc::clone(&refused);
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                    let refused = Arc::clone(&unreadable);
+                    tokio::spawn(async move {
+                        let served = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                        if served.is_err() {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            });
+            return (addr, appends, refused);
+        }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         // Serves until the test's runtime ends.
         std::mem::forget(stop);
@@ -813,7 +854,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_without_the_replication_stream_gets_one_request_per_append() {
-        let (addr, appends, refused) = older_build_listener().await;
+        for http1_only in [false, true] {
+            peer_of_an_older_build_gets_one_request_per_append(http1_only).await;
+        }
+    }
+
+    async fn peer_of_an_older_build_gets_one_request_per_append(http1_only: bool) {
+        let (addr, appends, refused) = older_build_listener(http1_only).await;
         let replication = Arc::new(ReplicationStats::default());
         let mut client = Network::new(
             HttpClient::new(),
@@ -846,7 +893,11 @@ mod tests {
             );
             assert_eq!(appends.load(Ordering::Relaxed), 3 * round);
             // Asked once; the second round remembers the answer.
-            assert_eq!(refused.load(Ordering::Relaxed), 1, "round {round}");
+            assert_eq!(
+                refused.load(Ordering::Relaxed),
+                1,
+                "round {round}, HTTP/1.1 only: {http1_only}"
+            );
         }
         assert_eq!(replication.streams_opened.load(Ordering::Relaxed), 0);
     }

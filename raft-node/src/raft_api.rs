@@ -32,7 +32,6 @@ use crate::append_stream::AppendFrame;
 use crate::append_stream::FOLLOWER_IDLE_MAX;
 use crate::append_stream::FrameReader;
 use crate::append_stream::frame;
-use crate::append_stream::unframe;
 use crate::http::ApiError;
 use crate::http::BODY_READ_TIMEOUT;
 use crate::http::read_body;
@@ -179,7 +178,7 @@ async fn append_stream(
                         return None;
                     }
                 };
-                match unframe::<AppendFrame>(&bytes, "append") {
+                match decode_value::<AppendFrame>(&bytes, "append") {
                     Ok((time, append)) => {
                         lock(&times).push_back(time);
                         Some((append, reader))

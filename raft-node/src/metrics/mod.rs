@@ -44,7 +44,7 @@ pub fn render(node: &Node) -> String {
     counter(
         &mut out,
         "rota_raft_append_streams_total",
-        "Replication streams this node opened to followers while leading (one per follower, again after a break or 20 s idle).",
+        "Replication streams this node opened to followers while leading: one per follower, another after a break, a conflict, 20 s idle or 5 min.",
         node.replication
             .streams_opened
             .load(std::sync::atomic::Ordering::Relaxed),
