@@ -121,24 +121,17 @@ impl Node {
         );
         Ok(answer)
     }
-}
 
-impl Node {
     /// The log entry form every one of `members` reads, if each says so now and it is
     /// one a cluster records: the restored state carries it, so that no entry recording
     /// it follows the restore and changes the state every member is checked to hold.
     async fn restored_members_form(&self, members: &BTreeMap<NodeId, RotaNode>) -> Option<u32> {
-        let asked = members
+        let others = members
             .iter()
             .filter(|(id, _)| **id != self.id())
-            .map(|(id, node)| {
-                let peer = self.peer(*id, node.raft_addr.clone());
-                async move { peer.announced_log_form().await }
-            });
-        let mut common = crate::log_forms::announced_form();
-        for answer in futures_util::future::join_all(asked).await {
-            common = common.min(answer.ok()?);
-        }
+            .map(|(id, node)| (*id, node.raft_addr.clone()))
+            .collect();
+        let common = self.lowest_form_now(others).await.ok()?;
         (common >= crate::log_forms::RECORDED_FORM).then_some(common)
     }
 }

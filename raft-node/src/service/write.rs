@@ -144,16 +144,15 @@ impl Node {
         if heard.is_none_or(|common| common < RECORDED_FORM || common <= recorded) {
             return Ok(None);
         }
-        let asked = members
+        let others = members
             .iter()
             .filter(|&&id| id != self.id())
-            .map(|&id| async move { (id, self.member_log_form(id).await) });
-        let mut common = announced_form();
-        for (id, answer) in futures_util::future::join_all(asked).await {
-            let form = answer?;
-            self.peer_forms.heard(id, form);
-            common = common.min(form);
-        }
+            .map(|&id| Ok((id, self.known_member_raft_addr(id)?)))
+            .collect::<Result<Vec<_>, ServiceError>>()?;
+        let common = self
+            .lowest_form_now(others)
+            .await
+            .map_err(|(id, e)| unannounced(id, &e))?;
         if common < RECORDED_FORM || common <= recorded {
             return Ok(None);
         }
@@ -168,17 +167,35 @@ impl Node {
 
     /// The log entry form member `id` announces when asked now.
     pub(crate) async fn member_log_form(&self, id: NodeId) -> Result<u32, ServiceError> {
-        let raft_addr = self
-            .member_raft_addr(id)
-            .ok_or_else(|| ServiceError::Conflict(format!("node {id} is not a member")))?;
-        self.peer(id, raft_addr)
+        self.peer(id, self.known_member_raft_addr(id)?)
             .announced_log_form()
             .await
-            .map_err(|e| {
-                ServiceError::Unavailable(format!(
-                    "node {id} did not say which log entry forms it reads: {e}"
-                ))
-            })
+            .map_err(|e| unannounced(id, &e))
+    }
+
+    /// The newest log entry form this node and every one of `others` (id and Raft
+    /// address) read, each asked now, all at once; each answer is noted in
+    /// `peer_forms`. `Err` names one that did not answer.
+    pub(crate) async fn lowest_form_now(
+        &self,
+        others: Vec<(NodeId, String)>,
+    ) -> Result<u32, (NodeId, rpc::client::ClientError)> {
+        let asked = others.into_iter().map(|(id, raft_addr)| {
+            let peer = self.peer(id, raft_addr);
+            async move { (id, peer.announced_log_form().await) }
+        });
+        let mut common = announced_form();
+        for (id, answer) in futures_util::future::join_all(asked).await {
+            let form = answer.map_err(|e| (id, e))?;
+            self.peer_forms.heard(id, form);
+            common = common.min(form);
+        }
+        Ok(common)
+    }
+
+    fn known_member_raft_addr(&self, id: NodeId) -> Result<String, ServiceError> {
+        self.member_raft_addr(id)
+            .ok_or_else(|| ServiceError::Conflict(format!("node {id} is not a member")))
     }
 
     /// The answer to a request no form of which every member reads (a finish with
@@ -235,4 +252,11 @@ impl Node {
             tokio::time::sleep(SETTLED_POLL).await;
         }
     }
+}
+
+/// Why member `id`'s log entry form is not known: it did not answer when asked.
+fn unannounced(id: NodeId, error: &rpc::client::ClientError) -> ServiceError {
+    ServiceError::Unavailable(format!(
+        "node {id} did not say which log entry forms it reads: {error}"
+    ))
 }
