@@ -11,6 +11,19 @@ from conftest import wait_until
 from rota import FailTask, Lease, RotaClient, Task, Worker, worker
 
 
+def claim_waits(client: RotaClient) -> List[int]:
+    """The wait, in ms, of each claim ``client`` sends from now on (filled as they go)."""
+    waits: List[int] = []
+    real = client.claim_lease
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        waits.append(kwargs.get("wait_ms", 0))
+        return real(*args, **kwargs)
+
+    client.claim_lease = counted  # type: ignore[method-assign]
+    return waits
+
+
 def test_results_finish_and_exceptions_fail(client: RotaClient, group: str) -> None:
     keys = [f"job-{i}" for i in range(12)]
     client.add_many([{"group": group, "key": k, "data": str(i), "max_attempts": 1} for i, k in enumerate(keys)])
@@ -186,14 +199,7 @@ def test_a_handler_may_stop_its_own_worker(client: RotaClient, group: str) -> No
 def test_each_finish_claims_the_next_task_in_the_same_write(client: RotaClient, group: str) -> None:
     for i in range(6):
         client.add(group, str(i), key=f"k{i}")
-    claims = []
-    real = client.claim_lease
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        claims.append(1)
-        return real(*args, **kwargs)
-
-    client.claim_lease = counted  # type: ignore[method-assign]
+    claims = claim_waits(client)
     done: List[str] = []
     w = Worker(client, group, lambda task, lease: done.append(task.data), threads=1, wait_ms=200)
     w.start()
@@ -206,6 +212,22 @@ def test_each_finish_claims_the_next_task_in_the_same_write(client: RotaClient, 
     # One claim for the first task, the others came with the finishes; then the idle
     # slot's blocking claims (at most a few in this time).
     assert len(claims) < 6, f"{len(claims)} claims for 6 tasks"
+
+
+def test_a_finish_that_finds_no_next_task_is_followed_by_a_waiting_claim(client: RotaClient, group: str) -> None:
+    """The finish of the last task asked for the next one in the same write and found
+    none: the slot's next claim waits for one rather than asking again at once."""
+    client.add(group, "only", key="only")
+    waits = claim_waits(client)
+    done: List[str] = []
+    w = Worker(client, group, lambda task, lease: done.append(task.data), threads=1, wait_ms=300)
+    w.start()
+    try:
+        wait_until(lambda: len(done) == 1 and len(waits) >= 2, timeout=20, what="the task run and the slot waiting")
+    finally:
+        assert w.stop(timeout=5)
+    assert client.job(group, "only").state == "succeeded"
+    assert 0 not in waits, f"claims' waits in ms: {waits}"
 
 
 def test_a_late_claim_runs_only_once_its_first_renewal_lands(client: RotaClient, group: str) -> None:

@@ -39,7 +39,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .errors import Cancelled, LeaseLost, RotaError, Unavailable
 from .lease import Lease, error_text
@@ -309,7 +309,11 @@ class Worker:
             with self._lock:
                 self._active[index] = lease
             try:
-                carried = self._work(lease)
+                carried, found_none = self._work(lease)
+                if found_none:
+                    # The finish just asked for the next task and there was none: the
+                    # next claim waits instead of asking again at once.
+                    busy = False
             finally:
                 with self._lock:
                     self._active.pop(index, None)
@@ -320,15 +324,16 @@ class Worker:
             except RotaError:
                 pass
 
-    def _work(self, lease: Lease) -> Optional[Lease]:
-        """Runs the handler on ``lease`` and ends the claim; the next task's lease when
-        the finish claimed it in the same write."""
+    def _work(self, lease: Lease) -> Tuple[Optional[Lease], bool]:
+        """Runs the handler on ``lease`` and ends the claim: the next task's lease when
+        the finish claimed it in the same write, and whether the finish asked for one and
+        the group had none."""
         assert self.handler is not None
         if not lease.wait_confirmed():
             # A late claim whose first renewal did not land: another worker may hold
             # the task, so its work never starts.
             self._count_lost(lease, f"a late claim's first renewal did not land, so its work never started: {lease.lost_reason}")
-            return None
+            return None, False
         claimed = lease.task
         result: Any = None
         error: Optional[str] = None
@@ -363,11 +368,12 @@ class Worker:
             return self._finish(lease, result)
         else:
             self._fail(lease, error, retry_in_ms)
-        return None
+        return None, False
 
-    def _finish(self, lease: Lease, result: Any) -> Optional[Lease]:
+    def _finish(self, lease: Lease, result: Any) -> Tuple[Optional[Lease], bool]:
         """Finishes ``lease``'s task; unless the worker is stopping, the same write claims
-        the slot's next task (one commit per cycle), whose lease it answers."""
+        the slot's next task (one commit per cycle): its lease, and whether the write
+        asked for one and the group had none."""
         claim_next = not self._stop.is_set()
         sent = time.monotonic()
         claimed: List[Task] = []
@@ -387,17 +393,17 @@ class Worker:
                     self.client.finish(lease.task, result, request_id=e.request_id)
         except LeaseLost as e:
             self._count_lost(lease, str(e))
-            return None
+            return None, False
         except RotaError as e:
             log.warning("finish of task %d of %r failed: %s", lease.task.id, self.group, e)
-            return None
+            return None, False
         # The next task's lease starts renewing before the callback runs, which may be
         # slow.
         carried = Lease(self.client, claimed[0], self.lease_ms, claimed_at=sent) if claimed else None
         with self._lock:
             self.finished += 1
         self._call(self.on_finish, lease.task, result)
-        return carried
+        return carried, claim_next and not claimed
 
     def _fail(self, lease: Lease, error: str, retry_in_ms: Optional[int]) -> None:
         try:
