@@ -240,8 +240,9 @@ class Worker:
     def _slot(self, index: int) -> None:
         # While claims find tasks, the next claim does not wait: a blocking claim costs
         # the leader a linearizable read before its proposal, so it is slower when tasks
-        # are there. Once a claim finds nothing (and at first), the slot waits in blocking
-        # claims (no polling, no log entry while it waits) until one brings a task.
+        # are there. Once a claim, or a finish that asked for the next task, finds nothing
+        # (and at first), the slot waits in blocking claims (no polling, no log entry
+        # while it waits) until one brings a task.
         busy = False
         # A claim without a definite answer may have claimed a task: the next claim asks
         # again under its request id, and so gets that task rather than a second one.
