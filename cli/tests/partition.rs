@@ -40,6 +40,10 @@ const PAUSE: Duration = Duration::from_millis(2500);
 /// How long each network fault lasts.
 const HOLD: Duration = Duration::from_millis(2000);
 
+/// How long a fault that has dropped nothing yet is held past its time (see
+/// `heal_once_dropped`): several election timeouts (300-600 ms).
+const QUIET_FAULT_MAX: Duration = Duration::from_secs(3);
+
 async fn sleep(duration: Duration) {
     tokio::time::sleep(duration).await;
 }
@@ -88,7 +92,7 @@ async fn isolate_leader(lab: &Lab, leader: u64) -> u64 {
     let new = lab.wait_leader(&rest, &[leader], ELECTION_MAX).await;
     lab.say(&format!("node {new} leads the majority"));
     sleep(HOLD).await;
-    assert_dropped(lab.heal(), "leader isolation");
+    heal_once_dropped(lab, "leader isolation").await;
     let follows = lab.wait_follows(leader, ELECTION_MAX).await;
     lab.say(&format!(
         "the old leader {leader} now follows node {follows}"
@@ -104,7 +108,7 @@ async fn one_way(lab: &Lab, from: u64, to: u64) {
     );
     lab.cut(from, to);
     sleep(HOLD).await;
-    assert_dropped(lab.heal(), "one-way loss");
+    heal_once_dropped(lab, "one-way loss").await;
 }
 
 /// Loss and delay on the links of `ids`; the measured round trip shows the delay.
@@ -171,13 +175,23 @@ async fn flap(lab: &Lab, rounds: u32) -> u64 {
         );
         lab.partition(&[&minority, &rest]);
         sleep(hold).await;
-        assert_dropped(lab.heal(), "the partition");
+        heal_once_dropped(lab, "the partition").await;
         sleep(Duration::from_millis(300)).await;
     }
     lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await
 }
 
-fn assert_dropped(healed: netns::Healed, what: &str) {
+/// Heals the faults once they have dropped a packet, and fails if they never do: a
+/// partition that drops nothing tests nothing. One that began while the cluster was
+/// quiet (leaderless after the last heal, every node waiting out its election timer)
+/// may have had nothing to drop yet; it is held until it has, for at most
+/// [`QUIET_FAULT_MAX`], by which time some node has campaigned or sent heartbeats.
+async fn heal_once_dropped(lab: &Lab, what: &str) {
+    let until = std::time::Instant::now() + QUIET_FAULT_MAX;
+    while lab.dropped_so_far() == 0 && std::time::Instant::now() < until {
+        sleep(Duration::from_millis(50)).await;
+    }
+    let healed = lab.heal();
     assert!(healed.dropped > 0, "{what} dropped no packet: {healed:?}");
 }
 
@@ -238,7 +252,7 @@ async fn split(lab: &Lab, minority: &[u64], leader: u64) -> u64 {
     let now = lab.wait_leader(&majority, minority, ELECTION_MAX).await;
     lab.say(&format!("node {now} leads the majority {majority:?}"));
     sleep(HOLD).await;
-    assert_dropped(lab.heal(), "the partition");
+    heal_once_dropped(lab, "the partition").await;
     lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await
 }
 
@@ -414,7 +428,7 @@ async fn five_node_scenario(lab: Arc<Lab>) {
         lab.cut(id, leader);
     }
     sleep(HOLD).await;
-    assert_dropped(lab.heal(), "one-way loss");
+    heal_once_dropped(&lab, "one-way loss").await;
     progress(&lab, &workers, 10, "after one-way loss").await;
 
     let leader = lab.wait_leader(&lab.ids(), &[], ELECTION_MAX).await;
@@ -499,7 +513,7 @@ async fn membership_scenario(lab: Arc<Lab>) {
         before.id, before.purged_index, before.commit_index
     ));
     lab.add_learner(joiner).await;
-    assert_dropped(lab.heal(), "the partition");
+    heal_once_dropped(&lab, "the partition").await;
     let joined = lab.status(joiner).await.expect("the learner answers");
     lab.say(&format!(
         "node {joiner} applied up to {:?}, its snapshot at {:?}",

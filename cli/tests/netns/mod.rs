@@ -1109,6 +1109,11 @@ impl Lab {
         }
     }
 
+    /// Packets the fault rules dropped since they were put in place.
+    pub fn dropped_so_far(&self) -> u64 {
+        self.rule_counts().0
+    }
+
     /// Counts of packets the fault rules dropped, and that the delayer held, so far.
     fn rule_counts(&self) -> (u64, u64) {
         let listing = run("iptables", &["-w", "-L", "ROTA", "-n", "-v", "-x"]).unwrap_or_default();
