@@ -115,6 +115,12 @@ pub fn raft_config(config: &NodeConfig) -> Result<openraft::Config, StartError> 
         install_snapshot_timeout: timing.snapshot_timeout.as_millis() as u64,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
         max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
+        // A node cut off from the others campaigns at every election timeout; without a
+        // pre-vote each campaign raises its term, and once it is back that term deposes
+        // the healthy leader and leaves the cluster leaderless for another election.
+        // With it, a node raises its term only when a majority would vote for it. Every
+        // build answers the pre-vote RPC (`/raft/pre-vote`).
+        enable_pre_vote: Some(true),
         ..Default::default()
     }
     .validate()
