@@ -147,6 +147,23 @@ impl SimCluster {
         Self::start_with_spares(n, 0)
     }
 
+    /// Starts `n` nodes (ids 1..=n), makes their first tokens and waits until they all
+    /// name one leader, each within 10 s of simulated time: the cluster, its tokens and
+    /// its leader. Panics, saying which step, if one does not happen in time.
+    pub async fn start_serving(n: u64) -> (Self, SimTokens, u64) {
+        let cluster = Self::start(n);
+        let tokens = cluster
+            .bootstrap(Duration::from_secs(10))
+            .await
+            .expect("the first admin token within 10 s");
+        let members: Vec<u64> = (1..=n).collect();
+        let leader = cluster
+            .wait_leader(&members, Duration::from_secs(10))
+            .await
+            .expect("a leader within 10 s");
+        (cluster, tokens, leader)
+    }
+
     /// Starts `n` nodes (ids 1..=n) forming one cluster, `spares` empty nodes (ids
     /// n+1..=n+spares) that the admin API can add later, and a client host.
     pub fn start_with_spares(n: u64, spares: u64) -> Self {

@@ -172,6 +172,7 @@ impl Workers {
                     started,
                     owned: Vec::new(),
                     owned_jobs: Vec::new(),
+                    owned_job_keys: std::collections::BTreeMap::new(),
                     seen: std::collections::BTreeMap::new(),
                     sent: 0,
                     mix,
@@ -326,6 +327,8 @@ struct Worker {
     owned: Vec<(u64, String, &'static str)>,
     /// Job task versions this worker claimed and may finish or fail.
     owned_jobs: Vec<u64>,
+    /// The key of each job task version in `owned_jobs` (and of some it no longer owns).
+    owned_job_keys: std::collections::BTreeMap<u64, String>,
     /// A task id per group from this worker's last read of it, for `depends`.
     seen: std::collections::BTreeMap<&'static str, u64>,
     sent: u64,
@@ -459,7 +462,18 @@ impl Worker {
                     wait_ms: blocking_wait_ms(&mut rng),
                     count: claim_count(c),
                 },
-                c if c < 95 => Call::Cancel { key: key() },
+                // Half of the cancels while it owns a job are of that job's key, as an
+                // operator cancels a running job: its owner's next finish must be refused.
+                c if c < 95 => Call::Cancel {
+                    key: match self
+                        .owned_jobs
+                        .first()
+                        .and_then(|id| self.owned_job_keys.get(id))
+                    {
+                        Some(running) if rng.gen_bool(0.5) => running.clone(),
+                        _ => key(),
+                    },
+                },
                 _ => Call::Pause {
                     paused: rng.gen_bool(0.5),
                 },
@@ -667,6 +681,13 @@ impl Worker {
         {
             if group == JOB_GROUP {
                 self.owned_jobs.extend(tasks.iter().map(|t| t.id));
+                let owned = &self.owned_jobs;
+                self.owned_job_keys.retain(|id, _| owned.contains(id));
+                self.owned_job_keys.extend(
+                    tasks
+                        .iter()
+                        .filter_map(|t| t.key.clone().map(|key| (t.id, key))),
+                );
             } else {
                 self.owned
                     .extend(tasks.iter().map(|t| (t.id, t.data.clone(), group)));

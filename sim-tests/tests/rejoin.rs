@@ -10,15 +10,7 @@ use sim_tests::cluster::SimCluster;
 
 #[madsim::test]
 async fn a_follower_back_from_a_partition_does_not_depose_the_leader() {
-    let cluster = SimCluster::start(3);
-    cluster
-        .bootstrap(Duration::from_secs(10))
-        .await
-        .expect("the first admin token within 10 s");
-    let leader = cluster
-        .wait_leader(&[1, 2, 3], Duration::from_secs(10))
-        .await
-        .expect("a leader within 10 s");
+    let (cluster, _tokens, leader) = SimCluster::start_serving(3).await;
     let term = cluster
         .status(leader)
         .await

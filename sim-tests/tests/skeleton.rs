@@ -11,16 +11,8 @@ use sim_tests::cluster::SimCluster;
 
 #[madsim::test]
 async fn three_nodes_elect_serve_writes_and_converge() {
-    let cluster = SimCluster::start(3);
     // Nothing but the bootstrap answers before the first token exists.
-    let tokens = cluster
-        .bootstrap(Duration::from_secs(10))
-        .await
-        .expect("the first admin token within 10 s");
-    let leader = cluster
-        .wait_leader(&[1, 2, 3], Duration::from_secs(10))
-        .await
-        .expect("a leader within 10 s");
+    let (cluster, tokens, leader) = SimCluster::start_serving(3).await;
     assert!((1..=3).contains(&leader));
 
     // Without a token nothing is written.

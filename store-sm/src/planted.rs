@@ -200,11 +200,12 @@ fn claim_ignoring_max_running(machine: &mut TaskMachine, command: &Command) -> A
 
 /// A finish refused because a cancel removed the task answers success, as a store that
 /// does not fence finishes would (the state is unchanged: the task is gone either way).
+/// A finish that also claims the next task answers that it found none.
 fn finish_without_fence(machine: &mut TaskMachine, command: &Command) -> Arc<Outcome> {
     let outcome = machine.apply(command);
     let cancelled = matches!(
         (command.request.unscoped(), &*outcome),
-        (Request::Finish(_), Outcome::Refused(refusals))
+        (Request::Finish(_) | Request::FinishAndClaim(_), Outcome::Refused(refusals))
             if refusals.iter().any(|r| matches!(r, Refusal::Cancelled { .. }))
     );
     if cancelled {
