@@ -496,8 +496,17 @@ impl PeerClient {
     }
 }
 
-/// The appends openraft hands [`PeerClient::stream_append`], after the first.
+/// The appends openraft hands [`PeerClient::stream_append`], the first one put back in
+/// front of the rest.
 type Appends<S> = Chain<Once<Ready<AppendEntriesRequest<NodeTypes>>>, Peekable<S>>;
+
+/// `first`, then the rest of `input`.
+fn with_first<S: Stream<Item = AppendEntriesRequest<NodeTypes>>>(
+    first: AppendEntriesRequest<NodeTypes>,
+    input: Peekable<S>,
+) -> Appends<S> {
+    futures_util::stream::once(std::future::ready(first)).chain(input)
+}
 
 /// How one call of [`PeerClient::stream_append`] sends its appends.
 enum Link<'s, S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Unpin> {
@@ -511,7 +520,7 @@ enum Link<'s, S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Unpin> {
     /// the exchange.
     Plain(AnswerStream<'s>),
     /// The appends in one exchange.
-    Streamed(Box<Exchange<Appends<S>>>),
+    Streamed(Box<Exchange<Peekable<S>>>),
     /// The exchange could not be opened.
     Failed(RPCError<NodeTypes>),
     Ended,
@@ -570,14 +579,27 @@ impl PeerClient {
             std::pin::Pin::new(&mut input).peek().now_or_never(),
             Some(None)
         );
-        let input = futures_util::stream::once(std::future::ready(first)).chain(input);
         let plain = self
             .plain_appends_until
             .is_some_and(|until| tokio::time::Instant::now() < until);
         if alone || plain {
-            return self.plain(input, option).await;
+            return self.plain(with_first(first, input), option).await;
         }
         let (body, to_send) = tokio::sync::mpsc::unbounded_channel();
+        // The first append goes in the request's body before its answer's head comes:
+        // the follower reads it as soon as it takes the exchange, a round trip sooner.
+        // A follower without the exchange never reads it, and the plain requests below
+        // send it again; after any other failure openraft sends it again, and a follower
+        // that had read it meanwhile takes it twice, as Raft allows.
+        let queued = append_stream::append_frame(&self.clock, &first).and_then(|bytes| {
+            body.send(bytes)
+                .map_err(|_| std::io::Error::other("the exchange's body closed"))
+        });
+        if let Err(e) = queued {
+            return Link::Failed(RPCError::Network(NetworkError::new(&e)));
+        }
+        let mut sent = append_stream::Unanswered::default();
+        sent.sent(!first.entries.is_empty());
         let opened = self
             .client
             .open_duplex(
@@ -607,9 +629,15 @@ impl PeerClient {
             // only on the Raft listener): an older build.
             Ok(Err(refusal)) => {
                 let why = format!("it answered {}", refusal.status);
-                return self.without_exchange(why, input, option).await;
+                return self
+                    .without_exchange(why, with_first(first, input), option)
+                    .await;
             }
-            Err(e) => return self.without_exchange(e.to_string(), input, option).await,
+            Err(e) => {
+                return self
+                    .without_exchange(e.to_string(), with_first(first, input), option)
+                    .await;
+            }
         };
         if let Some(forms) = &self.peer_forms {
             forms.heard(self.target, announced_forms(&duplex.headers));
@@ -620,8 +648,11 @@ impl PeerClient {
         Link::Streamed(Box::new(Exchange::new(
             self.target,
             input,
-            body,
-            duplex.body,
+            append_stream::Opened {
+                body,
+                answers: duplex.body,
+                sent,
+            },
             self.timing.rpc_timeout,
             Arc::clone(&self.clock),
             self.replication.clone(),
@@ -629,8 +660,8 @@ impl PeerClient {
     }
 
     /// `input` sent one request per append, and so for [`append_stream::PLAIN_APPENDS_FOR`]:
-    /// the peer cannot take the exchange (`why`). The first append was not sent; the
-    /// plain requests send it and tell what the peer is.
+    /// the peer cannot take the exchange (`why`). The first append went in the refused
+    /// request's body, unread; the plain requests send it and tell what the peer is.
     async fn without_exchange<'s, S>(
         &'s mut self,
         why: String,
@@ -777,6 +808,10 @@ impl RaftNetworkV2<NodeTypes> for PeerClient {
 
 #[cfg(test)]
 mod tests {
+    use openraft::vote::RaftLeaderIdExt;
+    use store_sm::raft_types::RotaEntry;
+    use store_sm::raft_types::RotaLeaderId;
+    use store_sm::raft_types::RotaLogId;
     use store_sm::raft_types::RotaSnapshotMeta;
     use store_sm::snapshot_data::SNAPSHOT_CHUNK_BYTES;
 
@@ -826,8 +861,14 @@ mod tests {
             });
             return (addr, appends, refused);
         }
+        serve(listener, router);
+        (addr, appends, refused)
+    }
+
+    /// Serves `router` on `listener` as a Raft listener does (HTTP/1.1 and HTTP/2) until
+    /// the test's runtime ends.
+    fn serve(listener: tokio::net::TcpListener, router: axum::Router) {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        // Serves until the test's runtime ends.
         std::mem::forget(stop);
         tokio::spawn(crate::http::serve(
             listener,
@@ -840,7 +881,116 @@ mod tests {
             None,
             crate::connection::ListenerRules::default(),
         ));
-        (addr, appends, refused)
+    }
+
+    /// A follower's exchange that answers the request's head only once the first append
+    /// arrived, then answers each append with its commit index (appends sent in order
+    /// carry 1, 2, 3...), or a refusal if one comes out of order.
+    async fn head_after_first_append(body: axum::body::Body) -> axum::response::Response {
+        let mut appends = append_stream::FrameReader::new(body);
+        let first = appends.next().await;
+        let answer = |bytes: Bytes, expected: u64| {
+            let (_, append): append_stream::AppendFrame =
+                decode_value(&bytes, "append").expect("an append");
+            let index = append.leader_commit.map(|id| id.index());
+            let answer: append_stream::AnswerFrame = match index {
+                Some(index) if index == expected => Ok(Ok(append.leader_commit)),
+                other => Err(format!("append {expected} came as {other:?}")),
+            };
+            append_stream::frame(&answer)
+        };
+        let first = first.ok().flatten().map(|bytes| answer(bytes, 1));
+        let rest =
+            futures_util::stream::unfold((appends, 2), move |(mut appends, next)| async move {
+                match appends.next().await {
+                    Ok(Some(bytes)) => Some((answer(bytes, next), (appends, next + 1))),
+                    _ => None,
+                }
+            });
+        let answers = futures_util::stream::iter(first).chain(rest);
+        axum::response::IntoResponse::into_response(axum::body::Body::from_stream(answers))
+    }
+
+    /// An append committing up to index `index`; the first carries an entry.
+    fn numbered_append(index: u64) -> AppendEntriesRequest<NodeTypes> {
+        let log_id = RotaLogId::new(RotaLeaderId::new_committed(1, 1), index);
+        AppendEntriesRequest {
+            leader_commit: Some(log_id),
+            entries: if index == 1 {
+                vec![RotaEntry {
+                    log_id,
+                    payload: openraft::EntryPayload::Blank,
+                }]
+            } else {
+                Vec::new()
+            },
+            ..heartbeat()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_first_append_goes_with_the_request_before_the_answers_head() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("an address").to_string();
+        serve(
+            listener,
+            axum::Router::new().route(
+                paths::APPEND_STREAM,
+                axum::routing::post(head_after_first_append),
+            ),
+        );
+        let replication = Arc::new(ReplicationStats::default());
+        let mut client = client_of_node_2(addr, &replication).await;
+        let appends_in = futures_util::stream::iter((1..=3).map(numbered_append));
+        let answers: Vec<_> = tokio::time::timeout(Duration::from_secs(10), async {
+            client
+                .stream_append(appends_in, RPCOption::new(Duration::from_secs(1)))
+                .await
+                .expect("a stream")
+                .collect()
+                .await
+        })
+        .await
+        .expect("the answers within 10 s");
+        let committed: Vec<_> = answers
+            .iter()
+            .map(|a| match a {
+                Ok(Ok(Some(id))) => Some(id.index()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            committed,
+            [Some(1), Some(2), Some(3)],
+            "once each, in order: {answers:?}"
+        );
+        assert_eq!(replication.streams_opened.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            replication.append_latency.snapshot().count,
+            1,
+            "the one append with entries is timed once"
+        );
+    }
+
+    /// A leader's client of node 2 at `addr`, timing its appends in `replication`.
+    async fn client_of_node_2(addr: String, replication: &Arc<ReplicationStats>) -> PeerClient {
+        Network::new(
+            HttpClient::new(),
+            RaftTiming::default(),
+            Arc::new(LogClock::new(crate::clock::SystemClock)),
+            Arc::clone(replication),
+            Arc::new(PeerLogForms::default()),
+        )
+        .new_client(
+            2,
+            &RotaNode {
+                api_addr: addr.clone(),
+                raft_addr: addr,
+            },
+        )
+        .await
     }
 
     fn heartbeat() -> AppendEntriesRequest<NodeTypes> {
@@ -862,21 +1012,7 @@ mod tests {
     async fn peer_of_an_older_build_gets_one_request_per_append(http1_only: bool) {
         let (addr, appends, refused) = older_build_listener(http1_only).await;
         let replication = Arc::new(ReplicationStats::default());
-        let mut client = Network::new(
-            HttpClient::new(),
-            RaftTiming::default(),
-            Arc::new(LogClock::new(crate::clock::SystemClock)),
-            Arc::clone(&replication),
-            Arc::new(PeerLogForms::default()),
-        )
-        .new_client(
-            2,
-            &RotaNode {
-                api_addr: addr.clone(),
-                raft_addr: addr,
-            },
-        )
-        .await;
+        let mut client = client_of_node_2(addr, &replication).await;
         for round in 1..=2u64 {
             let appends_in =
                 futures_util::stream::iter(vec![heartbeat(), heartbeat(), heartbeat()]);

@@ -11,7 +11,8 @@ use sim_tests::cluster::SimCluster;
 
 #[madsim::test]
 async fn three_nodes_elect_serve_writes_and_converge() {
-    // Nothing but the bootstrap answers before the first token exists.
+    // Nothing but the bootstrap answers before the first token exists (`start_serving`
+    // makes it).
     let (cluster, tokens, leader) = SimCluster::start_serving(3).await;
     assert!((1..=3).contains(&leader));
 
