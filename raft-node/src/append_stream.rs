@@ -102,13 +102,19 @@ pub fn frame<T: Serialize + ?Sized>(value: &T) -> std::io::Result<Bytes> {
     Ok(framed.freeze())
 }
 
-/// The frame that carries `request` to a follower, stamped with this leader's log time
-/// now.
-pub fn append_frame(
+/// Sends `request` down an exchange's `body`, framed with this leader's log time now,
+/// and notes it in `unanswered`. Fails if it cannot be framed or the body is closed.
+pub fn send_append(
+    body: &UnboundedSender<Bytes>,
+    unanswered: &mut Unanswered,
     clock: &LogClock,
     request: &AppendEntriesRequest<NodeTypes>,
-) -> std::io::Result<Bytes> {
-    frame(&(clock.now().as_millis(), request))
+) -> std::io::Result<()> {
+    let bytes = frame(&(clock.now().as_millis(), request))?;
+    body.send(bytes)
+        .map_err(|_| std::io::Error::other("the connection no longer takes appends"))?;
+    unanswered.sent(!request.entries.is_empty());
+    Ok(())
 }
 
 /// Reads frames off a body as its pieces arrive. Cancel-safe: a read dropped before it
@@ -365,18 +371,11 @@ where
         &mut self,
         request: AppendEntriesRequest<NodeTypes>,
     ) -> Result<(), RPCError<NodeTypes>> {
-        let entries = !request.entries.is_empty();
-        let bytes = append_frame(&self.clock, &request)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let sent = self
-            .body
-            .as_ref()
-            .is_some_and(|body| body.send(bytes).is_ok());
-        if !sent {
+        let Some(body) = &self.body else {
             return Err(self.broken("the connection no longer takes appends".into()));
-        }
-        self.unanswered.sent(entries);
-        Ok(())
+        };
+        send_append(body, &mut self.unanswered, &self.clock, &request)
+            .map_err(|e| self.broken(e.to_string()))
     }
 
     fn take_answer(

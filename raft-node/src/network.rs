@@ -591,15 +591,10 @@ impl PeerClient {
         // A follower without the exchange never reads it, and the plain requests below
         // send it again; after any other failure openraft sends it again, and a follower
         // that had read it meanwhile takes it twice, as Raft allows.
-        let queued = append_stream::append_frame(&self.clock, &first).and_then(|bytes| {
-            body.send(bytes)
-                .map_err(|_| std::io::Error::other("the exchange's body closed"))
-        });
-        if let Err(e) = queued {
+        let mut sent = append_stream::Unanswered::default();
+        if let Err(e) = append_stream::send_append(&body, &mut sent, &self.clock, &first) {
             return Link::Failed(RPCError::Network(NetworkError::new(&e)));
         }
-        let mut sent = append_stream::Unanswered::default();
-        sent.sent(!first.entries.is_empty());
         let opened = self
             .client
             .open_duplex(
