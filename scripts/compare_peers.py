@@ -182,7 +182,7 @@ class Rota:
             ("complete: RotaClient.finish_and_claim(task, group=...) = POST /finish with next: the finish"
              " and the claim of the next task in one write (one commit); claim: the task that brought"
              " (a request only when it brought none), so the claim latency is near 0 and the cycle is one request"),
-            "client: clients/python (stdlib http.client, keep-alive), one RotaClient per worker process",
+            "client: clients/python (HTTP/1.1 on plain sockets, keep-alive), one RotaClient per worker process",
         ]
 
     def pids(self) -> List[int]:

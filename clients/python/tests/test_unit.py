@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from rota import Add, Cancel, Change, Job, LeaseLost, Refused, RotaClient, Task, Unavailable
-from rota._http import Node, Pool, TransportError
+from rota._http import Node, Pool, TransportError, _Conn
 from rota.client import _query
 
 
@@ -333,6 +333,117 @@ def test_a_path_that_would_split_the_request_is_refused() -> None:
     node, _ = _serve_bytes()
     with pytest.raises(ValueError):
         Pool().request(node, "GET", "/x HTTP/1.1\r\nEvil: 1", None, 1.0)
+
+
+def _recording_node(count: int) -> Tuple[Node, List[bytes], threading.Thread]:
+    """A node that answers ``count`` requests on one connection with ``200 {}`` and
+    keeps each request's bytes (head and body)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    seen: List[bytes] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, server:
+            pending = b""
+            for _ in range(count):
+                while b"\r\n\r\n" not in pending:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    pending += chunk
+                head, _, rest = pending.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                seen.append(head + b"\r\n\r\n" + rest[:length])
+                pending = rest[length:]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return Node.parse(f"127.0.0.1:{server.getsockname()[1]}"), seen, thread
+
+
+def test_requests_carry_their_headers_in_one_head() -> None:
+    """The header lines rendered once per pool are the ones each request sends: a body's
+    type and length only with a body, the token on every request, and headers a caller
+    sets replace the pool's."""
+    node, seen, thread = _recording_node(3)
+    pool = Pool(token="rota_abc_def")
+    pool.request(node, "POST", "/claim", b'{"a":1}', 5.0)
+    pool.request(node, "GET", "/cluster", None, 5.0)
+    pool.request(node, "GET", "/groups", None, 5.0, headers={"Accept": "text/event-stream"})
+    thread.join(5)
+    host = f"Host: {node.addr}"
+    assert seen[0] == (
+        f"POST /claim HTTP/1.1\r\n{host}\r\nUser-Agent: rota-client-python/0.1\r\n"
+        "Accept: application/json\r\nContent-Type: application/json\r\n"
+        "Authorization: Bearer rota_abc_def\r\nContent-Length: 7\r\n\r\n{\"a\":1}"
+    ).encode()
+    assert seen[1] == (
+        f"GET /cluster HTTP/1.1\r\n{host}\r\nUser-Agent: rota-client-python/0.1\r\n"
+        "Accept: application/json\r\nAuthorization: Bearer rota_abc_def\r\n\r\n"
+    ).encode()
+    assert b"\r\nAccept: text/event-stream\r\n" in seen[2]
+    assert b"application/json" not in seen[2]
+    with pytest.raises(ValueError):
+        pool.request(node, "GET", "/", None, 1.0, headers={"X-Evil": "1\r\nInjected: 1"})
+    with pytest.raises(ValueError):
+        Pool(token="two\nlines")
+
+
+def test_a_connection_sets_its_timeout_only_when_it_changes() -> None:
+    """Setting a socket's timeout is a system call; a pooled connection makes it only
+    when an exchange asks for another timeout than the last."""
+
+    class Sock:
+        def __init__(self) -> None:
+            self.timeouts: List[float] = []
+
+        def settimeout(self, timeout: float) -> None:
+            self.timeouts.append(timeout)
+
+    sock = Sock()
+    conn = _Conn(sock, "node")  # type: ignore[arg-type]
+    for timeout in (3.0, 3.0, 3.0, 0.5, 0.5, 3.0):
+        conn.set_timeout(timeout)
+    assert sock.timeouts == [3.0, 0.5, 3.0]
+
+
+def test_a_shorter_timeout_applies_on_a_reused_connection() -> None:
+    """After an exchange with a long timeout, one with a short timeout on the same
+    pooled connection gives up after the short one."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    node = Node.parse(f"127.0.0.1:{server.getsockname()[1]}")
+    release = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, server:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            release.wait(10)  # the second request is read by no one
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    pool = Pool()
+    assert pool.request(node, "GET", "/a", None, 30.0).status == 200
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="did not answer within 0.3 s"):
+        pool.request(node, "GET", "/b", None, 0.3)
+    assert time.monotonic() - started < 5.0
+    release.set()
+    thread.join(5)
 
 
 def _scripted_node(answer_post: Callable[[int], Tuple[int, Dict[str, str]]]) -> Tuple[Any, List[int]]:
