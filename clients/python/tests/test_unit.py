@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from rota import Add, Cancel, Change, Job, LeaseLost, Refused, RotaClient, Task, Unavailable
-from rota._http import Node, Pool, TransportError, _Conn
+from rota._http import USER_AGENT, Node, Pool, TransportError, _Conn
 from rota.client import _query
 
 
@@ -374,28 +374,33 @@ def test_requests_carry_their_headers_in_one_head() -> None:
     """The header lines rendered once per pool are the ones each request sends: a body's
     type and length only with a body, the token on every request, and headers a caller
     sets replace the pool's."""
-    node, seen, thread = _recording_node(3)
+    node, seen, thread = _recording_node(4)
     pool = Pool(token="rota_abc_def")
     pool.request(node, "POST", "/claim", b'{"a":1}', 5.0)
     pool.request(node, "GET", "/cluster", None, 5.0)
     pool.request(node, "GET", "/groups", None, 5.0, headers={"Accept": "text/event-stream"})
+    pool.request(node, "POST", "/empty", b"", 5.0)
     thread.join(5)
     host = f"Host: {node.addr}"
+    agent = f"User-Agent: {USER_AGENT}"
     assert seen[0] == (
-        f"POST /claim HTTP/1.1\r\n{host}\r\nUser-Agent: rota-client-python/0.1\r\n"
+        f"POST /claim HTTP/1.1\r\n{host}\r\n{agent}\r\n"
         "Accept: application/json\r\nContent-Type: application/json\r\n"
         "Authorization: Bearer rota_abc_def\r\nContent-Length: 7\r\n\r\n{\"a\":1}"
     ).encode()
     assert seen[1] == (
-        f"GET /cluster HTTP/1.1\r\n{host}\r\nUser-Agent: rota-client-python/0.1\r\n"
+        f"GET /cluster HTTP/1.1\r\n{host}\r\n{agent}\r\n"
         "Accept: application/json\r\nAuthorization: Bearer rota_abc_def\r\n\r\n"
     ).encode()
     assert b"\r\nAccept: text/event-stream\r\n" in seen[2]
     assert b"application/json" not in seen[2]
-    with pytest.raises(ValueError):
-        pool.request(node, "GET", "/", None, 1.0, headers={"X-Evil": "1\r\nInjected: 1"})
-    with pytest.raises(ValueError):
-        Pool(token="two\nlines")
+    assert seen[3].endswith(b"\r\nContent-Type: application/json\r\nAuthorization: Bearer rota_abc_def\r\nContent-Length: 0\r\n\r\n")
+    for bad in ({"X-Evil": "1\r\nInjected: 1"}, {"": "empty"}, {"Two words": "x"}, {"X-Name": "caf\u00e9\u2603"}):
+        with pytest.raises(ValueError):
+            pool.request(node, "GET", "/", None, 1.0, headers=bad)
+    for token in ("two\nlines", "snow\u2603man"):
+        with pytest.raises(ValueError):
+            Pool(token=token)
 
 
 def test_a_connection_sets_its_timeout_only_when_it_changes() -> None:

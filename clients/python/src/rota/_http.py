@@ -143,9 +143,10 @@ HEAD_BYTES_MAX = 64 * 1024
 
 _RECV_BYTES = 64 * 1024
 
-# What a request path or a header name may not hold: it would end the line early.
+# What a request path may not hold (it would end the line early), and what a header
+# name is (RFC 9110, section 5.1: a token).
 _NOT_IN_PATH = re.compile(r"[ \r\n\t]")
-_NOT_IN_HEADER = re.compile(r"[:\s]")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class _Closed(Exception):
@@ -323,6 +324,8 @@ class Pool:
         common = f"User-Agent: {USER_AGENT}\r\nAccept: application/json\r\n"
         self._lines = common + authorization
         self._lines_json = common + "Content-Type: application/json\r\n" + authorization
+        # A token that HTTP cannot carry fails here rather than at every request.
+        self._lines.encode("latin-1")
         # With a context (a cluster CA), every node is dialled over TLS.
         self._tls = tls
 
@@ -364,7 +367,9 @@ class Pool:
                 sock.close()
                 raise
         shown = f"[{node.host}]" if ":" in node.host else node.host
-        return _Conn(sock, f"{shown}:{node.port}")
+        conn = _Conn(sock, f"{shown}:{node.port}")
+        conn.timeout = timeout  # create_connection set it, and TLS kept it
+        return conn
 
     def request(
         self,
@@ -408,9 +413,11 @@ class Pool:
             merged["Authorization"] = self._authorization
         merged.update(headers)
         for name, value in merged.items():
-            if _NOT_IN_HEADER.search(name) or any(c in value for c in "\r\n"):
+            if not _HEADER_NAME.fullmatch(name) or any(c in value for c in "\r\n"):
                 raise ValueError(f"not a header: {name!r}: {value!r}")
-        return "".join(f"{name}: {value}\r\n" for name, value in merged.items())
+        lines = "".join(f"{name}: {value}\r\n" for name, value in merged.items())
+        lines.encode("latin-1")  # a UnicodeEncodeError (a ValueError) before any byte goes
+        return lines
 
     def _exchange(
         self,

@@ -172,9 +172,9 @@ _JSON_DECODER = json.JSONDecoder()
 
 
 def _json_of(body: bytes) -> Any:
-    """The JSON document in an answer's body (UTF-8, as every node sends); a
-    ``ValueError`` if it is not one."""
-    return _JSON_DECODER.decode(body.decode("utf-8"))
+    """The JSON document in an answer's body (UTF-8, as every node sends; a byte-order
+    mark, which a proxy may add, is skipped); a ``ValueError`` if it is not one."""
+    return _JSON_DECODER.decode(body.decode("utf-8-sig"))
 
 
 def _write_answer(node: Node, response: Response) -> Tuple[bool, Any]:
