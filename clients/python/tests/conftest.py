@@ -12,18 +12,42 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
 from rota import RotaClient
 
 NODES = 3
+
+
+def read_request(conn: socket.socket, pending: bytes = b"") -> Optional[Tuple[bytes, bytes, bytes]]:
+    """Reads one HTTP/1.1 request with a Content-Length body (or none) off ``conn``,
+    after the bytes already read (``pending``): its head (without the blank line), its
+    body, and the bytes read past it; ``None`` if the connection closed first."""
+    while b"\r\n\r\n" not in pending:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        pending += chunk
+    head, _, rest = pending.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(rest) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        rest += chunk
+    return head, rest[:length], rest[length:]
 
 
 def rota_bin() -> str:

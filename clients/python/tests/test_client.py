@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import Cluster, wait_until
+from conftest import Cluster, read_request, wait_until
 from rota import (
     Add,
     Backoff,
@@ -408,20 +408,10 @@ class _SlowProxy:
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value.strip())
-            while len(body) < length:
-                body += conn.recv(65536)
+            request = read_request(conn)
+            if request is None:
+                return
+            head, body, _ = request
             with socket.create_connection(self.target) as upstream:
                 upstream.sendall(head.replace(b"Connection: keep-alive", b"") + b"\r\nConnection: close\r\n\r\n" + body)
                 answer = b""

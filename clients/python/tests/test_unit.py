@@ -13,6 +13,8 @@ from rota import Add, Cancel, Change, Job, LeaseLost, Refused, RotaClient, Task,
 from rota._http import USER_AGENT, Node, Pool, TransportError, _Conn
 from rota.client import _query
 
+from conftest import read_request
+
 
 def test_node_addresses_are_normalised() -> None:
     assert Node.parse("http://127.0.0.1:7001/").addr == "127.0.0.1:7001"
@@ -348,21 +350,11 @@ def _recording_node(count: int) -> Tuple[Node, List[bytes], threading.Thread]:
         with conn, server:
             pending = b""
             for _ in range(count):
-                while b"\r\n\r\n" not in pending:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    pending += chunk
-                head, _, rest = pending.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                seen.append(head + b"\r\n\r\n" + rest[:length])
-                pending = rest[length:]
+                request = read_request(conn, pending)
+                if request is None:
+                    return
+                head, body, pending = request
+                seen.append(head + b"\r\n\r\n" + body)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
 
     thread = threading.Thread(target=serve, daemon=True)

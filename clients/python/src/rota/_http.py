@@ -303,6 +303,16 @@ class _Conn:
                 raise _Malformed("a chunk longer than its size")
 
 
+def check_token(token: str) -> str:
+    """A bearer token as sent: stripped, and refused (``ValueError``) unless it is one
+    non-empty line that an HTTP header can carry, so it fails when it is given rather
+    than at every request."""
+    if not token.strip() or any(c in token for c in "\r\n"):
+        raise ValueError("token must be a non-empty single line")
+    token.encode("latin-1")  # a UnicodeEncodeError is a ValueError
+    return token.strip()
+
+
 class Pool:
     """Keep-alive connections per node, shared by every thread."""
 
@@ -315,17 +325,13 @@ class Pool:
         self._lock = threading.Lock()
         self._idle: Dict[str, List["_Conn"]] = {}
         self._idle_max = idle_per_node
-        if token and any(c in token for c in "\r\n"):
-            raise ValueError("a token cannot hold a line break")
-        self._authorization = f"Bearer {token}" if token else None
+        self._authorization = f"Bearer {check_token(token)}" if token else None
         # The header lines every request carries, rendered once: building them per
         # request cost as much CPU as the rest of the request's head.
         authorization = f"Authorization: {self._authorization}\r\n" if self._authorization else ""
         common = f"User-Agent: {USER_AGENT}\r\nAccept: application/json\r\n"
         self._lines = common + authorization
         self._lines_json = common + "Content-Type: application/json\r\n" + authorization
-        # A token that HTTP cannot carry fails here rather than at every request.
-        self._lines.encode("latin-1")
         # With a context (a cluster CA), every node is dialled over TLS.
         self._tls = tls
 

@@ -39,7 +39,7 @@ from typing import (
 )
 from urllib.parse import quote
 
-from ._http import Cancel, CancelledError, Node, Pool, Response, TransportError, split_status
+from ._http import Cancel, CancelledError, Node, Pool, Response, TransportError, check_token, split_status
 from .errors import Cancelled, Forgotten, NotFound, Refused, Rejected, Unavailable
 from .types import (
     Add,
@@ -252,8 +252,8 @@ class RotaClient:
         tls = ssl.create_default_context(cafile=ca) if ca is not None else None
         if token is None:
             token = os.environ.get("ROTA_TOKEN") or None
-        if token is not None and (not token.strip() or any(c in token for c in "\r\n")):
-            raise ValueError("token must be a non-empty single line")
+        if token is not None:
+            token = check_token(token)
         if isinstance(urls, str):
             urls = urls.split(",")
         nodes: List[Node] = []
@@ -276,7 +276,7 @@ class RotaClient:
         self.call_timeout = float(call_timeout)
         self.give_up_after = float(give_up_after)
         self.retry_pause = float(retry_pause)
-        self._pool = Pool(token=token.strip() if token else None, tls=tls)
+        self._pool = Pool(token=token, tls=tls)
         # Unique across processes and restarts, so that no two clients' request ids meet.
         self._id_prefix = f"c{client_id}-{secrets.token_hex(8)}"
         self._sent = itertools.count()
