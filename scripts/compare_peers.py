@@ -712,6 +712,43 @@ def fsync_probe(directory: str, count: int = 200) -> Tuple[float, float]:
     return percentile(samples, 50), percentile(samples, 99)
 
 
+def wake_probe(count: int = 2000, cpus: Optional[set] = None) -> Tuple[float, float]:
+    """p50 and p99 in us of a one-byte round trip through two pipes between this process
+    and a child, each woken by the other's write: two wake-ups, the hop a request and its
+    answer make between a client and a server on this machine. With ``cpus`` both
+    processes run there (one CPU: no wake-up crosses CPUs); without, where the scheduler
+    puts them."""
+    to_child, from_parent = os.pipe()
+    to_parent, from_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            for _ in range(count):
+                os.read(to_child, 1)
+                os.write(from_child, b"x")
+        finally:
+            os._exit(0)
+    saved = os.sched_getaffinity(0)
+    samples = []
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        for _ in range(count):
+            t = time.perf_counter()
+            os.write(from_parent, b"x")
+            os.read(to_parent, 1)
+            samples.append((time.perf_counter() - t) * 1e6)
+    finally:
+        os.sched_setaffinity(0, saved)
+        os.waitpid(pid, 0)
+        for fd in (to_child, from_parent, to_parent, from_child):
+            os.close(fd)
+    samples.sort()
+    return percentile(samples, 50), percentile(samples, 99)
+
+
 def fmt_ms(v: float) -> str:
     return "-" if v != v else f"{v:.2f}"
 
@@ -828,6 +865,13 @@ def main() -> int:
     print(f"machine: {cores} cores, {os.uname().release}; every server and every client on it, over loopback TCP;"
           f" all data under {args.work_dir}")
     print(f"disk: an 8 KiB write + fdatasync there takes p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    # Wake-ups between processes are most of a lightly loaded request's cost on some
+    # virtual machines (docs/performance.md, session 31): printed so that figures from
+    # different machines can be told apart.
+    spread = wake_probe()
+    one_cpu = wake_probe(cpus={min(os.sched_getaffinity(0))})
+    print(f"wake-ups: a pipe round trip between two processes takes p50 {spread[0]:.0f} us, p99 {spread[1]:.0f} us"
+          f" where the scheduler puts them; p50 {one_cpu[0]:.0f} us, p99 {one_cpu[1]:.0f} us on one CPU")
     print(f"pattern: {args.tasks} tasks preloaded per run; W worker processes each loop claim one task, complete it;"
           f" {args.warmup:g} s warm-up, then {args.seconds:g} s measured; a cycle counts when its complete returns"
           f" in the window; fresh queue per run; worker counts {worker_counts}, {args.rounds} round(s)")
