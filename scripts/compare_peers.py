@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 from array import array
 from dataclasses import dataclass, field
@@ -717,36 +718,79 @@ def wake_probe(count: int = 2000, cpus: Optional[set] = None) -> Tuple[float, fl
     and a child, each woken by the other's write: two wake-ups, the hop a request and its
     answer make between a client and a server on this machine. With ``cpus`` both
     processes run there (one CPU: no wake-up crosses CPUs); without, where the scheduler
-    puts them."""
+    puts them. Raises OSError if the probe cannot run or the child fails."""
+    warmup = 50
     to_child, from_parent = os.pipe()
-    to_parent, from_child = os.pipe()
-    pid = os.fork()
+    try:
+        to_parent, from_child = os.pipe()
+    except OSError:
+        os.close(to_child)
+        os.close(from_parent)
+        raise
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (to_child, from_parent, to_parent, from_child):
+            os.close(fd)
+        raise
     if pid == 0:
+        # Each side holds only its own ends, so a side that ends is an end of file to
+        # the other rather than a read that never returns.
+        status = 1
         try:
+            os.close(from_parent)
+            os.close(to_parent)
             if cpus:
                 os.sched_setaffinity(0, cpus)
-            for _ in range(count):
-                os.read(to_child, 1)
+            while os.read(to_child, 1):
                 os.write(from_child, b"x")
+            status = 0
+        except (SystemExit, KeyboardInterrupt):
+            pass  # stopped with the run (the script's signal handlers): nothing to report
+        except BaseException:
+            traceback.print_exc()
         finally:
-            os._exit(0)
+            os._exit(status)
+    os.close(to_child)
+    os.close(from_child)
     saved = os.sched_getaffinity(0)
     samples = []
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)
-        for _ in range(count):
+        for i in range(warmup + count):
             t = time.perf_counter()
             os.write(from_parent, b"x")
-            os.read(to_parent, 1)
-            samples.append((time.perf_counter() - t) * 1e6)
+            if not os.read(to_parent, 1):
+                raise OSError("the wake-up probe's child ended early")
+            if i >= warmup:
+                samples.append((time.perf_counter() - t) * 1e6)
     finally:
         os.sched_setaffinity(0, saved)
-        os.waitpid(pid, 0)
-        for fd in (to_child, from_parent, to_parent, from_child):
-            os.close(fd)
+        os.close(from_parent)
+        os.close(to_parent)
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(f"the wake-up probe's child failed (wait status {status})")
     samples.sort()
     return percentile(samples, 50), percentile(samples, 99)
+
+
+def wake_line() -> str:
+    """What the wake-up probe found, for the header; a failed probe does not stop a run."""
+    allowed = os.sched_getaffinity(0)
+    try:
+        if len(allowed) == 1:
+            p50, p99 = wake_probe()
+            return (f"wake-ups: a pipe round trip between two processes takes p50 {p50:.0f} us,"
+                    f" p99 {p99:.0f} us (this process may run on one CPU only)")
+        spread = wake_probe()
+        one_cpu = wake_probe(cpus={min(allowed)})
+    except OSError as e:
+        return f"wake-ups: not measured ({e})"
+    return (f"wake-ups: a pipe round trip between two processes takes p50 {spread[0]:.0f} us,"
+            f" p99 {spread[1]:.0f} us where the scheduler puts them; p50 {one_cpu[0]:.0f} us,"
+            f" p99 {one_cpu[1]:.0f} us on one CPU")
 
 
 def fmt_ms(v: float) -> str:
@@ -868,10 +912,7 @@ def main() -> int:
     # Wake-ups between processes are most of a lightly loaded request's cost on some
     # virtual machines (docs/performance.md, session 31): printed so that figures from
     # different machines can be told apart.
-    spread = wake_probe()
-    one_cpu = wake_probe(cpus={min(os.sched_getaffinity(0))})
-    print(f"wake-ups: a pipe round trip between two processes takes p50 {spread[0]:.0f} us, p99 {spread[1]:.0f} us"
-          f" where the scheduler puts them; p50 {one_cpu[0]:.0f} us, p99 {one_cpu[1]:.0f} us on one CPU")
+    print(wake_line())
     print(f"pattern: {args.tasks} tasks preloaded per run; W worker processes each loop claim one task, complete it;"
           f" {args.warmup:g} s warm-up, then {args.seconds:g} s measured; a cycle counts when its complete returns"
           f" in the window; fresh queue per run; worker counts {worker_counts}, {args.rounds} round(s)")
