@@ -21,6 +21,31 @@ fn rota(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Whether process `pid` has ended, down to its last thread: gone, or a zombie with no
+/// thread left. A killed process's first thread turns zombie while the others may still
+/// be ending (one in an `fdatasync` ends only when the disk answers), and those hold its
+/// files, the listening sockets among them.
+fn exited(pid: &str) -> bool {
+    let zombie = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.contains(") Z"),
+        Err(_) => return true,
+    };
+    zombie
+        && std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map_or(true, |threads| threads.count() <= 1)
+}
+
+/// Starts the node command line `args` (program first), its stderr in `log`.
+fn start_by_hand(args: &[String], log: &std::path::Path) -> std::process::Child {
+    let stderr = std::fs::File::create(log).expect("the node's log");
+    Command::new(&args[0])
+        .args(&args[1..])
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("the node restarts")
+}
+
 #[tokio::test]
 async fn up_prints_ready_urls_down_stops_gracefully_and_up_restarts_the_same_cluster() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -128,19 +153,14 @@ async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
         .args(["-9", &pid])
         .status()
         .expect("kill -9");
-    while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))
-    {
+    while !exited(&pid) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     // The same command line, started by hand: rota dev did not write its pid.
-    let mut by_hand = Command::new(&args[0])
-        .args(&args[1..])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the node restarts");
+    let log = dir.path().join("by-hand.log");
+    let mut by_hand = start_by_hand(&args, &log);
+    let mut port_taken = 0;
     let client = HttpClient::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -148,9 +168,23 @@ async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
         if ready.is_ok_and(|r| r.status.is_success()) {
             break;
         }
+        if let Some(status) = by_hand.try_wait().expect("the node's status") {
+            let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+            // Its port was free for a moment after the kill, and it is in the ephemeral
+            // range: another process's outgoing connection may hold it for a while.
+            // This test is about `dev down`, not about ports, so the node tries again.
+            assert!(
+                stderr.contains("cannot listen on") && port_taken < 20,
+                "the hand-started node exited ({status}): {stderr}"
+            );
+            port_taken += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            by_hand = start_by_hand(&args, &log);
+        }
         assert!(
             std::time::Instant::now() < deadline,
-            "the hand-started node never got ready"
+            "the hand-started node never got ready: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
