@@ -83,6 +83,20 @@ class CpuSnapshot:
     # Every other user-space process, each with the children it reaped: one that ends
     # moves its CPU into its parent's count rather than out of the sum.
     background: float
+    # CPU seconds the hypervisor gave to others while this machine's CPUs had work
+    # (/proc/stat's steal time; 0 where it is not reported).
+    steal: float
+
+
+def steal_seconds() -> float:
+    """The machine's steal time so far, in CPU seconds over all its CPUs."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        # cpu user nice system idle iowait irq softirq steal ...
+        return int(fields[8]) / CLK_TCK if fields[0] == "cpu" and len(fields) > 8 else 0.0
+    except (OSError, ValueError):
+        return 0.0
 
 
 def cpu_snapshot(roots: Dict[str, List[int]]) -> CpuSnapshot:
@@ -109,7 +123,7 @@ def cpu_snapshot(roots: Dict[str, List[int]]) -> CpuSnapshot:
     # benchmark itself causes: not counted as other work.
     background = sum(proc.cpu + proc.reaped for pid, proc in table.items()
                      if pid not in claimed and pid != 2 and proc.ppid != 2)
-    return CpuSnapshot(groups, background)
+    return CpuSnapshot(groups, background, steal_seconds())
 
 
 def read_pid(path: str, first_line: bool = True) -> Optional[int]:
@@ -589,6 +603,7 @@ class Result:
     server_cpu: float = 0.0
     others_cpu: float = 0.0
     background_cpu: float = 0.0
+    steal_cpu: float = 0.0
     check: str = ""
     failed: str = ""
     noisy: bool = False  # other processes used more CPU than --bg-limit during the window
@@ -655,6 +670,8 @@ def one_run(systems: Dict[str, Any], name: str, workers: int, rnd: int, args: ar
         result.others_cpu = after.groups["peers"] - before.groups["peers"]
         # Another build or test running meanwhile shows here.
         result.background_cpu = max(0.0, after.background - before.background)
+        # And a host busy with other guests here: noise that no process on this machine shows.
+        result.steal_cpu = max(0.0, after.steal - before.steal)
         deadline = timing[2] + RESULT_GRACE
         while len(reports) < workers:
             reports.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
@@ -803,7 +820,7 @@ def per_cycle(cpu_seconds: float, cycles: int) -> str:
 
 def print_runs(results: List[Result]) -> None:
     header = (f"{'round':>5}  {'system':<9} {'W':>3}  {'cycles/s':>9}  {'claim p50':>9}  {'claim p99':>9}  "
-              f"{'compl p50':>9}  {'compl p99':>9}  {'srv CPU':>8}  {'cli CPU':>8}  {'others':>6}  {'bg':>6}  check")
+              f"{'compl p50':>9}  {'compl p99':>9}  {'srv CPU':>8}  {'cli CPU':>8}  {'others':>6}  {'bg':>6}  {'steal':>6}  check")
     print(header)
     print("-" * len(header))
     for r in results:
@@ -821,7 +838,8 @@ def print_runs(results: List[Result]) -> None:
               f"{fmt_ms(percentile(r.claim_ms, 99)):>9}  {fmt_ms(percentile(r.complete_ms, 50)):>9}  "
               f"{fmt_ms(percentile(r.complete_ms, 99)):>9}  {per_cycle(r.server_cpu, r.cycles):>8}  "
               f"{per_cycle(r.client_cpu, r.completed):>8}  {100.0 * r.others_cpu / r.seconds:>5.1f}%  "
-              f"{100.0 * r.background_cpu / r.seconds:>5.1f}%  {'; '.join(notes)}")
+              f"{100.0 * r.background_cpu / r.seconds:>5.1f}%  {100.0 * r.steal_cpu / r.seconds:>5.1f}%  "
+              f"{'; '.join(notes)}")
 
 
 def print_summary(results: List[Result], names: List[str], worker_counts: List[int], rounds: int) -> None:
@@ -923,7 +941,9 @@ def main() -> int:
     print("columns: latencies in ms as each worker saw them; srv CPU = the system's processes' CPU ms per counted"
           " cycle (all its nodes); cli CPU = the workers' CPU ms per cycle; others = CPU of the idle systems"
           " during the window, in % of one core; bg = CPU of every other process on the machine during the"
-          " window, in % of one core (near 0 on an idle machine); check = tasks left after the run match the preload less the cycles completed\n",
+          " window, in % of one core (near 0 on an idle machine); steal = CPU time the hypervisor gave to other"
+          " guests while this machine had work, in % of one core (0 where not reported); check = tasks left after"
+          " the run match the preload less the cycles completed\n",
           flush=True)
 
     results: List[Result] = []
