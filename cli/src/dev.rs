@@ -278,18 +278,41 @@ fn recorded_pid(dir: &Path, id: u64) -> Option<u32> {
         .ok()
 }
 
-/// Whether process `pid` exists and has not exited. A zombie has exited and released
-/// its files and ports; a process that is exiting but not yet a zombie has not.
-fn process_alive(pid: u32) -> bool {
+/// Where a process is in its life, as far as its files and ports go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Liveness {
+    Running,
+    /// Its first thread has exited (a zombie), and other threads still hold its files,
+    /// ports and data directory lock: a killed node's log writer in an `fdatasync` ends
+    /// only when the disk answers.
+    Exiting,
+    /// Gone, or a zombie with no thread left: nothing of it holds a file.
+    Gone,
+}
+
+fn liveness(pid: u32) -> Liveness {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
+        return Liveness::Gone;
     };
     let state = stat
         .rsplit(')')
         .next()
         .map(str::trim_start)
         .and_then(|rest| rest.chars().next());
-    !matches!(state, None | Some('Z') | Some('X'))
+    if !matches!(state, None | Some('Z') | Some('X')) {
+        return Liveness::Running;
+    }
+    let threads = fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+    if threads > 1 {
+        Liveness::Exiting
+    } else {
+        Liveness::Gone
+    }
+}
+
+/// Whether process `pid` still holds its files and ports: running, or still exiting.
+fn process_alive(pid: u32) -> bool {
+    liveness(pid) != Liveness::Gone
 }
 
 /// The file in a node's data directory where the node names itself (raft-node's
@@ -302,13 +325,28 @@ const NODE_PID_FILE: &str = "rota-node.pid";
 /// a reused pid never counts.
 fn running_pid(dir: &Path, id: u64) -> Option<u32> {
     let data_dir = dir.join(format!("node-{id}"));
-    let own = fs::read_to_string(data_dir.join(NODE_PID_FILE))
+    named_pids(dir, id).find(|&pid| serves(pid, &data_dir))
+}
+
+/// The processes named for node `id`: by the node itself in its data directory, and by
+/// `up`. Either may be stale, or another process's by now.
+fn named_pids(dir: &Path, id: u64) -> impl Iterator<Item = u32> {
+    let own = fs::read_to_string(dir.join(format!("node-{id}")).join(NODE_PID_FILE))
         .ok()
         .and_then(|text| text.trim().parse().ok());
-    [own, recorded_pid(dir, id)]
-        .into_iter()
-        .flatten()
-        .find(|&pid| serves(pid, &data_dir))
+    [own, recorded_pid(dir, id)].into_iter().flatten()
+}
+
+/// Waits, for at most [`STOP_TIMEOUT`], while a process named for node `id` is still
+/// exiting: a node killed a moment ago may hold its ports and data directory, and one
+/// started meanwhile would fail. A zombie's command line is empty, so whose process it
+/// is cannot be told; a stranger's exit costs the same wait at most.
+async fn let_exiting_end(dir: &Path, id: u64) {
+    for pid in named_pids(dir, id) {
+        if liveness(pid) == Liveness::Exiting {
+            exited_by(pid, Instant::now() + STOP_TIMEOUT).await;
+        }
+    }
 }
 
 /// Whether `pid` is a live `rota-node` started on `data_dir` (however the path was
@@ -521,6 +559,7 @@ pub async fn up(
     let binary = node_binary()?;
     let mut started = 0;
     for node in &cluster.nodes {
+        let_exiting_end(dir, node.id).await;
         if running_pid(dir, node.id).is_none() {
             spawn(dir, &binary, node, &cluster, sync, node_args)?;
             started += 1;
@@ -606,6 +645,49 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Polls `pid` until it is in `wanted`, for at most 10 s.
+    fn wait_for(pid: u32, wanted: Liveness) -> Liveness {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = liveness(pid);
+            if now == wanted || std::time::Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_process_whose_first_thread_ended_is_alive_until_its_last_thread_ends() {
+        assert_eq!(liveness(std::process::id()), Liveness::Running);
+        assert_eq!(liveness(u32::MAX), Liveness::Gone, "no such process");
+
+        // The first thread ends while a second one sleeps: a zombie that still holds
+        // its files, as a killed node whose log writer is in an fdatasync.
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, threading, time\n\
+                 threading.Thread(target=lambda: time.sleep(1.5)).start()\n\
+                 ctypes.CDLL(None).pthread_exit(None)",
+            ])
+            .spawn()
+            .expect("python3 runs");
+        let pid = child.id();
+        assert_eq!(wait_for(pid, Liveness::Exiting), Liveness::Exiting);
+        assert!(process_alive(pid), "still holds its files");
+        let status = child.wait().expect("it ends");
+        assert!(status.success(), "{status}");
+        assert_eq!(liveness(pid), Liveness::Gone);
+
+        // A zombie with no thread left holds nothing, reaped or not.
+        let mut short = Command::new("true").spawn().expect("true runs");
+        let pid = short.id();
+        assert_eq!(wait_for(pid, Liveness::Gone), Liveness::Gone);
+        assert!(!process_alive(pid));
+        short.wait().expect("reaped");
+    }
 
     #[test]
     fn dev_ports_come_from_below_the_ephemeral_range() {

@@ -170,9 +170,10 @@ async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
         }
         if let Some(status) = by_hand.try_wait().expect("the node's status") {
             let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-            // Its port was free for a moment after the kill, and it is in the ephemeral
-            // range: another process's outgoing connection may hold it for a while.
-            // This test is about `dev down`, not about ports, so the node tries again.
+            // Its port was free for a moment after the kill, and another process may
+            // have taken it meanwhile (another test's `dev up` picks from the same
+            // range). This test is about `dev down`, not about ports: the node tries
+            // again.
             assert!(
                 stderr.contains("cannot listen on") && port_taken < 20,
                 "the hand-started node exited ({status}): {stderr}"
