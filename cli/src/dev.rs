@@ -337,14 +337,20 @@ fn named_pids(dir: &Path, id: u64) -> impl Iterator<Item = u32> {
     [own, recorded_pid(dir, id)].into_iter().flatten()
 }
 
-/// Waits, for at most [`STOP_TIMEOUT`], while a process named for node `id` is still
+/// Waits, until `deadline` at most, while a process named for node `id` is still
 /// exiting: a node killed a moment ago may hold its ports and data directory, and one
 /// started meanwhile would fail. A zombie's command line is empty, so whose process it
-/// is cannot be told; a stranger's exit costs the same wait at most.
-async fn let_exiting_end(dir: &Path, id: u64) {
-    for pid in named_pids(dir, id) {
-        if liveness(pid) == Liveness::Exiting {
-            exited_by(pid, Instant::now() + STOP_TIMEOUT).await;
+/// is cannot be told; a stranger's exit costs the same wait at most. Says so if one is
+/// still exiting at the deadline.
+async fn let_exiting_end(dir: &Path, id: u64, deadline: Instant) {
+    let mut pids: Vec<u32> = named_pids(dir, id).collect();
+    pids.dedup();
+    for pid in pids {
+        if liveness(pid) == Liveness::Exiting && !exited_by(pid, deadline).await {
+            eprintln!(
+                "rota: node {id}'s earlier process {pid} is still exiting (a thread of it \
+                 is stuck, in the kernel or a debugger) and may hold its ports"
+            );
         }
     }
 }
@@ -558,8 +564,9 @@ pub async fn up(
     let cluster = load_or_create(dir, nodes, secure)?;
     let binary = node_binary()?;
     let mut started = 0;
+    let exits_by = Instant::now() + STOP_TIMEOUT;
     for node in &cluster.nodes {
-        let_exiting_end(dir, node.id).await;
+        let_exiting_end(dir, node.id, exits_by).await;
         if running_pid(dir, node.id).is_none() {
             spawn(dir, &binary, node, &cluster, sync, node_args)?;
             started += 1;
@@ -635,7 +642,11 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
         }
         stopped += 1;
     }
+    // A node killed by someone else a moment ago is not found running (a zombie names no
+    // command line), yet it may still hold its ports: waited for while its pid is known.
+    let exits_by = Instant::now() + STOP_TIMEOUT;
     for node in &cluster.nodes {
+        let_exiting_end(dir, node.id, exits_by).await;
         let _ = fs::remove_file(pid_path(dir, node.id));
     }
     eprintln!("rota: stopped {stopped} node(s) in {}", dir.display());
@@ -658,35 +669,85 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_process_whose_first_thread_ended_is_alive_until_its_last_thread_ends() {
-        assert_eq!(liveness(std::process::id()), Liveness::Running);
-        assert_eq!(liveness(u32::MAX), Liveness::Gone, "no such process");
-
-        // The first thread ends while a second one sleeps: a zombie that still holds
-        // its files, as a killed node whose log writer is in an fdatasync.
+    /// A process whose first thread has ended while a second one listens on a port and
+    /// waits for its stdin to close: a killed node whose log writer is in an fdatasync.
+    /// The child and its port.
+    fn half_exited() -> (std::process::Child, u16) {
         let mut child = Command::new("python3")
             .args([
                 "-c",
-                "import ctypes, threading, time\n\
-                 threading.Thread(target=lambda: time.sleep(1.5)).start()\n\
+                "import ctypes, socket, sys, threading\n\
+                 s = socket.socket()\n\
+                 s.bind(('127.0.0.1', 0))\n\
+                 s.listen()\n\
+                 print(s.getsockname()[1], flush=True)\n\
+                 threading.Thread(target=sys.stdin.read).start()\n\
                  ctypes.CDLL(None).pthread_exit(None)",
             ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("python3 runs");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
+            &mut line,
+        )
+        .expect("the port");
+        let port = line.trim().parse().expect("a port number");
+        (child, port)
+    }
+
+    fn can_listen_on(port: u16) -> bool {
+        TcpListener::bind(("127.0.0.1", port)).is_ok()
+    }
+
+    #[test]
+    fn a_process_whose_first_thread_ended_holds_its_ports_until_its_last_thread_ends() {
+        assert_eq!(liveness(std::process::id()), Liveness::Running);
+        assert_eq!(liveness(u32::MAX), Liveness::Gone, "no such process");
+
+        let (mut child, port) = half_exited();
         let pid = child.id();
         assert_eq!(wait_for(pid, Liveness::Exiting), Liveness::Exiting);
-        assert!(process_alive(pid), "still holds its files");
-        let status = child.wait().expect("it ends");
-        assert!(status.success(), "{status}");
-        assert_eq!(liveness(pid), Liveness::Gone);
-
-        // A zombie with no thread left holds nothing, reaped or not.
-        let mut short = Command::new("true").spawn().expect("true runs");
-        let pid = short.id();
+        assert!(process_alive(pid), "exiting, not gone");
+        assert!(!can_listen_on(port), "its last thread still holds the port");
+        drop(child.stdin.take());
+        // Gone before its parent reaps it: a zombie with no thread left holds nothing.
         assert_eq!(wait_for(pid, Liveness::Gone), Liveness::Gone);
         assert!(!process_alive(pid));
-        short.wait().expect("reaped");
+        assert!(can_listen_on(port), "the port is free once it is gone");
+        let status = child.wait().expect("reaped");
+        assert!(status.success(), "{status}");
+    }
+
+    #[tokio::test]
+    async fn up_waits_for_a_node_killed_a_moment_ago_to_let_go_of_its_ports() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut child, port) = half_exited();
+        let pid = child.id();
+        assert_eq!(wait_for(pid, Liveness::Exiting), Liveness::Exiting);
+        fs::create_dir_all(dir.path().join("node-1")).expect("data dir");
+        fs::write(
+            dir.path().join("node-1").join(NODE_PID_FILE),
+            format!("{pid}\n"),
+        )
+        .expect("its pid file");
+        fs::write(pid_path(dir.path(), 1), format!("{pid}\n")).expect("up's pid file");
+        let stdin = child.stdin.take();
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(stdin);
+        });
+        let_exiting_end(dir.path(), 1, Instant::now() + STOP_TIMEOUT).await;
+        assert_eq!(
+            liveness(pid),
+            Liveness::Gone,
+            "it returns once the last thread ended"
+        );
+        assert!(can_listen_on(port));
+        ender.join().expect("the ender");
+        child.wait().expect("reaped");
     }
 
     #[test]

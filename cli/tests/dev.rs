@@ -153,7 +153,13 @@ async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
         .args(["-9", &pid])
         .status()
         .expect("kill -9");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !exited(&pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed node is still exiting: {}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
