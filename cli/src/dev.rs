@@ -311,7 +311,7 @@ fn liveness(pid: u32) -> Liveness {
 }
 
 /// Whether process `pid` still holds its files and ports: running, or still exiting.
-fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     liveness(pid) != Liveness::Gone
 }
 

@@ -21,20 +21,6 @@ fn rota(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// Whether process `pid` has ended, down to its last thread: gone, or a zombie with no
-/// thread left. A killed process's first thread turns zombie while the others may still
-/// be ending (one in an `fdatasync` ends only when the disk answers), and those hold its
-/// files, the listening sockets among them.
-fn exited(pid: &str) -> bool {
-    let zombie = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.contains(") Z"),
-        Err(_) => return true,
-    };
-    zombie
-        && std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map_or(true, |threads| threads.count() <= 1)
-}
-
 /// Starts the node command line `args` (program first), its stderr in `log`.
 fn start_by_hand(args: &[String], log: &std::path::Path) -> std::process::Child {
     let stderr = std::fs::File::create(log).expect("the node's log");
@@ -153,8 +139,9 @@ async fn down_stops_a_node_restarted_by_hand_with_the_same_command_line() {
         .args(["-9", &pid])
         .status()
         .expect("kill -9");
+    // Until its last thread has ended: those hold its files, the API listener among them.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !exited(&pid) {
+    while cli::dev::process_alive(pid.parse().expect("a pid")) {
         assert!(
             std::time::Instant::now() < deadline,
             "the killed node is still exiting: {}",
