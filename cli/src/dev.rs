@@ -607,14 +607,18 @@ async fn bootstrap(dir: &Path, cluster: &DevCluster) -> Result<String, DevError>
     Ok(made.bearer)
 }
 
-fn signal(pid: u32, signal: &str) -> Result<(), DevError> {
-    Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status()
-        .map(|_| ())
-        .map_err(io(format!("sending {signal} to {pid}")))
+fn signal(pid: u32, signal: rustix::process::Signal) -> Result<(), DevError> {
+    let Some(target) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return Ok(());
+    };
+    // ESRCH: the process has already ended, which is what was wanted.
+    match rustix::process::kill_process(target, signal) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(io(format!("sending {signal:?} to {pid}"))(e.into())),
+    }
 }
 
 /// Stops every node of the cluster in `dir`: SIGTERM, then SIGKILL after a grace period.
@@ -633,11 +637,11 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
         let Some(pid) = running_pid(dir, node.id) else {
             continue;
         };
-        signal(pid, "TERM")?;
+        signal(pid, rustix::process::Signal::TERM)?;
         // Until it has really exited: its data directory lock and ports are free only then.
         let deadline = Instant::now() + STOP_TIMEOUT;
         if !exited_by(pid, deadline).await {
-            signal(pid, "KILL")?;
+            signal(pid, rustix::process::Signal::KILL)?;
             exited_by(pid, deadline + STOP_TIMEOUT).await;
         }
         stopped += 1;

@@ -325,10 +325,17 @@ async fn collect_output(
 
 /// Kills process group `pgid` (the command and everything it started).
 fn kill_group(pgid: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pgid}")])
-        .stderr(Stdio::null())
-        .status();
+    let Some(pgid) = i32::try_from(pgid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return;
+    };
+    // ESRCH: the group has already ended, which is what was wanted.
+    match rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(e) => eprintln!("rota worker: cannot kill process group {pgid:?}: {e}"),
+    }
 }
 
 /// Kills the process group when dropped: work that is dropped (a lost lease, a stop

@@ -25,7 +25,15 @@ async fn json(dev: &DevCluster, args: &[&str]) -> Value {
 
 /// `rota worker` in the background with `args` before `--` and `command` after.
 fn worker(dev: &DevCluster, args: &[&str], command: &[&str]) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_rota"))
+    worker_command(dev, args, command)
+        .spawn()
+        .expect("rota worker starts")
+}
+
+/// The command line of [`worker`], to change before it starts.
+fn worker_command(dev: &DevCluster, args: &[&str], command: &[&str]) -> std::process::Command {
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_rota"));
+    worker
         .arg("worker")
         .args(["--url", &dev.url])
         .args(args)
@@ -33,9 +41,25 @@ fn worker(dev: &DevCluster, args: &[&str], command: &[&str]) -> std::process::Ch
         .args(command)
         .env("ROTA_NODE_BIN", node_binary())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("rota worker starts")
+        .stderr(std::process::Stdio::piped());
+    worker
+}
+
+/// A directory holding only links to `programs` (found on this PATH), for a PATH
+/// without anything else: no `kill` program, as in a minimal container image.
+fn path_of_only(dir: &std::path::Path, programs: &[&str]) -> String {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    for program in programs {
+        let found = std::env::var("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .map(|d| std::path::Path::new(d).join(program))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{program} is not on PATH"));
+        std::os::unix::fs::symlink(found, bin.join(program)).expect("a link");
+    }
+    bin.to_str().expect("utf-8").to_string()
 }
 
 async fn job_state(dev: &DevCluster, group: &str, key: &str) -> Value {
@@ -125,7 +149,7 @@ async fn a_worker_runs_each_task_once_and_records_its_outcome() {
 }
 
 #[tokio::test]
-async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
+async fn a_cancel_kills_the_commands_process_group_within_a_renewal_without_a_kill_program() {
     let dev = DevCluster::up().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let pid_file = dir.path().join("pid");
@@ -140,11 +164,15 @@ async fn a_cancel_kills_the_commands_process_group_within_a_renewal() {
         info_file.to_str().expect("utf-8"),
         pid_file.to_str().expect("utf-8")
     );
-    let mut worker = worker(
+    // Without a `kill` program on its PATH: the worker signals the group itself.
+    let mut worker = worker_command(
         &dev,
         &["--group", "c", "--lease", "3s"],
         &["sh", "-c", &script],
-    );
+    )
+    .env("PATH", path_of_only(dir.path(), &["sh", "sleep"]))
+    .spawn()
+    .expect("rota worker starts");
     let deadline = Instant::now() + Duration::from_secs(30);
     let sleeper = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file)
