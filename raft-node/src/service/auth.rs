@@ -188,9 +188,11 @@ fn parse_authorization(authorization: Option<&str>) -> Result<(&str, String), Se
     let Some(value) = authorization else {
         return Err(unauthorized("this node requires a token"));
     };
+    // The scheme's name is case-insensitive (RFC 9110, section 11.1).
     let bearer = value
-        .strip_prefix("Bearer ")
-        .or_else(|| value.strip_prefix("bearer "))
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, credentials)| credentials)
         .ok_or_else(|| unauthorized("the Authorization header is not a bearer token"))?;
     let (id, secret) = split_bearer(bearer.trim())
         .ok_or_else(|| unauthorized("the bearer token is not a Rota token"))?;
@@ -363,6 +365,33 @@ mod tests {
         assert_ne!(other.add.id, new.add.id, "ids are random");
         assert!(split_bearer("rota_short_secret").is_none());
         assert!(split_bearer(&new.bearer.replace("rota_", "xyz_")).is_none());
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case_and_nothing_else_is_taken() {
+        let new = new_token(1, "ci".into(), Role::Worker, vec![]);
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            let header = format!("{scheme} {}", new.bearer);
+            let (id, hash) = parse_authorization(Some(&header)).expect("a bearer token");
+            assert_eq!(
+                (id, hash),
+                (new.add.id.as_str(), new.add.secret_hash.clone())
+            );
+        }
+        for header in [
+            format!("Basic {}", new.bearer),
+            format!("Bearer{}", new.bearer),
+            new.bearer.clone(),
+        ] {
+            assert!(
+                matches!(
+                    parse_authorization(Some(&header)),
+                    Err(ServiceError::Unauthorized(_))
+                ),
+                "{header}"
+            );
+        }
+        assert!(parse_authorization(None).is_err());
     }
 
     #[test]
