@@ -235,7 +235,8 @@ impl Drop for Lease {
 }
 
 /// The renewer: a renewal when a third of the lease has passed since it was granted
-/// (for a claim that waited, that may be at once); a refusal, or a lease that runs out
+/// (for a claim that waited, that may be at once); a refusal (by the cluster, or by a
+/// node that turned the request away, such as a 401 for a revoked token), or a lease that runs out
 /// with no renewal known to have landed, is a loss. A renewal whose outcome is unknown is sent again under the same
 /// request id, so that one that did apply is not mistaken for a refusal.
 async fn renew(
@@ -285,6 +286,13 @@ async fn renew(
             }
             Ok(Err(WorkerError::Refused(reasons))) => {
                 let _ = lost.send(Some(LeaseLost::Refused(reasons)));
+                return;
+            }
+            // A node turned the request itself away (a revoked token: 401; a token no
+            // longer allowed the group: 403): every retry gets the same answer, and the
+            // lease cannot be kept, so it is lost now rather than when it runs out.
+            Ok(Err(rejected @ (WorkerError::Rejected(_) | WorkerError::NotFound(_)))) => {
+                let _ = lost.send(Some(LeaseLost::Refused(vec![rejected.to_string()])));
                 return;
             }
             _ if Instant::now() >= *until => {

@@ -1352,6 +1352,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_renewal_turned_away_with_401_loses_the_lease_at_once() {
+        const REVOKED: &str = "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 27\r\n\r\n{\"error\":\"unknown token x\"}";
+        let node = ScriptedNode::start(|_| REVOKED).await;
+        let client = Arc::new(WorkerClient::new([node.addr.as_str()], 1).expect("ok"));
+        let task = TaskJson {
+            id: 7,
+            group: "g".into(),
+            data: String::new(),
+            timespec: 0,
+            ownerid: 1,
+            key: None,
+            priority: 0,
+            attempt: 0,
+        };
+        // Renewed after a third of the lease; without this rule the renewal would be
+        // sent again until the lease ran out, and reported as `Expired`.
+        let lease = crate::lease::Lease::hold(
+            client,
+            task,
+            Duration::from_secs(3),
+            tokio::time::Instant::now(),
+        );
+        let lost = tokio::time::timeout(Duration::from_secs(20), lease.lost())
+            .await
+            .expect("the lease ends");
+        let crate::lease::LeaseLost::Refused(reasons) = lost else {
+            panic!("{lost:?}");
+        };
+        assert!(reasons.join(" ").contains("unknown token x"), "{reasons:?}");
+        assert_eq!(node.posts(), 1, "a 401 is not sent again");
+    }
+
+    #[tokio::test]
     async fn a_node_that_answers_429_is_asked_again_and_stays_first() {
         let busy = ScriptedNode::start(|n| if n < 2 { SLOW_DOWN_NOW } else { TASKS }).await;
         let other = ScriptedNode::start(|_| TASKS).await;
