@@ -287,6 +287,8 @@ async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<R
     let view = node
         .wait_job_run(&group, &key, run, consistency, wait)
         .await;
+    // The token may have been revoked while the request waited.
+    node.still_authorized(&incoming.caller)?;
     Ok(respond(&node, incoming.waiting(wait), view, |view| {
         let machine = &view.state.machine.as_of(view.now);
         match (machine.job(&group, &key), by_id) {
@@ -351,6 +353,7 @@ async fn get_jobs_wait(
     let wait = wait_param(&params)?;
     let consistency = consistency(&params)?;
     let view = node.wait_jobs(&group, &keys, consistency, wait).await;
+    node.still_authorized(&incoming.caller)?;
     Ok(respond(&node, incoming.waiting(wait), view, |view| {
         let machine = &view.state.machine.as_of(view.now);
         let mut answer = JobWaitJson {

@@ -29,6 +29,7 @@ use crate::http::ApiError;
 use crate::node::SharedNode;
 use crate::relay::Incoming;
 use crate::service::WatchRequest;
+use crate::service::auth::Caller;
 use crate::waiting::feed::FeedPage;
 use crate::waiting::feed::Forgotten;
 use crate::worker_api::limit_param;
@@ -130,14 +131,19 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
             Err(e) => return e.into_response(),
         }
         let id = node.id();
-        let mut response = stream(node, request).into_response();
+        let mut response = stream(node, request, incoming.caller.clone()).into_response();
         // Which node serves the stream: its changes are what that node applied.
         response
             .headers_mut()
             .insert("x-rota-node", axum::http::HeaderValue::from(id));
         return response;
     }
-    match node.watch(&request).await {
+    let page = node.watch(&request).await;
+    // The token may have been revoked while the watch waited.
+    if let Err(e) = node.still_authorized(&incoming.caller) {
+        return ApiError::from(e).into_response();
+    }
+    match page {
         Ok(Ok(page)) => Json(page_json(node.id(), &request.group, page)).into_response(),
         Ok(Err(forgotten)) => (StatusCode::GONE, Json(gone(&forgotten))).into_response(),
         Err(e) => ApiError::from(e).into_response(),
@@ -174,44 +180,51 @@ enum Next {
 /// The event stream: each change is an event named by its kind with the change as
 /// JSON; the last event of each revision carries that revision as its id, so a client
 /// that reconnects with `Last-Event-ID` resumes after whole revisions. A forgotten
-/// revision ends the stream with a `gone` event; the node stopping ends it quietly.
+/// revision ends the stream with a `gone` event; the node stopping ends it quietly; the
+/// caller's token revoked ends it with an `error` event.
 fn stream(
     node: SharedNode,
     request: WatchRequest,
+    caller: Caller,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let start = request.after.unwrap_or_else(|| node.feed.revision());
     let events = futures_util::stream::unfold(
         (node, request, Next::After(start)),
-        |(node, mut request, next)| async move {
-            let Next::After(after) = next else {
-                return None;
-            };
-            request.after = Some(after);
-            request.wait = STREAM_KEEP_ALIVE;
-            let (events, next) = match node.watch(&request).await {
-                Ok(Ok(page)) if page.changes.is_empty() => {
-                    let next = if node.waiters.is_stopping() {
-                        Next::Done
-                    } else {
-                        Next::After(page.revision)
-                    };
-                    (vec![Event::default().comment("keep-alive")], next)
-                }
-                Ok(Ok(page)) => {
-                    let revision = page.revision;
-                    (change_events(&page.changes), Next::After(revision))
-                }
-                Ok(Err(forgotten)) => {
-                    let data = serde_json::to_string(&gone(&forgotten)).unwrap_or_default();
-                    (vec![Event::default().event("gone").data(data)], Next::Done)
-                }
-                Err(e) => {
-                    let data = serde_json::json!({ "error": e.to_string() }).to_string();
-                    (vec![Event::default().event("error").data(data)], Next::Done)
-                }
-            };
-            let items = futures_util::stream::iter(events.into_iter().map(Ok));
-            Some((items, (node, request, next)))
+        move |(node, mut request, next)| {
+            let caller = caller.clone();
+            async move {
+                let Next::After(after) = next else {
+                    return None;
+                };
+                request.after = Some(after);
+                request.wait = STREAM_KEEP_ALIVE;
+                let page = node.watch(&request).await;
+                let page = node.still_authorized(&caller).and(page);
+                let (events, next) = match page {
+                    Ok(Ok(page)) if page.changes.is_empty() => {
+                        let next = if node.waiters.is_stopping() {
+                            Next::Done
+                        } else {
+                            Next::After(page.revision)
+                        };
+                        (vec![Event::default().comment("keep-alive")], next)
+                    }
+                    Ok(Ok(page)) => {
+                        let revision = page.revision;
+                        (change_events(&page.changes), Next::After(revision))
+                    }
+                    Ok(Err(forgotten)) => {
+                        let data = serde_json::to_string(&gone(&forgotten)).unwrap_or_default();
+                        (vec![Event::default().event("gone").data(data)], Next::Done)
+                    }
+                    Err(e) => {
+                        let data = serde_json::json!({ "error": e.to_string() }).to_string();
+                        (vec![Event::default().event("error").data(data)], Next::Done)
+                    }
+                };
+                let items = futures_util::stream::iter(events.into_iter().map(Ok));
+                Some((items, (node, request, next)))
+            }
         },
     );
     Sse::new(futures_util::StreamExt::flatten(events))

@@ -25,6 +25,19 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
+    call_within(cluster, via, token, method, path, body, CALL_TIMEOUT).await
+}
+
+/// [`call`] with a deadline of `within`, for requests that wait.
+async fn call_within(
+    cluster: &TestCluster,
+    via: u64,
+    token: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+    within: std::time::Duration,
+) -> (u16, Value) {
     let bytes = body.map(|b| b.to_string()).unwrap_or_default();
     let mut headers = vec![(CONTENT_TYPE, HeaderValue::from_static("application/json"))];
     if let Some(token) = token {
@@ -39,7 +52,7 @@ async fn call(
             path,
             &headers,
             bytes.into(),
-            CALL_TIMEOUT,
+            within,
         )
         .await
         .expect("the node answered");
@@ -588,5 +601,117 @@ async fn a_follower_behind_on_tokens_relays_instead_of_refusing() {
         .await,
         401,
         "a token nobody made, through a follower",
+    );
+}
+
+/// A request that waits (a blocking claim, a long-poll watch) checks its token again
+/// before it claims or answers: one revoked meanwhile claims nothing and reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waited_takes_nothing_once_its_token_is_revoked() {
+    let cluster = TestCluster::start_with(3, "always", &["--auth=tokens"]);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let (status, first) = call(
+        &cluster,
+        1,
+        None,
+        Method::POST,
+        "/admin/auth/bootstrap",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    let admin = first["bearer"].as_str().expect("a bearer").to_string();
+    let (worker_id, worker) = token(&cluster, &admin, json!({"name": "w", "role": "worker"})).await;
+    let (_, status) = call(&cluster, 1, Some(&admin), Method::GET, "/cluster", None).await;
+    let leader = status["leader"].as_u64().expect("a leader");
+    let follower = leader % 3 + 1;
+    let (status, page) = call(
+        &cluster,
+        follower,
+        Some(&worker),
+        Method::GET,
+        "/watch?group=rv",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let revision = page["revision"].as_u64().expect("a revision");
+
+    let wait = std::time::Duration::from_secs(30);
+    let claim = {
+        let (cluster, worker) = (&cluster, worker.clone());
+        let body = json!({"clientid": 77, "group": "rv", "duration": 60000, "wait_ms": 20000});
+        async move {
+            call_within(
+                cluster,
+                follower,
+                Some(&worker),
+                Method::POST,
+                "/claim",
+                Some(body),
+                wait,
+            )
+            .await
+        }
+    };
+    let watch = {
+        let (cluster, worker) = (&cluster, worker.clone());
+        let path = format!("/watch?group=rv&after={revision}&wait_ms=20000");
+        async move {
+            call_within(
+                cluster,
+                follower,
+                Some(&worker),
+                Method::GET,
+                &path,
+                None,
+                wait,
+            )
+            .await
+        }
+    };
+    let revoke_then_add = async {
+        // Both requests are waiting by now.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let (status, revoked) = call(
+            &cluster,
+            leader,
+            Some(&admin),
+            Method::DELETE,
+            &format!("/admin/tokens/{worker_id}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{revoked}");
+        let add = json!({"clientid": 1, "adds": [{"group": "rv", "data": "x"}]});
+        let (status, added) = call(
+            &cluster,
+            leader,
+            Some(&admin),
+            Method::POST,
+            "/update",
+            Some(add),
+        )
+        .await;
+        assert_eq!(status, 200, "{added}");
+    };
+    let (claimed, watched, ()) = tokio::join!(claim, watch, revoke_then_add);
+    assert_refused(claimed, 401, "a blocking claim whose token was revoked");
+    assert_refused(watched, 401, "a long-poll watch whose token was revoked");
+    // The task was not claimed: the admin's claim gets it.
+    let body = json!({"clientid": 2, "group": "rv", "duration": 60000});
+    let (status, tasks) = call(
+        &cluster,
+        leader,
+        Some(&admin),
+        Method::POST,
+        "/claim",
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{tasks}");
+    assert_eq!(
+        tasks["tasks"][0]["data"], "x",
+        "the task was still claimable: {tasks}"
     );
 }

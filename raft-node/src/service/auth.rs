@@ -235,6 +235,22 @@ fn caller_of(record: &TokenRecord) -> Caller {
 }
 
 impl Node {
+    /// Whether `caller`'s token is still one this node's applied state holds: a request
+    /// that waited (a blocking claim, a long poll, an event stream) checks again before
+    /// it claims or answers, so that a token revoked meanwhile takes nothing more.
+    pub fn still_authorized(&self, caller: &Caller) -> Result<(), ServiceError> {
+        match caller {
+            Caller::Anyone => Ok(()),
+            Caller::Token { id, .. } => {
+                if self.state.read(|state| state.machine.token(id).is_some()) {
+                    Ok(())
+                } else {
+                    Err(unknown_token())
+                }
+            }
+        }
+    }
+
     /// Who sent a request with this `Authorization` header value (if any), by this
     /// node's applied state. A well-formed token it does not know may be one the cluster
     /// made a moment ago: [`Node::authenticate_confirmed`] settles that.

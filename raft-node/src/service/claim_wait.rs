@@ -176,6 +176,8 @@ impl Node {
         request_id: Option<&str>,
         caller: &Caller,
     ) -> Result<Arc<Outcome>, ServiceError> {
+        // The token may have been revoked while the claim waited.
+        self.still_authorized(caller)?;
         let proposal = caller.limit(claim.to_request(true));
         let Some(request_id) = request_id else {
             return self.write(proposal, None).await;
