@@ -238,24 +238,50 @@ fn events(
     events
 }
 
+/// What a kept change holds in memory, roughly: every string and list it carries, so
+/// that the byte bound holds whatever a job's keys, prerequisites, dependants and
+/// history hold (a job with many dependants is stored whole at each of its changes).
 fn cost(event: &WatchEventJson) -> usize {
     CHANGE_OVERHEAD_BYTES
         + match event {
-            WatchEventJson::Task { task, .. } => task.data.len() + task.group.len(),
+            WatchEventJson::Task { task, .. } => {
+                task.data.len() + task.group.len() + task.key.as_ref().map_or(0, String::len)
+            }
             WatchEventJson::Job { job, .. } => {
-                job.data.as_ref().map_or(0, String::len)
+                let strings = |list: &[String]| {
+                    list.iter()
+                        .map(|s| s.len() + STRING_OVERHEAD_BYTES)
+                        .sum::<usize>()
+                };
+                job.group.len()
+                    + job.key.len()
+                    + job.state.len()
+                    + job.data.as_ref().map_or(0, String::len)
                     + job.result.as_ref().map_or(0, |r| r.to_string().len())
+                    + job.reason.as_ref().map_or(0, String::len)
                     + job
                         .history
                         .iter()
-                        .map(|a| a.error.as_ref().map_or(0, String::len))
+                        .map(|a| {
+                            ATTEMPT_OVERHEAD_BYTES
+                                + a.outcome.len()
+                                + a.error.as_ref().map_or(0, String::len)
+                        })
                         .sum::<usize>()
+                    + strings(&job.after)
+                    + strings(&job.dependants)
             }
             WatchEventJson::Removed { .. }
             | WatchEventJson::JobDropped { .. }
             | WatchEventJson::Settings { .. } => 0,
         }
 }
+
+/// What a string in a list costs beyond its bytes (its header).
+const STRING_OVERHEAD_BYTES: usize = 24;
+
+/// What an attempt of a job's history costs beyond its strings.
+const ATTEMPT_OVERHEAD_BYTES: usize = 80;
 
 impl FeedState {
     /// Drops the oldest changes until the feed is within its bounds, whole revisions at
@@ -383,6 +409,35 @@ mod tests {
                 ..UpdateRequest::default()
             }));
         }
+    }
+
+    #[test]
+    fn a_job_change_costs_its_prerequisites_and_dependants() {
+        let mut log = Log::new();
+        let job = |key: String, after: Vec<String>| {
+            let mut add = AddTask::seed("g", "", Some(i64::MAX / 2));
+            add.job.key = Some(key);
+            add.job.after = after;
+            Request::Update(UpdateRequest {
+                client: 1,
+                adds: vec![add],
+                ..UpdateRequest::default()
+            })
+        };
+        log.apply(job("x".into(), vec![]));
+        // Each add also changes x, whose record then lists every dependant so far: the
+        // feed holds x whole at each of those changes.
+        let dependants = 100;
+        let key_bytes = 200;
+        for i in 0..dependants {
+            log.apply(job(format!("{i:0key_bytes$}"), vec!["x".into()]));
+        }
+        let held = log.feed.lock().bytes;
+        let listed: usize = (1..=dependants).map(|n| n * key_bytes).sum();
+        assert!(
+            held > listed,
+            "{held} bytes counted for {listed} bytes of dependants"
+        );
     }
 
     fn revisions(page: &FeedPage) -> Vec<u64> {
