@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
-from rota import Add, Cancel, Change, Job, LeaseLost, Refused, RotaClient, Task, Unavailable
-from rota._http import USER_AGENT, Node, Pool, TransportError, _Conn
+from rota import Add, Cancel, Change, Job, LeaseLost, Misconfigured, Refused, RotaClient, Task, Unavailable
+from rota._http import USER_AGENT, Node, Pool, SetupError, TransportError, _Conn
 from rota.client import _query
 
 from conftest import read_request
@@ -664,6 +668,365 @@ def test_a_finish_alone_refused_as_a_reused_id_asks_again_with_next() -> None:
         assert client.finish_and_claim(5, group="g", duration_ms=1000) == []
         assert [("next" in body) for body in seen] == [True, False, True], seen
         assert len({body["requestid"] for body in seen}) == 1, "one request id throughout"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- TLS set up wrong: a configuration error at once, not a retry until give_up_after ----
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> Dict[str, str]:
+    """A throwaway cluster CA, another CA, a node certificate the first signed for
+    127.0.0.1, and one it signed for another name only (``openssl``)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make certificates with")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+
+    for ca in ("ca", "other-ca"):
+        run(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=rota test {ca}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
+        )
+    for node, names in (("node", "IP:127.0.0.1,DNS:localhost"), ("elsewhere", "DNS:rota.example")):
+        run(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{node}.key", "-out", f"{node}.csr", "-subj", f"/CN={node}",
+        )
+        (tmp_path / f"{node}.ext").write_text(f"subjectAltName={names}\n")
+        run(
+            "x509", "-req", "-in", f"{node}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{node}.pem", "-days", "2", "-extfile", f"{node}.ext",
+        )
+    return {name: str(tmp_path / f"{name}.pem") for name in ("ca", "other-ca", "node", "elsewhere")}
+
+
+@pytest.fixture
+def no_rota_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROTA_CA", raising=False)
+    monkeypatch.delenv("ROTA_TOKEN", raising=False)
+
+
+def _tls_node(cert: str) -> Tuple[str, List[int], Callable[[], None]]:
+    """A node serving TLS with ``cert`` (and its key beside it) on 127.0.0.1: it answers
+    every request with ``200 []`` on a connection of its own. Its address, how many
+    connections it accepted, and its stop."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, cert[: -len(".pem")] + ".key")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: List[int] = []
+
+    def answer(conn: socket.socket) -> None:
+        try:
+            with context.wrap_socket(conn, server_side=True) as tls:
+                if read_request(tls) is not None:
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+        except OSError:  # a handshake the client broke off, or plain HTTP
+            conn.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{server.getsockname()[1]}", accepted, server.close
+
+
+@pytest.fixture
+def tls_node(tls_files: Dict[str, str]) -> Iterator[Tuple[str, List[int]]]:
+    addr, accepted, stop = _tls_node(tls_files["node"])
+    try:
+        yield addr, accepted
+    finally:
+        stop()
+
+
+def test_a_tls_node_answers_a_client_with_its_ca(tls_files: Dict[str, str], tls_node: Tuple[str, List[int]], no_rota_env: None) -> None:
+    addr, _ = tls_node
+    client = RotaClient(addr, ca=tls_files["ca"], give_up_after=10)
+    client._discover_needed = False
+    assert client.groups() == []
+    client = RotaClient(f"https://{addr}", ca=tls_files["ca"], give_up_after=10)
+    client._discover_needed = False
+    assert client.groups() == []
+
+
+def test_a_certificate_another_ca_signed_fails_at_once(
+    tls_files: Dict[str, str], tls_node: Tuple[str, List[int]], no_rota_env: None
+) -> None:
+    """A client given the wrong CA raises at once, naming the node and the CA file to
+    check, instead of retrying the handshake until ``give_up_after``; the error is still
+    an ``Unavailable`` for code that catches that."""
+    addr, accepted = tls_node
+    client = RotaClient(addr, ca=tls_files["other-ca"], give_up_after=10)
+    started = time.monotonic()
+    with pytest.raises(Misconfigured) as raised:
+        client.groups()
+    assert time.monotonic() - started < 2.0
+    error = raised.value
+    assert isinstance(error, Unavailable)
+    assert error.node == addr
+    text = str(error)
+    assert addr in text and "certificate" in text
+    assert "ca=" in text and "ROTA_CA" in text and tls_files["other-ca"] in text
+    # The leader lookup's handshake and the call's: not one per retry pause.
+    assert len(accepted) <= 3, accepted
+
+
+def test_an_https_url_without_a_ca_says_which_trust_store_refused(
+    tls_files: Dict[str, str], tls_node: Tuple[str, List[int]], no_rota_env: None
+) -> None:
+    addr, _ = tls_node
+    client = RotaClient(f"https://{addr}", give_up_after=10)
+    started = time.monotonic()
+    with pytest.raises(Misconfigured, match="system's trust store") as raised:
+        client.groups()
+    assert time.monotonic() - started < 2.0
+    assert addr in str(raised.value) and "ca=" in str(raised.value)
+
+
+def test_ca_from_the_environment_is_named_too(
+    tls_files: Dict[str, str], tls_node: Tuple[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROTA_CA", tls_files["other-ca"])
+    client = RotaClient(tls_node[0], give_up_after=10)
+    client._discover_needed = False
+    with pytest.raises(Misconfigured, match="ROTA_CA") as raised:
+        client.groups()
+    assert tls_files["other-ca"] in str(raised.value)
+
+
+def test_a_certificate_for_another_name_fails_at_once(tls_files: Dict[str, str], no_rota_env: None) -> None:
+    addr, _, stop = _tls_node(tls_files["elsewhere"])
+    try:
+        client = RotaClient(addr, ca=tls_files["ca"], give_up_after=10)
+        client._discover_needed = False
+        started = time.monotonic()
+        with pytest.raises(Misconfigured, match="not valid for '127.0.0.1'") as raised:
+            client.groups()
+        assert time.monotonic() - started < 2.0
+        assert addr in str(raised.value)
+    finally:
+        stop()
+
+
+def test_a_node_set_up_wrong_does_not_stop_a_call_another_answers(
+    tls_files: Dict[str, str], tls_node: Tuple[str, List[int]], no_rota_env: None
+) -> None:
+    """The first node's certificate is for another name: the call goes on to the next
+    node, which answers, without the retry pause."""
+    wrong, _, stop = _tls_node(tls_files["elsewhere"])
+    try:
+        client = RotaClient([wrong, tls_node[0]], ca=tls_files["ca"], give_up_after=10, retry_pause=5)
+        client._discover_needed = False
+        started = time.monotonic()
+        assert client.groups() == []
+        assert time.monotonic() - started < 2.0
+    finally:
+        stop()
+
+
+def test_a_tls_client_of_a_plain_http_node_fails_at_once(tls_files: Dict[str, str], no_rota_env: None) -> None:
+    """A node serving plain HTTP answers the TLS hello with a 400 (as hyper does)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    addr = f"127.0.0.1:{server.getsockname()[1]}"
+    try:
+        client = RotaClient(f"https://{addr}", ca=tls_files["ca"], give_up_after=10)
+        client._discover_needed = False
+        started = time.monotonic()
+        with pytest.raises(Misconfigured, match="serving plain HTTP") as raised:
+            client.groups()
+        assert time.monotonic() - started < 2.0
+        assert addr in str(raised.value) and "http://" in str(raised.value)
+    finally:
+        server.close()
+
+
+def test_a_handshake_the_node_breaks_off_is_still_retried(tls_files: Dict[str, str], no_rota_env: None) -> None:
+    """A node that closes the connection during the handshake (restarting, overloaded)
+    may answer the next one: retried until give_up_after, as a refused connection is."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: List[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        client = RotaClient(f"127.0.0.1:{server.getsockname()[1]}", ca=tls_files["ca"], give_up_after=1.0)
+        client._discover_needed = False
+        with pytest.raises(Unavailable) as raised:
+            client.groups()
+        assert not isinstance(raised.value, Misconfigured)
+        assert raised.value.waited >= 1.0 and len(accepted) >= 3
+    finally:
+        server.close()
+
+
+def test_a_plain_http_client_of_a_tls_node_is_told_to_use_tls(
+    tls_files: Dict[str, str], tls_node: Tuple[str, List[int]], no_rota_env: None
+) -> None:
+    """A node that closes a plain-HTTP connection without a byte of an answer (as
+    OpenSSL does) may just be restarting, so it is retried; the error asks whether the
+    node serves TLS."""
+    client = RotaClient(tls_node[0], give_up_after=1.0)
+    client._discover_needed = False
+    with pytest.raises(Unavailable) as raised:
+        client.groups()
+    assert "is the node serving TLS? then use an https:// URL and ca=" in str(raised.value)
+
+
+def test_a_tls_alert_to_plain_http_fails_at_once_with_the_hint(no_rota_env: None) -> None:
+    """A Rota node serving TLS answers a request in plain HTTP with a TLS alert record
+    (rustls: ``15 03 03 00 02 02 32``, decode_error) and closes: no HTTP node answers so,
+    and the client says to use TLS at once."""
+    node, thread = _serve_bytes(b"\x15\x03\x03\x00\x02\x02\x32")
+    client = RotaClient(node.addr, give_up_after=10)
+    client._discover_needed = False
+    started = time.monotonic()
+    with pytest.raises(Misconfigured) as raised:
+        client.groups()
+    assert time.monotonic() - started < 2.0
+    text = str(raised.value)
+    assert node.addr in text and "is the node serving TLS?" in text and "https://" in text and "ca=" in text
+    thread.join(5)
+    # At the pool, the same is a SetupError (a TransportError), whichever way it came.
+    node, thread = _serve_bytes(b"\x16\x03\x01\x00\x05hello\r\n\r\n")
+    with pytest.raises(SetupError):
+        Pool().request(node, "GET", "/", None, 5.0)
+    thread.join(5)
+
+
+# -- a renewal refused with 401 or 403 ends the lease at once -----------------------------
+
+
+@pytest.mark.parametrize(
+    "status, message",
+    [
+        (401, "the token is unknown or revoked; send `Authorization: Bearer <token>`"),
+        (403, "this token's role may not write to group g"),
+    ],
+)
+def test_a_renewal_refused_for_the_token_loses_the_lease_at_once(status: int, message: str) -> None:
+    """A node answers the renewal 401 or 403 (the token was revoked while the task ran):
+    the lease is lost at once, as refused, with the node's reason, not retried until it
+    runs out and reported as expired."""
+    from rota import Lease
+
+    server, seen = _json_node(lambda body: (status, {"error": message}))
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
+        client._discover_needed = False
+        task = Task(id=9, group="g", data="", timespec=0, ownerid=client.client_id)
+        lease = Lease(client, task, 30_000, renew_every_ms=50)
+        started = time.monotonic()
+        assert lease.wait_lost(5), "still renewing after the token was refused"
+        assert time.monotonic() - started < 2.0
+        lost = lease.lost_reason
+        assert lost is not None and lost.reason == "refused"
+        assert str(status) in str(lost) and message in str(lost) and "renewal was refused" in str(lost)
+        with pytest.raises(LeaseLost, match="renewal was refused") as checked:
+            lease.check()
+        assert checked.value.reason == "refused" and checked.value.errors == lost.errors
+        time.sleep(0.3)
+        assert len(seen) == 1 and seen[0]["_path"] == "/update", "refused once, asked once"
+        with pytest.raises(LeaseLost):
+            lease.finish()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_renewal_without_a_definite_answer_is_still_retried_until_the_lease_runs_out() -> None:
+    from rota import Lease
+
+    server, seen = _json_node(lambda body: (503, {"error": "no leader"}))
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"], retry_pause=0.05)
+        client._discover_needed = False
+        task = Task(id=9, group="g", data="", timespec=0, ownerid=client.client_id)
+        lease = Lease(client, task, 1_500, renew_every_ms=100)
+        assert not lease.wait_lost(1.0)
+        assert lease.wait_lost(5)
+        assert lease.lost_reason is not None and lease.lost_reason.reason == "expired"
+        assert len(seen) >= 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_worker_reports_a_lease_lost_to_a_revoked_token(caplog: pytest.LogCaptureFixture) -> None:
+    """The handler's ``lease.check()`` raises the refusal, and the worker logs and counts
+    the lease as lost with the node's reason."""
+    from rota import Worker
+
+    claims: List[int] = []
+
+    def answer(body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
+        if "group" in body:  # a claim: one task, then none
+            claims.append(1)
+            if len(claims) > 1:
+                return 200, {"tasks": []}
+            return 200, {"tasks": [{"id": 5, "group": "g", "data": "", "timespec": -30_000, "ownerid": body["clientid"]}]}
+        return 401, {"error": "the token is unknown or revoked"}
+
+    server, _ = _json_node(answer)
+    seen: List[BaseException] = []
+
+    def handler(task: Task, lease: Any) -> None:
+        lease.wait_lost(10)
+        try:
+            lease.check()
+        except LeaseLost as e:
+            seen.append(e)
+            raise
+
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
+        client._discover_needed = False
+        w = Worker(client, "g", handler, lease_ms=300, wait_ms=100)
+        with caplog.at_level("WARNING", logger="rota.worker"):
+            w.start()
+            deadline = time.monotonic() + 5
+            while w.lost == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert w.stop(timeout=5)
+        assert w.lost == 1 and w.finished == 0
+        assert seen and seen[0].reason == "refused" and "401" in str(seen[0])  # type: ignore[attr-defined]
+        assert any("lease lost" in r.getMessage() and "401" in r.getMessage() for r in caplog.records), caplog.text
     finally:
         server.shutdown()
         server.server_close()

@@ -4,7 +4,9 @@ Thread-safe: a connection is taken from the pool for one exchange and put back a
 it, so any number of threads share one pool. A pooled connection that the node closed
 meanwhile is retried once on a fresh connection (every write this client sends carries
 a request id, so a resend applies once). Only a status line proves that a node
-answered: every other failure is a :class:`TransportError`, whose outcome is unknown.
+answered: every other failure is a :class:`TransportError`, whose outcome is unknown;
+one that retrying cannot fix (a TLS certificate the client does not accept, a node that
+answers in TLS over plain HTTP) is a :class:`SetupError`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ class Response:
 
 class TransportError(Exception):
     """The exchange failed before a whole answer came: its outcome is unknown."""
+
+
+class SetupError(TransportError):
+    """No request reached ``node`` (an address), and none will while the client is set
+    up as it is: a TLS handshake failed for good (a certificate the client does not
+    accept, a node that does not speak TLS), or the node answered in TLS over plain HTTP.
+    The message names the node and what to check."""
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        super().__init__(message)
 
 
 class CancelledError(Exception):
@@ -155,6 +168,16 @@ class _Closed(Exception):
 
 class _Malformed(Exception):
     """The bytes that came are no HTTP/1.1 answer."""
+
+
+class _TlsAnswer(_Malformed):
+    """The bytes that came are a TLS record: the node speaks TLS."""
+
+
+def _is_tls_record(data: bytes) -> bool:
+    """Whether ``data`` starts as a TLS record does: an alert (0x15) or a handshake
+    (0x16), then the major version 3. Only asked of an answer that is no HTTP."""
+    return len(data) >= 2 and data[0] in (0x15, 0x16) and data[1] == 0x03
 
 
 # Failures of a reused keep-alive connection that mean the node closed it while idle.
@@ -245,12 +268,16 @@ class _Conn:
                 raise _Malformed("an answer head longer than 64 KiB")
             if not self._fill():
                 if self.answered:
+                    if _is_tls_record(self.buf):
+                        raise _TlsAnswer(f"the answer is a TLS record ({self.buf[:8].hex(' ')}), not HTTP")
                     raise _Malformed("the connection closed inside the answer's head")
                 raise _Closed("the node closed the connection without an answer")
         head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4:]
         lines = head.split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            if _is_tls_record(head[:2].encode("latin-1")):
+                raise _TlsAnswer(f"the answer is a TLS record ({head[:8].encode('latin-1').hex(' ')}), not HTTP")
             raise _Malformed(f"not a status line: {lines[0][:80]!r}")
         headers: Dict[str, str] = {}
         for line in lines[1:]:
@@ -321,6 +348,7 @@ class Pool:
         idle_per_node: int = IDLE_PER_NODE_MAX,
         token: Optional[str] = None,
         tls: Optional[ssl.SSLContext] = None,
+        ca: Optional[str] = None,
     ) -> None:
         self._lock = threading.Lock()
         self._idle: Dict[str, List["_Conn"]] = {}
@@ -334,6 +362,8 @@ class Pool:
         self._lines_json = common + "Content-Type: application/json\r\n" + authorization
         # With a context (a cluster CA), every node is dialled over TLS.
         self._tls = tls
+        # The CA file the context trusts, named in the error of a certificate refused.
+        self._ca = ca
 
     def _take(self, node: Node) -> Optional["_Conn"]:
         with self._lock:
@@ -403,12 +433,57 @@ class Pool:
             conn = self._connect(node, timeout)
         except CancelledError:
             raise
+        except ssl.SSLError as e:
+            problem = self._tls_problem(node, e)
+            if problem is not None:
+                raise SetupError(node.addr, problem) from e
+            raise TransportError(f"cannot connect to {node.addr}: {_describe(e)}") from e
         except OSError as e:
             raise TransportError(f"cannot connect to {node.addr}: {_describe(e)}") from e
         try:
             return self._exchange(node, conn, method, path, body, timeout, cancel, lines)
         except _Stale as stale:
-            raise TransportError(str(stale)) from stale.__cause__
+            # A new connection closed before any byte of an answer: a node serving TLS
+            # may do that to a request in plain HTTP.
+            hint = _SERVING_TLS_HINT if not isinstance(conn.sock, ssl.SSLSocket) else ""
+            raise TransportError(f"{stale}{hint}") from stale.__cause__
+
+    def _tls_problem(self, node: Node, e: ssl.SSLError) -> Optional[str]:
+        """What is wrong, naming ``node`` and what to check, when a TLS handshake failed
+        in a way that retrying cannot fix; ``None`` for one that it may (the node closed
+        the connection or reset it meanwhile)."""
+        if isinstance(e, ssl.SSLCertVerificationError):
+            said = e.verify_message or e.reason or str(e)
+            if e.verify_code in (_X509_HOSTNAME_MISMATCH, _X509_IP_ADDRESS_MISMATCH):
+                return (
+                    f"{node.addr}: the node's TLS certificate is not valid for {node.host!r} ({said}): "
+                    "use a node address its certificate names, or give the node a certificate for this one"
+                )
+            if self._ca is not None:
+                check = (
+                    f"check the CA file {self._ca!r} (ca= or ROTA_CA): it must be the CA "
+                    "that signed the nodes' certificates"
+                )
+            else:
+                check = (
+                    "no CA file was given (ca= or ROTA_CA), so the system's trust store was used: "
+                    "give the cluster's CA"
+                )
+            return f"{node.addr}: the node's TLS certificate was not accepted ({said}); {check}"
+        if isinstance(e, _TLS_MAY_PASS):
+            return None
+        reason = e.reason or ""
+        if "INTERNAL_ERROR" in reason:
+            return None  # the node's own trouble, which may pass
+        if reason in _NOT_TLS_REASONS:
+            return (
+                f"{node.addr} does not answer in TLS ({_describe(e)}): is the node serving plain HTTP? "
+                "then use http:// URLs and no CA (ca= or ROTA_CA)"
+            )
+        return (
+            f"{node.addr}: the TLS handshake failed ({_describe(e)}); check the CA file (ca= or ROTA_CA) "
+            "and the URL's scheme (https:// for a node serving TLS)"
+        )
 
     def _with_headers(self, has_body: bool, headers: Mapping[str, str]) -> str:
         """The header lines of a request that sets some of its own (they win)."""
@@ -461,6 +536,12 @@ class Pool:
             conn.close()
             if cancel is not None and cancel.cancelled:
                 raise CancelledError() from e
+            if isinstance(e, _TlsAnswer) and not isinstance(sock, ssl.SSLSocket):
+                raise SetupError(
+                    node.addr,
+                    f"{node.addr} answered in TLS to a request in plain HTTP ({e}): is the node serving TLS? "
+                    "use an https:// URL and ca= (or ROTA_CA) with the cluster's CA",
+                ) from e
             if isinstance(e, socket.timeout):
                 raise TransportError(f"{node.addr} did not answer within {timeout:.1f} s") from e
             raise TransportError(f"HTTP exchange with {node.addr} failed: {_describe(e)}") from e
@@ -473,6 +554,28 @@ class Pool:
 
 class _Stale(TransportError):
     """A connection the node closed; on a reused one, retried on a fresh one."""
+
+
+_SERVING_TLS_HINT = " (is the node serving TLS? then use an https:// URL and ca=)"
+
+# OpenSSL's verify codes of a certificate that names another host or address.
+_X509_HOSTNAME_MISMATCH = 62
+_X509_IP_ADDRESS_MISMATCH = 64
+
+# Handshake failures that say the connection broke, not that the two ends disagree: the
+# node may have closed or reset it (a restart, an overload), so they are retried.
+_TLS_MAY_PASS = (
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+    ssl.SSLSyscallError,
+    ssl.SSLWantReadError,
+    ssl.SSLWantWriteError,
+)
+
+# OpenSSL's reasons for a handshake whose answer is no TLS (a plain-HTTP node's answer).
+_NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"}
+)
 
 
 def _describe(e: BaseException) -> str:

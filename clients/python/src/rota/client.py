@@ -7,7 +7,10 @@ first when known). A definite answer is the write's outcome (its tasks, or the c
 refusal: :class:`~rota.errors.Refused`) or a 4xx (:class:`~rota.errors.Rejected`);
 anything else (no connection, a timeout, a dropped connection, a 5xx, a body that does
 not parse) is retried on the next node after a short pause, until ``give_up_after``
-seconds have passed (:class:`~rota.errors.Unavailable`).
+seconds have passed (:class:`~rota.errors.Unavailable`). A node that cannot be talked to
+as the client is set up (a TLS certificate the client does not accept, TLS on one side
+only) is no reason to wait: when no node of a round answered and one failed so, the call
+raises :class:`~rota.errors.Misconfigured` at once.
 
 Durations on the wire are milliseconds and keep their ``_ms`` names here; the client's
 own transport settings (``call_timeout``, ``give_up_after``) are seconds.
@@ -39,8 +42,8 @@ from typing import (
 )
 from urllib.parse import quote
 
-from ._http import Cancel, CancelledError, Node, Pool, Response, TransportError, check_token, split_status
-from .errors import Cancelled, Forgotten, NotFound, Refused, Rejected, Unavailable
+from ._http import Cancel, CancelledError, Node, Pool, Response, SetupError, TransportError, check_token, split_status
+from .errors import Cancelled, Forgotten, Misconfigured, NotFound, Refused, Rejected, Unavailable
 from .types import (
     Add,
     AddLike,
@@ -276,7 +279,7 @@ class RotaClient:
         self.call_timeout = float(call_timeout)
         self.give_up_after = float(give_up_after)
         self.retry_pause = float(retry_pause)
-        self._pool = Pool(token=token, tls=tls)
+        self._pool = Pool(token=token, tls=tls, ca=ca)
         # Unique across processes and restarts, so that no two clients' request ids meet.
         self._id_prefix = f"c{client_id}-{secrets.token_hex(8)}"
         self._sent = itertools.count()
@@ -491,7 +494,11 @@ class RotaClient:
         """Sends the request to the nodes in turn (the preferred one first) until one
         gives a definite answer or the deadline (default: ``give_up_after`` plus the
         wait, from now; a ``time.monotonic()`` value) passes. A node that answers 429
-        is asked again after its ``Retry-After``, rather than the next node."""
+        is asked again after its ``Retry-After``, rather than the next node. A round of
+        the nodes in which none answered and one cannot be talked to as this client is set
+        up (a ``SetupError``: TLS) raises :class:`~rota.errors.Misconfigured` at once:
+        waiting cannot fix it, and one node set up wrong among others that answer does not
+        stop the call."""
         self._maybe_discover()
         payload = None if body is None else _JSON_ENCODER.encode(body).encode()
         started = time.monotonic()
@@ -500,6 +507,10 @@ class RotaClient:
         first_round = True
         while True:
             order, at = self._order(), 0
+            # This round's first node that cannot be talked to as the client is set up,
+            # and whether any node answered (then the round's failures may pass).
+            setup_error: Optional[SetupError] = None
+            answered = False
             while at < len(order):
                 node = order[at]
                 if cancel is not None and cancel.cancelled:
@@ -513,10 +524,17 @@ class RotaClient:
                         response = self._pool.request(node, method, path, payload, timeout, cancel)
                 except CancelledError:
                     raise Cancelled(f"{method} {path} was cancelled") from None
+                except SetupError as e:
+                    last_error = str(e)
+                    if setup_error is None:
+                        setup_error = e
+                    at += 1
+                    pause = 0.0  # on to the next node at once: this one will not change
                 except TransportError as e:
                     last_error = str(e)
                     at += 1
                 else:
+                    answered = True
                     done, value = interpret(node, response)
                     if done:
                         # The first node of the order is the preferred one already.
@@ -537,6 +555,8 @@ class RotaClient:
                 with self._sent_lock:
                     self._retries += 1
                 now = time.monotonic()
+                if setup_error is not None and not answered and (at >= len(order) or now >= limit):
+                    raise Misconfigured(now - started, request_id, setup_error.node, str(setup_error)) from setup_error
                 if now >= limit:
                     raise Unavailable(now - started, request_id, last_error)
                 pause = min(pause, limit - now)

@@ -11,6 +11,10 @@ Every exception the client raises for a cluster's answer is a :class:`RotaError`
 * :class:`Unavailable`: no node gave a definite answer before the deadline. For a write
   it may or may not have applied: send it again with the same ``request_id`` (the
   exception carries it) and it applies at most once.
+* :class:`Misconfigured`: a node cannot be talked to as the client is set up (its TLS
+  certificate is not signed by the CA given, names another host, or the node speaks TLS
+  to an ``http://`` URL or plain HTTP to an ``https://`` one); raised at once, since
+  retrying cannot help. A subclass of :class:`Unavailable`.
 * :class:`LeaseLost`: a lease is no longer held (a renewal was refused, it ran out, or
   it was already ended); a subclass of :class:`Refused`.
 * :class:`StaleFence`: a fenced write downstream met a newer fence (see
@@ -80,6 +84,31 @@ class Unavailable(RotaError):
         super().__init__(f"no definite answer after {waited:.1f} s{rid}: {last_error}")
 
 
+class Misconfigured(Unavailable):
+    """A node cannot be talked to as this client is set up, and retrying cannot help: a
+    TLS handshake failed on its certificate (not signed by the CA given with ``ca=`` or
+    ``ROTA_CA``, or issued for another name) or otherwise for good, or the node answered
+    a plain-HTTP request in TLS (give it an ``https://`` URL and ``ca=``). Raised as soon
+    as no node of the call answered and one failed this way, instead of retrying until
+    ``give_up_after``. ``node`` is the node's address, ``message`` what failed and what
+    to check.
+
+    A subclass of :class:`Unavailable`, so that code catching that still catches it; no
+    request reached the node, and a write sent again with the same ``request_id`` still
+    applies at most once.
+    """
+
+    def __init__(self, waited: float, request_id: Optional[str], node: str, message: str) -> None:
+        self.node = node
+        self.message = message
+        super().__init__(waited, request_id, message)
+        # The cause and what to check, not "no definite answer after ...".
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class Cancelled(RotaError):
     """The call was cancelled by its caller (a worker that stops) before it ended."""
 
@@ -88,8 +117,9 @@ class LeaseLost(Refused):
     """The lease is not held any more.
 
     ``reason`` is ``"refused"`` (a renewal was refused: the task was cancelled, deleted,
-    or claimed by another worker after the lease lapsed; ``errors`` has the cluster's
-    reasons), ``"expired"`` (no renewal succeeded before the lease ran out) or
+    or claimed by another worker after the lease lapsed, or a node refused the client
+    itself with a 401 or 403, its token revoked or lacking the right; ``errors`` has the
+    cluster's reasons), ``"expired"`` (no renewal succeeded before the lease ran out) or
     ``"ended"`` (the lease was already finished, failed, released or abandoned).
     """
 

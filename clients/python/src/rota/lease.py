@@ -5,8 +5,10 @@ A renewal writes a new version of the task, whose id is the fence from then on: 
 :attr:`Lease.fence` to whatever the work writes downstream (see docs/fencing.md and
 :mod:`rota.fencing`), so that a worker whose lease lapsed cannot overwrite a newer
 worker's output. A lease is lost when a renewal is refused (the task was cancelled, or
-its lease lapsed and another worker claimed it) or when no renewal got a definite answer
-before the lease ran out; the work should then stop, since it no longer owns the task.
+its lease lapsed and another worker claimed it; or a node refused the client itself,
+401 or 403: its token was revoked or lacks the right) or when no renewal got a definite
+answer before the lease ran out; the work should then stop, since it no longer owns the
+task (or can no longer end it).
 
 The lease's end is reckoned conservatively by this process's clock: from when the write
 that granted it was sent. The cluster alone judges it (in log time), so a renewal is
@@ -33,7 +35,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Type
 
-from .errors import LeaseLost, Refused, RotaError
+from .errors import LeaseLost, Refused, Rejected, RotaError
 from .types import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,6 +45,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 RETRY_UNKNOWN_AFTER = 1.0
 """After a renewal without a definite answer, the next try comes within this many seconds."""
+
+REFUSED_CLIENT = (401, 403)
+"""The statuses of a node that refuses the client itself (no valid token, or one without
+the right): a renewal answered so ends the lease at once, since none will be taken."""
 
 
 def error_text(error: BaseException) -> str:
@@ -217,12 +223,19 @@ class Lease:
             self._pending = None
             self._set_lost(LeaseLost("refused", e.errors))
             return
+        except Rejected as e:
+            if e.status not in REFUSED_CLIENT:
+                self._retry_or_expire()
+                return
+            # The token was revoked, or lacks the right: no renewal will be taken, and the
+            # work cannot end the task either. Lost now, with the node's reason, rather
+            # than at the lease's end as if no node had answered.
+            self._pending = None
+            node = f" by {e.node}" if e.node else ""
+            self._set_lost(LeaseLost("refused", [f"the renewal was refused{node} ({e.status}): {e.message}"]))
+            return
         except RotaError:
-            now = time.monotonic()
-            if now >= self._until:
-                self._set_lost(LeaseLost("expired"))
-            else:
-                self._next = now + min(self._every, RETRY_UNKNOWN_AFTER)
+            self._retry_or_expire()
             return
         self._pending = None
         self._task = renewed
@@ -231,6 +244,15 @@ class Lease:
         self._settled.set()
         self._until = first_sent + self._duration
         self._next = first_sent + self._every
+
+    def _retry_or_expire(self) -> None:
+        """After a renewal without a definite answer: the same renewal again soon, or the
+        lease lost as ``expired`` once it ran out."""
+        now = time.monotonic()
+        if now >= self._until:
+            self._set_lost(LeaseLost("expired"))
+        else:
+            self._next = now + min(self._every, RETRY_UNKNOWN_AFTER)
 
     # -- ending -----------------------------------------------------------------------
 

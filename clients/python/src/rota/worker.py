@@ -362,7 +362,8 @@ class Worker:
         if failed_by_stop:
             self._count_lost(lease, "the stop gave the task back after the grace period")
         elif saw_lost:
-            self._count_lost(lease, "the handler saw its lease lost")
+            why = lease.lost_reason
+            self._count_lost(lease, "the handler saw its lease lost" + (f": {why}" if why is not None else ""))
         elif lease.ended and not lease.lost:
             pass  # the handler ended the lease itself (finish, fail, release, abandon)
         elif error is None:
