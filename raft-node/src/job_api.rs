@@ -326,6 +326,11 @@ async fn get_jobs_wait(
         match &*name {
             "key" => keys.push(value.into_owned()),
             "group" if group.is_none() => group = Some(value.into_owned()),
+            "group" => {
+                return Err(ApiError::bad_request(
+                    "query parameter group is given twice; wait on one group per request",
+                ));
+            }
             _ => rest.push((name.into_owned(), value.into_owned())),
         }
     }

@@ -258,8 +258,17 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8], endpoint: &str) -> R
             "invalid {endpoint} body: send a JSON object ({{...}})"
         )));
     }
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request(format!("invalid {endpoint} body: {e}")))
+    serde_json::from_slice(bytes).map_err(|_| {
+        // Parsed again to name the field that went wrong (`adds[0].max_attempts: ...`):
+        // tracking the path costs every request, so only a request that failed pays it.
+        let mut parser = serde_json::Deserializer::from_slice(bytes);
+        let error = match serde_path_to_error::deserialize::<_, T>(&mut parser) {
+            Err(e) if e.path().iter().next().is_some() => e.to_string(),
+            Err(e) => e.into_inner().to_string(),
+            Ok(_) => "it did not parse".to_string(),
+        };
+        ApiError::bad_request(format!("invalid {endpoint} body: {error}"))
+    })
 }
 
 /// The `Idempotency-Key` header: absent, or given once in printable ASCII within the
@@ -462,4 +471,34 @@ async fn claim_waiting(
         _ => incoming,
     };
     respond(node, incoming, outcome, outcome_response(asker)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_of_the_wrong_type_names_the_field() {
+        let body = br#"{"clientid": 1, "adds": [{"group": "g", "data": "", "max_attempts": -1}]}"#;
+        let error = parse_json::<UpdateRequestJson>(body, "/update").expect_err("refused");
+        let message = error.message;
+        assert!(
+            message.contains("invalid /update body: adds[0].max_attempts: "),
+            "{message}"
+        );
+        assert!(message.contains("expected u32"), "{message}");
+        // Broken JSON says where it broke.
+        let error =
+            parse_json::<UpdateRequestJson>(b"{\"clientid\": ", "/update").expect_err("refused");
+        assert!(
+            error
+                .message
+                .contains("invalid /update body: clientid: EOF while parsing"),
+            "{}",
+            error.message
+        );
+        let parsed: UpdateRequestJson =
+            parse_json(br#"{"clientid": 1}"#, "/update").expect("a good body parses");
+        assert_eq!(parsed.clientid, 1);
+    }
 }

@@ -753,6 +753,7 @@ async fn a_wait_for_outcomes_returns_when_the_jobs_finish() {
     for (path, field) in [
         ("/jobs/wait?group=w&wait_ms=10", "key"),
         ("/jobs/wait?key=a", "group"),
+        ("/jobs/wait?group=w&group=x&key=a", "group is given twice"),
         ("/jobs/wait?group=w&key=a&wait_ms=60001", "wait_ms"),
         ("/job?group=w&key=a&wait_ms=-1", "wait_ms"),
     ] {
