@@ -537,7 +537,17 @@ impl HttpClient {
             addr: addr.to_string(),
             message: e.to_string(),
         };
-        let response = sender.send(request).await.map_err(|e| http_error(&e))?;
+        let response = sender.send(request).await.map_err(|e| {
+            // A TLS port answers a request in plain HTTP with bytes hyper cannot parse
+            // ("invalid HTTP version parsed"): say what is likely missing.
+            let hint = if self.tls.is_none() && e.is_parse() {
+                "; is the node serving TLS? then pass --ca FILE (or set ROTA_CA) with the \
+                 cluster's CA certificate"
+            } else {
+                ""
+            };
+            http_error(&format_args!("{e}{hint}"))
+        })?;
         let (parts, body) = response.into_parts();
         let body = Limited::new(body, body_max)
             .collect()
@@ -847,4 +857,37 @@ pub fn percent_encode(text: &str) -> String {
             other => format!("%{other:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn plain_http_to_a_tls_port_says_that_a_ca_may_be_missing() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                // What a TLS server answers to bytes that are no handshake: an alert,
+                // once the request's first bytes came.
+                let mut first = [0u8; 64];
+                let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut first).await;
+                let _ = tokio::io::AsyncWriteExt::write_all(
+                    &mut stream,
+                    &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32],
+                )
+                .await;
+            }
+        });
+        let error = HttpClient::new()
+            .get(&addr, "/groups", Duration::from_secs(5))
+            .await
+            .expect_err("no HTTP answer");
+        let message = error.to_string();
+        assert!(message.contains("is the node serving TLS"), "{message}");
+        assert!(message.contains("--ca"), "{message}");
+    }
 }
