@@ -867,3 +867,35 @@ async fn a_waiting_claim_moved_to_a_new_leader_keeps_its_deadline() {
     assert!(took >= wait - Duration::from_millis(100), "{took:?}");
     assert!(took < wait + Duration::from_millis(1_500), "{took:?}");
 }
+
+/// A waiter whose claim depends on the group's only claimable task cannot take it: it
+/// must not hold the grant that a later plain waiter can use (a review found the later
+/// one answered empty at its deadline, and the first proposing at every change).
+#[tokio::test]
+async fn a_waiter_that_depends_on_the_only_task_does_not_keep_it_from_the_next() {
+    let cluster = TestCluster::start(1, "never");
+    cluster.wait_leader(&[1]).await;
+    add(&cluster, 1, "d", "only").await;
+    let only = claim(&cluster, 1, &waiting_claim(1, "d", 1, 0))
+        .await
+        .expect("claimed")
+        .pop()
+        .expect("the task");
+    // Its 1 ms lease lapses at once; the task is claimable again under its new id.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut picky = waiting_claim(7, "d", 60_000, 20_000);
+    picky.depends = vec![only.id];
+    let picky = spawn_claim(&cluster, 1, picky);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let entries_before = applied_index(&cluster, 1).await;
+    let plain = claim(&cluster, 1, &waiting_claim(8, "d", 60_000, 15_000))
+        .await
+        .expect("answered");
+    assert_eq!(plain.len(), 1, "the plain waiter gets the task: {plain:?}");
+    assert_eq!((plain[0].data.as_str(), plain[0].ownerid), ("only", 8));
+    assert!(
+        applied_index(&cluster, 1).await <= entries_before + 1,
+        "one claim went into the log, none from the waiter that cannot use the task"
+    );
+    picky.abort();
+}

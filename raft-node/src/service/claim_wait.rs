@@ -109,7 +109,9 @@ impl Node {
             return Ok(outcome);
         }
         let deadline = Instant::now() + wait;
-        let ticket = self.claims.join(&claim.claim.group);
+        let ticket = self
+            .claims
+            .join_excluding(&claim.claim.group, claim.claim.depends.clone());
         grant_claims(
             &self.claims,
             &view.state.machine.as_of(view.now),

@@ -17,6 +17,7 @@ use store_sm::machine::ClientId;
 use store_sm::machine::GroupName;
 use store_sm::machine::LogTime;
 use store_sm::machine::Outcome;
+use store_sm::machine::TaskId;
 use tokio::sync::Notify;
 use tokio::sync::watch;
 
@@ -63,6 +64,9 @@ impl InFlight {
 struct Queued {
     wake: Arc<Notify>,
     granted: bool,
+    /// The tasks its claim may not take (the ones it `depends` on): a grant goes to it
+    /// only while the group holds a claimable task besides those.
+    excludes: Vec<TaskId>,
 }
 
 #[derive(Default)]
@@ -89,6 +93,11 @@ impl ClaimQueues {
 
     /// Queues a blocking claim on `group`; it leaves the queue when the ticket drops.
     pub fn join(self: &Arc<Self>, group: &str) -> ClaimTicket {
+        self.join_excluding(group, Vec::new())
+    }
+
+    /// [`ClaimQueues::join`] for a claim that may not take the tasks in `excludes`.
+    pub fn join_excluding(self: &Arc<Self>, group: &str, excludes: Vec<TaskId>) -> ClaimTicket {
         let seq = self.arrivals.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         let mut groups = self.lock();
@@ -101,6 +110,7 @@ impl ClaimQueues {
             Queued {
                 wake: Arc::clone(&wake),
                 granted: false,
+                excludes,
             },
         );
         ClaimTicket {
@@ -120,13 +130,30 @@ impl ClaimQueues {
     /// without one until grants match them, and those waiters are woken. Returns how
     /// many were woken.
     pub fn grant(&self, group: &str, claimable: usize) -> usize {
+        self.grant_usable(group, claimable, |_| true)
+    }
+
+    /// [`ClaimQueues::grant`], passing over a waiter whose claim excludes tasks unless
+    /// `usable(excludes)` says the group holds another claimable task: a grant it could
+    /// not use would keep the next waiter from one it can (and cost a futile proposal).
+    pub fn grant_usable(
+        &self,
+        group: &str,
+        claimable: usize,
+        usable: impl Fn(&[TaskId]) -> bool,
+    ) -> usize {
         let mut groups = self.lock();
         let Some(queue) = groups.get_mut(group) else {
             return 0;
         };
         let free = claimable.saturating_sub(queue.granted);
         let mut woken = 0;
-        for queued in queue.waiting.values_mut().filter(|q| !q.granted).take(free) {
+        for queued in queue
+            .waiting
+            .values_mut()
+            .filter(|q| !q.granted && (q.excludes.is_empty() || usable(&q.excludes)))
+            .take(free)
+        {
             queued.granted = true;
             queued.wake.notify_one();
             woken += 1;
@@ -291,5 +318,23 @@ mod tests {
         drop(tickets);
         assert_eq!(queues.waiting("g"), 0);
         assert_eq!(queues.grant("g", 5), 0);
+    }
+
+    #[test]
+    fn a_waiter_that_cannot_use_a_grant_is_passed_over() {
+        let queues = Arc::new(ClaimQueues::default());
+        // The oldest waiter depends on task 7, the only claimable one: it may not take it.
+        let picky = queues.join_excluding("g", vec![7]);
+        let plain = queues.join("g");
+        let only_seven_claimable = |excludes: &[TaskId]| !excludes.contains(&7);
+        assert_eq!(queues.grant_usable("g", 1, only_seven_claimable), 1);
+        assert!(!picky.is_granted());
+        assert!(
+            plain.is_granted(),
+            "the grant goes to the waiter that can use it"
+        );
+        // Once another task is claimable, the picky waiter is served in its turn.
+        assert_eq!(queues.grant_usable("g", 2, |_| true), 1);
+        assert!(picky.is_granted());
     }
 }

@@ -59,7 +59,10 @@ pub fn grant_claims(
     if waiting == 0 {
         return 0;
     }
-    let granted = claims.grant(group, machine.claimable_count(group, now, waiting));
+    let claimable = machine.claimable_count(group, now, waiting);
+    let granted = claims.grant_usable(group, claimable, |excludes| {
+        machine.claimable_excluding(group, now, excludes)
+    });
     if granted < waiting
         && let Some(at) = machine.next_claimable_after(group, now)
     {

@@ -205,6 +205,17 @@ impl TaskMachine {
         index.available_count(now, limit)
     }
 
+    /// Whether a claim on `group` that may not take the tasks in `excluded` (the ones it
+    /// depends on) would find one at `now`, the group's pause and `max_running` aside
+    /// (see [`TaskMachine::claimable_count`]). Blocking claims with dependencies ask it.
+    pub fn claimable_excluding(&self, group: &str, now: LogTime, excluded: &[TaskId]) -> bool {
+        self.groups.get(group).is_some_and(|index| {
+            index
+                .first_claimable(now, |id| excluded.contains(&id))
+                .is_some()
+        })
+    }
+
     /// The earliest time at which time passing alone changes this state: a lease ends
     /// or a finished record's retention does (see [`crate::Request::PassTime`]).
     pub fn next_due(&self) -> Option<LogTime> {
