@@ -328,6 +328,9 @@ pub struct HttpClient {
     /// arriving together share one connection instead of each making their own (one
     /// entry per address ever dialled: a cluster's nodes).
     dialing: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Given `https://` addresses: without TLS set up, it connects nowhere rather than
+    /// send requests (and their token) in plain HTTP.
+    https: bool,
 }
 
 impl HttpClient {
@@ -355,6 +358,27 @@ impl HttpClient {
     pub fn with_tls(mut self, tls: Option<Arc<crate::tls::ClientTls>>) -> Self {
         self.tls = tls;
         self
+    }
+
+    /// This client, told that its addresses were given as `https://` URLs: until TLS is
+    /// set up ([`HttpClient::with_tls`]) it refuses to connect (see
+    /// [`HttpClient::plain_http_refused`]).
+    pub fn for_https(mut self, https: bool) -> Self {
+        self.https = https;
+        self
+    }
+
+    /// Why this client connects nowhere, if it was given `https://` addresses and no
+    /// TLS: sending again cannot help.
+    pub fn plain_http_refused(&self, addr: &str) -> Option<ClientError> {
+        (self.https && self.tls.is_none()).then(|| ClientError::Connect {
+            addr: addr.to_string(),
+            source: std::io::Error::other(
+                "the address is an https:// URL but this client has no TLS set up: give it \
+                 the cluster's CA certificate (with_tls, --ca or ROTA_CA); requests and \
+                 their token are not sent in plain HTTP",
+            ),
+        })
     }
 
     /// This client, speaking HTTP/2 to every node (one shared connection per address)
@@ -467,6 +491,9 @@ impl HttpClient {
     }
 
     async fn connect(&self, addr: &str) -> Result<Sender, ClientError> {
+        if let Some(refused) = self.plain_http_refused(addr) {
+            return Err(refused);
+        }
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|source| ClientError::Connect {

@@ -230,9 +230,11 @@ impl WorkerClient {
         urls: impl IntoIterator<Item = impl AsRef<str>>,
         client_id: i64,
     ) -> Result<Self, WorkerError> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_string()).collect();
+        let https = urls.iter().any(|u| u.trim().starts_with("https://"));
         let addrs: Vec<String> = urls
-            .into_iter()
-            .map(|u| node_address(u.as_ref()))
+            .iter()
+            .map(|u| node_address(u))
             .filter(|u| !u.is_empty())
             .collect();
         if addrs.is_empty() {
@@ -244,7 +246,7 @@ impl WorkerClient {
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
         Ok(Self {
-            http: HttpClient::new(),
+            http: HttpClient::new().for_https(https),
             nodes: Mutex::new(NodeList {
                 given: addrs.len(),
                 addrs,
@@ -494,6 +496,9 @@ impl WorkerClient {
         Fut: std::future::Future<Output = Attempt<T>>,
     {
         let started = Instant::now();
+        if let Some(refused) = self.http.plain_http_refused(&self.current_node()) {
+            return Err(WorkerError::Rejected(refused));
+        }
         let deadline = self.give_up_after.saturating_add(wait);
         let mut last_error = String::from("not tried");
         let mut round = 0u32;
@@ -1349,6 +1354,32 @@ mod tests {
         assert!(heard.is_some_and(|at| at.elapsed() < WAIT_PROBE_EVERY));
         assert!(client.still_answers(&busy.addr).await);
         assert_eq!(heard_at(), heard, "answered from the last probe, none sent");
+    }
+
+    #[tokio::test]
+    async fn https_addresses_without_tls_send_nothing_in_plain_http() {
+        let node = ScriptedNode::start(|_| TASKS).await;
+        let client = WorkerClient::new([format!("https://{}", node.addr)], 1)
+            .expect("ok")
+            .with_token(Some("rota_0123456789abcdef_secret"))
+            .expect("a token");
+        let refused = client
+            .write(UpdateRequestJson::by(1))
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&refused, WorkerError::Rejected(ClientError::Connect { .. })),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains("no TLS set up"), "{refused}");
+        assert_eq!(node.posts(), 0, "nothing reached the node");
+        // The same address without the scheme is plain HTTP, as asked.
+        let plain = WorkerClient::new([node.addr.as_str()], 1).expect("ok");
+        plain
+            .write(UpdateRequestJson::by(1))
+            .await
+            .expect("written");
+        assert_eq!(node.posts(), 1);
     }
 
     #[tokio::test]
