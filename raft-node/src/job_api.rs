@@ -284,11 +284,12 @@ async fn get_job(State(node): State<SharedNode>, incoming: Incoming) -> Result<R
             (group, key, Some(record.run), Some(id))
         }
     };
+    let held = node.holds_token(&incoming.caller);
     let view = node
         .wait_job_run(&group, &key, run, consistency, wait)
         .await;
     // The token may have been revoked while the request waited.
-    node.still_authorized(&incoming.caller)?;
+    node.still_authorized(&incoming.caller, held)?;
     Ok(respond(&node, incoming.waiting(wait), view, |view| {
         let machine = &view.state.machine.as_of(view.now);
         match (machine.job(&group, &key), by_id) {
@@ -357,8 +358,9 @@ async fn get_jobs_wait(
     }
     let wait = wait_param(&params)?;
     let consistency = consistency(&params)?;
+    let held = node.holds_token(&incoming.caller);
     let view = node.wait_jobs(&group, &keys, consistency, wait).await;
-    node.still_authorized(&incoming.caller)?;
+    node.still_authorized(&incoming.caller, held)?;
     Ok(respond(&node, incoming.waiting(wait), view, |view| {
         let machine = &view.state.machine.as_of(view.now);
         let mut answer = JobWaitJson {

@@ -30,6 +30,7 @@ use crate::node::SharedNode;
 use crate::relay::Incoming;
 use crate::service::WatchRequest;
 use crate::service::auth::Caller;
+use crate::service::auth::HeldToken;
 use crate::waiting::feed::FeedPage;
 use crate::waiting::feed::Forgotten;
 use crate::worker_api::limit_param;
@@ -131,16 +132,18 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
             Err(e) => return e.into_response(),
         }
         let id = node.id();
-        let mut response = stream(node, request, incoming.caller.clone()).into_response();
+        let held = node.holds_token(&incoming.caller);
+        let mut response = stream(node, request, incoming.caller.clone(), held).into_response();
         // Which node serves the stream: its changes are what that node applied.
         response
             .headers_mut()
             .insert("x-rota-node", axum::http::HeaderValue::from(id));
         return response;
     }
+    let held = node.holds_token(&incoming.caller);
     let page = node.watch(&request).await;
     // The token may have been revoked while the watch waited.
-    if let Err(e) = node.still_authorized(&incoming.caller) {
+    if let Err(e) = node.still_authorized(&incoming.caller, held) {
         return ApiError::from(e).into_response();
     }
     match page {
@@ -186,6 +189,7 @@ fn stream(
     node: SharedNode,
     request: WatchRequest,
     caller: Caller,
+    held: HeldToken,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let start = request.after.unwrap_or_else(|| node.feed.revision());
     let events = futures_util::stream::unfold(
@@ -199,7 +203,7 @@ fn stream(
                 request.after = Some(after);
                 request.wait = STREAM_KEEP_ALIVE;
                 let page = node.watch(&request).await;
-                let page = node.still_authorized(&caller).and(page);
+                let page = node.still_authorized(&caller, held).and(page);
                 let (events, next) = match page {
                     Ok(Ok(page)) if page.changes.is_empty() => {
                         let next = if node.waiters.is_stopping() {

@@ -98,6 +98,21 @@ async fn token(cluster: &TestCluster, admin: &str, body: Value) -> (String, Stri
     (id, bearer)
 }
 
+/// Makes the cluster's first admin token through node `via`; the answer.
+async fn bootstrap(cluster: &TestCluster, via: u64) -> Value {
+    let (status, first) = call(
+        cluster,
+        via,
+        None,
+        Method::POST,
+        "/admin/auth/bootstrap",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    first
+}
+
 /// Every group the admin sees.
 async fn groups(cluster: &TestCluster, admin: &str) -> Value {
     call(cluster, 1, Some(admin), Method::GET, "/groups", None)
@@ -138,16 +153,7 @@ async fn tokens_and_roles_refuse_what_they_do_not_allow_and_change_nothing() {
     );
 
     // The first admin token, once (through node 2, whichever leads).
-    let (status, first) = call(
-        &cluster,
-        2,
-        None,
-        Method::POST,
-        "/admin/auth/bootstrap",
-        Some(json!({})),
-    )
-    .await;
-    assert_eq!(status, 200, "{first}");
+    let first = bootstrap(&cluster, 2).await;
     assert_eq!(first["role"], "admin");
     let admin = first["bearer"].as_str().expect("a bearer").to_string();
     assert_refused(
@@ -610,16 +616,7 @@ async fn a_follower_behind_on_tokens_relays_instead_of_refusing() {
 async fn a_request_that_waited_takes_nothing_once_its_token_is_revoked() {
     let cluster = TestCluster::start_with(3, "always", &["--auth=tokens"]);
     cluster.wait_ready(&[1, 2, 3]).await;
-    let (status, first) = call(
-        &cluster,
-        1,
-        None,
-        Method::POST,
-        "/admin/auth/bootstrap",
-        Some(json!({})),
-    )
-    .await;
-    assert_eq!(status, 200, "{first}");
+    let first = bootstrap(&cluster, 1).await;
     let admin = first["bearer"].as_str().expect("a bearer").to_string();
     let (worker_id, worker) = token(&cluster, &admin, json!({"name": "w", "role": "worker"})).await;
     let (_, status) = call(&cluster, 1, Some(&admin), Method::GET, "/cluster", None).await;

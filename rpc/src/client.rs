@@ -368,6 +368,11 @@ impl HttpClient {
         self
     }
 
+    /// Whether [`HttpClient::for_https`] said its addresses are `https://` URLs.
+    pub fn is_for_https(&self) -> bool {
+        self.https
+    }
+
     /// Why this client connects nowhere, if it was given `https://` addresses and no
     /// TLS: sending again cannot help.
     pub fn plain_http_refused(&self, addr: &str) -> Option<ClientError> {

@@ -38,11 +38,13 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hyper::StatusCode;
 use serde_json::Value;
 use tokio::sync::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::client::ClientError;
 use crate::worker::TaskJson;
 use crate::worker_client::WorkerClient;
 use crate::worker_client::WorkerError;
@@ -288,10 +290,17 @@ async fn renew(
                 let _ = lost.send(Some(LeaseLost::Refused(reasons)));
                 return;
             }
-            // A node turned the request itself away (a revoked token: 401; a token no
-            // longer allowed the group: 403): every retry gets the same answer, and the
-            // lease cannot be kept, so it is lost now rather than when it runs out.
-            Ok(Err(rejected @ (WorkerError::Rejected(_) | WorkerError::NotFound(_)))) => {
+            // A node turned the client itself away (a revoked token: 401; a token no
+            // longer allowed the group: 403), or it may not talk to the nodes at all
+            // (https without TLS): every retry gets the same answer, and the lease cannot
+            // be kept, so it is lost now rather than when it runs out.
+            Ok(Err(rejected @ WorkerError::Rejected(ClientError::Connect { .. })))
+            | Ok(Err(
+                rejected @ WorkerError::Rejected(ClientError::Status {
+                    status: StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN,
+                    ..
+                }),
+            )) => {
                 let _ = lost.send(Some(LeaseLost::Refused(vec![rejected.to_string()])));
                 return;
             }

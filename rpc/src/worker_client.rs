@@ -296,7 +296,12 @@ impl WorkerClient {
     /// wait in the client; docs/operations.md), so keep long blocking claims of many
     /// workers on connections of their own.
     pub fn sharing_connections_of(mut self, other: &WorkerClient) -> Self {
+        // Given https:// addresses, it stays unwilling to speak plain HTTP.
+        let https = self.http.is_for_https();
         self.http = other.http.clone();
+        if https {
+            self.http = self.http.for_https(true);
+        }
         self
     }
 

@@ -225,6 +225,10 @@ fn equal_in_constant_time(a: &str, b: &str) -> bool {
             == 0
 }
 
+/// Whether a node held a caller's token when it looked ([`Node::holds_token`]).
+#[derive(Clone, Copy, Debug)]
+pub struct HeldToken(bool);
+
 /// The caller a token record makes.
 fn caller_of(record: &TokenRecord) -> Caller {
     Caller::Token {
@@ -235,20 +239,25 @@ fn caller_of(record: &TokenRecord) -> Caller {
 }
 
 impl Node {
-    /// Whether `caller`'s token is still one this node's applied state holds: a request
-    /// that waited (a blocking claim, a long poll, an event stream) checks again before
-    /// it claims or answers, so that a token revoked meanwhile takes nothing more.
-    pub fn still_authorized(&self, caller: &Caller) -> Result<(), ServiceError> {
-        match caller {
-            Caller::Anyone => Ok(()),
-            Caller::Token { id, .. } => {
-                if self.state.read(|state| state.machine.token(id).is_some()) {
-                    Ok(())
-                } else {
-                    Err(unknown_token())
-                }
-            }
+    /// Whether this node's applied state holds `caller`'s token (always, without tokens):
+    /// what a request that waits notes before it waits, for [`Node::still_authorized`].
+    pub fn holds_token(&self, caller: &Caller) -> HeldToken {
+        HeldToken(match caller {
+            Caller::Anyone => true,
+            Caller::Token { id, .. } => self.state.read(|state| state.machine.token(id).is_some()),
+        })
+    }
+
+    /// Whether `caller` may still be served after a wait (a blocking claim, a long poll,
+    /// an event stream), before it claims or answers: a token this node held when the
+    /// request came and holds no more was revoked meanwhile, and takes nothing more. A
+    /// token it did not hold then (the leader vouched for it: a new or lagging member)
+    /// is not judged here, as it was not when the request came.
+    pub fn still_authorized(&self, caller: &Caller, held: HeldToken) -> Result<(), ServiceError> {
+        if held.0 && !self.holds_token(caller).0 {
+            return Err(unknown_token());
         }
+        Ok(())
     }
 
     /// Who sent a request with this `Authorization` header value (if any), by this

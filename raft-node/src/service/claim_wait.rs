@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use super::Consistency;
 use super::ServiceError;
 use super::auth::Caller;
+use super::auth::HeldToken;
 use crate::node::FORWARD_TIMEOUT;
 use crate::node::Node;
 use crate::waiting::WaitKind;
@@ -95,6 +96,7 @@ impl Node {
         // holds every write acknowledged before, so that a claim that finds nothing here
         // and waits in vain may answer empty as of now.
         let view = self.read(Consistency::Linearizable).await?;
+        let held = self.holds_token(caller);
         let slot = self.waiters.enter(WaitKind::Claim)?;
         if let Some(outcome) = remembered_claim(&self.state, &claim, request_id.as_deref())? {
             return Ok(outcome);
@@ -120,26 +122,27 @@ impl Node {
         );
         // Not kept while waiting: an old state held would pin what apply replaces.
         drop(view);
+        // The arrival looked already; every wake after it looks again.
         let mut look = false;
         loop {
             if look {
                 self.grant_claims_now(&claim.claim.group);
             }
-            look = true;
             if ticket.is_granted() {
                 // On an error the ticket drops with its grant, which passes it on.
                 let outcome = self
-                    .propose_claim(&claim, request_id.as_deref(), caller)
+                    .propose_claim(&claim, request_id.as_deref(), caller, held)
                     .await?;
                 let claimed = has_task(&outcome) || outcome.is_refused();
                 slot.woken(!claimed);
                 if claimed {
                     return Ok(outcome);
                 }
-                // Lost the race: wait in place for the next change rather than look
-                // again at once.
-                ticket.release_grant();
-                look = false;
+                // Lost the race (or the tasks left are ones this claim may not take):
+                // the grant goes to a waiter that may use it, and this one waits in
+                // place for the next change rather than look again at once.
+                ticket.pass_grant();
+                self.grant_claims_now(&claim.claim.group);
             }
             if self.waiters.is_stopping() || Instant::now() >= deadline {
                 return self.settle_claim(&claim, request_id.as_deref()).await;
@@ -164,6 +167,8 @@ impl Node {
                 () = self.until_not_leading() => return Err(self.stepped_down(deadline).await),
                 () = tokio::time::sleep_until(wake_at) => {}
             }
+            ticket.unpass();
+            look = true;
         }
     }
 
@@ -177,9 +182,10 @@ impl Node {
         claim: &ClaimManyRequest,
         request_id: Option<&str>,
         caller: &Caller,
+        held: HeldToken,
     ) -> Result<Arc<Outcome>, ServiceError> {
         // The token may have been revoked while the claim waited.
-        self.still_authorized(caller)?;
+        self.still_authorized(caller, held)?;
         let proposal = caller.limit(claim.to_request(true));
         let Some(request_id) = request_id else {
             return self.write(proposal, None).await;

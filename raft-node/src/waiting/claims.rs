@@ -67,6 +67,9 @@ struct Queued {
     /// The tasks its claim may not take (the ones it `depends` on): a grant goes to it
     /// only while the group holds a claimable task besides those.
     excludes: Vec<TaskId>,
+    /// It gave its grant back after a claim that found nothing: grants go to the
+    /// others first until it is woken again.
+    passed: bool,
 }
 
 #[derive(Default)]
@@ -111,6 +114,7 @@ impl ClaimQueues {
                 wake: Arc::clone(&wake),
                 granted: false,
                 excludes,
+                passed: false,
             },
         );
         ClaimTicket {
@@ -148,15 +152,16 @@ impl ClaimQueues {
         };
         let free = claimable.saturating_sub(queue.granted);
         let mut woken = 0;
-        for queued in queue
-            .waiting
-            .values_mut()
-            .filter(|q| !q.granted && (q.excludes.is_empty() || usable(&q.excludes)))
-            .take(free)
-        {
-            queued.granted = true;
-            queued.wake.notify_one();
-            woken += 1;
+        // Waiters that passed a grant come last: first in line for none, still served.
+        for passed in [false, true] {
+            let wanting = queue.waiting.values_mut().filter(|q| {
+                !q.granted && q.passed == passed && (q.excludes.is_empty() || usable(&q.excludes))
+            });
+            for queued in wanting.take(free - woken) {
+                queued.granted = true;
+                queued.wake.notify_one();
+                woken += 1;
+            }
         }
         queue.granted += woken;
         woken
@@ -240,6 +245,29 @@ impl ClaimTicket {
     /// grant back and waits again in its place.
     pub fn release_grant(&self) {
         self.queues.set_granted(self, false);
+    }
+
+    /// [`ClaimTicket::release_grant`], and grants go to the other waiters first until
+    /// [`ClaimTicket::unpass`]: a waiter whose claim just found nothing should not take
+    /// the next grant from one that may use it (with none other, it still gets it).
+    pub fn pass_grant(&self) {
+        self.release_grant();
+        self.set_passed(true);
+    }
+
+    /// Grants may come to this waiter again (it was woken: something changed).
+    pub fn unpass(&self) {
+        self.set_passed(false);
+    }
+
+    fn set_passed(&self, passed: bool) {
+        let mut groups = self.queues.lock();
+        if let Some(queued) = groups
+            .get_mut(&self.group)
+            .and_then(|q| q.waiting.get_mut(&self.seq))
+        {
+            queued.passed = passed;
+        }
     }
 }
 
@@ -336,5 +364,26 @@ mod tests {
         // Once another task is claimable, the picky waiter is served in its turn.
         assert_eq!(queues.grant_usable("g", 2, |_| true), 1);
         assert!(picky.is_granted());
+    }
+
+    #[test]
+    fn a_waiter_that_passed_its_grant_gets_none_until_it_is_woken_again() {
+        let queues = Arc::new(ClaimQueues::default());
+        let first = queues.join("g");
+        let second = queues.join("g");
+        assert_eq!(queues.grant("g", 1), 1);
+        assert!(first.is_granted());
+        // Its claim found nothing: the grant goes to the next waiter, not back to it.
+        first.pass_grant();
+        assert_eq!(queues.grant("g", 1), 1);
+        assert!(!first.is_granted() && second.is_granted());
+        // With a grant to spare it is still served, last.
+        assert_eq!(queues.grant("g", 2), 1);
+        assert!(first.is_granted());
+        first.release_grant();
+        first.unpass();
+        drop(second);
+        assert_eq!(queues.grant("g", 1), 1);
+        assert!(first.is_granted(), "alone, and woken again");
     }
 }

@@ -473,8 +473,10 @@ class Pool:
         if isinstance(e, _TLS_MAY_PASS):
             return None
         reason = e.reason or ""
-        if "INTERNAL_ERROR" in reason:
-            return None  # the node's own trouble, which may pass
+        if "INTERNAL_ERROR" in reason or reason == "UNEXPECTED_EOF_WHILE_READING":
+            # The node's own trouble, or a connection cut mid-handshake (a restart), which
+            # some OpenSSL and Python pairs report without SSLEOFError: both may pass.
+            return None
         if reason in _NOT_TLS_REASONS:
             return (
                 f"{node.addr} does not answer in TLS ({_describe(e)}): is the node serving plain HTTP? "
