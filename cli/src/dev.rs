@@ -607,21 +607,37 @@ async fn bootstrap(dir: &Path, cluster: &DevCluster) -> Result<String, DevError>
     Ok(made.bearer)
 }
 
-fn signal(pid: u32, signal: rustix::process::Signal) -> Result<(), DevError> {
+/// Sends `signal` to process `pid`, or to process group `pid` with `group`, without the
+/// `kill` program (a minimal image has none). A target already gone (ESRCH) is what was
+/// wanted, and no error.
+pub(crate) fn send_signal(
+    pid: u32,
+    group: bool,
+    signal: rustix::process::Signal,
+) -> rustix::io::Result<()> {
     let Some(target) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
     else {
         return Ok(());
     };
-    // ESRCH: the process has already ended, which is what was wanted. Anything else (a
-    // pid file naming another user's process: EPERM) is said, and the other nodes are
-    // still stopped.
-    match rustix::process::kill_process(target, signal) {
-        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
-        Err(e) => eprintln!("rota: cannot send {signal:?} to process {pid}: {e}"),
+    let sent = if group {
+        rustix::process::kill_process_group(target, signal)
+    } else {
+        rustix::process::kill_process(target, signal)
+    };
+    match sent {
+        Err(rustix::io::Errno::SRCH) => Ok(()),
+        other => other,
     }
-    Ok(())
+}
+
+/// [`send_signal`] to a node: anything but success (a pid file naming another user's
+/// process: EPERM) is said, and the other nodes are still stopped.
+fn signal(pid: u32, signal: rustix::process::Signal) {
+    if let Err(e) = send_signal(pid, false, signal) {
+        eprintln!("rota: cannot send {signal:?} to process {pid}: {e}");
+    }
 }
 
 /// Stops every node of the cluster in `dir`: SIGTERM, then SIGKILL after a grace period.
@@ -640,11 +656,11 @@ pub async fn down(dir: &Path) -> Result<(), DevError> {
         let Some(pid) = running_pid(dir, node.id) else {
             continue;
         };
-        signal(pid, rustix::process::Signal::TERM)?;
+        signal(pid, rustix::process::Signal::TERM);
         // Until it has really exited: its data directory lock and ports are free only then.
         let deadline = Instant::now() + STOP_TIMEOUT;
         if !exited_by(pid, deadline).await {
-            signal(pid, rustix::process::Signal::KILL)?;
+            signal(pid, rustix::process::Signal::KILL);
             exited_by(pid, deadline + STOP_TIMEOUT).await;
         }
         stopped += 1;

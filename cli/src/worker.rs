@@ -325,16 +325,8 @@ async fn collect_output(
 
 /// Kills process group `pgid` (the command and everything it started).
 fn kill_group(pgid: u32) {
-    let Some(pgid) = i32::try_from(pgid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return;
-    };
-    // ESRCH: the group has already ended, which is what was wanted.
-    match rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL) {
-        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
-        Err(e) => eprintln!("rota worker: cannot kill process group {pgid:?}: {e}"),
+    if let Err(e) = crate::dev::send_signal(pgid, true, rustix::process::Signal::KILL) {
+        eprintln!("rota worker: cannot kill process group {pgid}: {e}");
     }
 }
 

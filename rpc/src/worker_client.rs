@@ -297,11 +297,8 @@ impl WorkerClient {
     /// workers on connections of their own.
     pub fn sharing_connections_of(mut self, other: &WorkerClient) -> Self {
         // Given https:// addresses, it stays unwilling to speak plain HTTP.
-        let https = self.http.is_for_https();
-        self.http = other.http.clone();
-        if https {
-            self.http = self.http.for_https(true);
-        }
+        let https = self.http.is_for_https() || other.http.is_for_https();
+        self.http = other.http.clone().for_https(https);
         self
     }
 
@@ -501,7 +498,10 @@ impl WorkerClient {
         Fut: std::future::Future<Output = Attempt<T>>,
     {
         let started = Instant::now();
-        if let Some(refused) = self.http.plain_http_refused(&self.current_node()) {
+        // Asked only of a client given https:// addresses: naming the node costs a list.
+        if self.http.is_for_https()
+            && let Some(refused) = self.http.plain_http_refused(&self.current_node())
+        {
             return Err(WorkerError::Rejected(refused));
         }
         let deadline = self.give_up_after.saturating_add(wait);

@@ -711,16 +711,34 @@ def no_rota_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ROTA_TOKEN", raising=False)
 
 
+def _accepting(handle: Callable[[socket.socket], None]) -> Tuple[socket.socket, str, List[int]]:
+    """A listener on 127.0.0.1 that hands each connection to ``handle`` on a thread of its
+    own until it is closed: the listener (close it to stop), its address, and one entry
+    per connection accepted."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: List[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, f"127.0.0.1:{server.getsockname()[1]}", accepted
+
+
 def _tls_node(cert: str) -> Tuple[str, List[int], Callable[[], None]]:
     """A node serving TLS with ``cert`` (and its key beside it) on 127.0.0.1: it answers
     every request with ``200 []`` on a connection of its own. Its address, how many
     connections it accepted, and its stop."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, cert[: -len(".pem")] + ".key")
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    accepted: List[int] = []
 
     def answer(conn: socket.socket) -> None:
         try:
@@ -730,17 +748,8 @@ def _tls_node(cert: str) -> Tuple[str, List[int], Callable[[], None]]:
         except OSError:  # a handshake the client broke off, or plain HTTP
             conn.close()
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(1)
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"127.0.0.1:{server.getsockname()[1]}", accepted, server.close
+    server, addr, accepted = _accepting(answer)
+    return addr, accepted, server.close
 
 
 @pytest.fixture
@@ -839,22 +848,13 @@ def test_a_node_set_up_wrong_does_not_stop_a_call_another_answers(
 
 def test_a_tls_client_of_a_plain_http_node_fails_at_once(tls_files: Dict[str, str], no_rota_env: None) -> None:
     """A node serving plain HTTP answers the TLS hello with a 400 (as hyper does)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 
-    threading.Thread(target=serve, daemon=True).start()
-    addr = f"127.0.0.1:{server.getsockname()[1]}"
+    server, addr, _ = _accepting(answer)
     try:
         client = RotaClient(f"https://{addr}", ca=tls_files["ca"], give_up_after=10)
         client._discover_needed = False
@@ -870,23 +870,9 @@ def test_a_tls_client_of_a_plain_http_node_fails_at_once(tls_files: Dict[str, st
 def test_a_handshake_the_node_breaks_off_is_still_retried(tls_files: Dict[str, str], no_rota_env: None) -> None:
     """A node that closes the connection during the handshake (restarting, overloaded)
     may answer the next one: retried until give_up_after, as a refused connection is."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    accepted: List[int] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(1)
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    server, addr, accepted = _accepting(lambda conn: conn.close())
     try:
-        client = RotaClient(f"127.0.0.1:{server.getsockname()[1]}", ca=tls_files["ca"], give_up_after=1.0)
+        client = RotaClient(addr, ca=tls_files["ca"], give_up_after=1.0)
         client._discover_needed = False
         with pytest.raises(Unavailable) as raised:
             client.groups()

@@ -209,11 +209,7 @@ impl TaskMachine {
     /// depends on) would find one at `now`, the group's pause and `max_running` aside
     /// (see [`TaskMachine::claimable_count`]). Blocking claims with dependencies ask it.
     pub fn claimable_excluding(&self, group: &str, now: LogTime, excluded: &[TaskId]) -> bool {
-        self.groups.get(group).is_some_and(|index| {
-            index
-                .first_claimable(now, |id| excluded.contains(&id))
-                .is_some()
-        })
+        self.first_available(group, now, excluded).is_some()
     }
 
     /// The earliest time at which time passing alone changes this state: a lease ends
