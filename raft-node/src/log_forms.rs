@@ -5,7 +5,12 @@
 //! every Raft answer. Form 1 is every build before the claimed-version finish: it reads
 //! request variants 0 to 16. Form 2 adds `Finish`, `FinishMany`, `Fail` (the
 //! claimed-only rule) and `FinishAndClaim`. Form 3 adds `RaiseLogForm` and snapshot
-//! format 7. An answer without the header comes from an older build: form 1.
+//! format 7. Form 4 adds no entry but changes what the machine does once it is
+//! recorded: a late renewal retakes its lease (`RETAKEN_LEASE_FORM`), the dedup
+//! table keeps young outcomes past its limits (`DEDUP_KEEP_FORM`), and a job takes a
+//! bounded number of dependants (`DEPENDANTS_LIMIT_FORM`); older builds apply
+//! the old rules, so the machine follows the record, never this build's number. An
+//! answer without the header comes from an older build: form 1.
 //!
 //! Two sources say that every member reads a form:
 //!
@@ -45,7 +50,7 @@ use crate::node::SharedNode;
 
 /// The newest log entry form this build reads (see the module documentation); the
 /// network announces it on every Raft answer (`crate::network::LOG_FORMS_HEADER`).
-pub const LOG_FORMS_READ: u32 = 3;
+pub const LOG_FORMS_READ: u32 = 4;
 
 /// The first form whose builds read `Request::RaiseLogForm`: the record is made only
 /// once every member announced this one or a newer.

@@ -644,7 +644,7 @@ async fn a_recorded_log_form_keeps_next_while_a_member_is_down() {
                 match status {
                     409 if error.contains("node 4")
                         && error.contains("older build")
-                        && error.contains("form 3") =>
+                        && error.contains(&format!("form {LOG_FORMS_READ}")) =>
                     {
                         Ok(())
                     }

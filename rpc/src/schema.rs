@@ -20,8 +20,10 @@ use serde_json::Map;
 use serde_json::Value;
 use serde_json::json;
 use task_machine::constants::CLAIM_DURATION_MS_MAX;
+use task_machine::constants::DEDUP_BYTES_HARD_MAX;
 use task_machine::constants::DEDUP_BYTES_MAX;
 use task_machine::constants::DEDUP_ENTRIES_MAX;
+use task_machine::constants::DEDUP_KEEP_MS;
 use task_machine::constants::DEDUP_WINDOW_MS;
 use task_machine::constants::REQUEST_ID_BYTES_MAX;
 
@@ -135,11 +137,13 @@ pub(crate) fn client_id(schema: &mut Schema) {
 pub(crate) fn request_id(schema: &mut Schema) {
     let window_minutes = DEDUP_WINDOW_MS / 60_000;
     let dedup_mib = DEDUP_BYTES_MAX >> 20;
+    let keep_s = DEDUP_KEEP_MS / 1000;
+    let full_mib = DEDUP_BYTES_HARD_MAX >> 20;
     schema.insert("maxLength".into(), REQUEST_ID_BYTES_MAX.into());
     schema.insert(
         "description".into(),
         format!(
-            "Makes a retry apply once: a write whose clientid and requestid the cluster applied before returns that first outcome and applies nothing, for {window_minutes} minutes of log time (less when more than {DEDUP_ENTRIES_MAX} outcomes or {dedup_mib} MiB are remembered: the oldest go first). The empty string is a key like any other. At most {REQUEST_ID_BYTES_MAX} bytes of UTF-8 (maxLength counts characters, so {REQUEST_ID_BYTES_MAX} characters outside ASCII are too long); longer is refused with 400. The same value may come in the Idempotency-Key header instead or as well; if both are given they must be equal (400 otherwise). null is none."
+            "Makes a retry apply once: a write whose clientid and requestid the cluster applied before returns that first outcome and applies nothing, for {window_minutes} minutes of log time (less when more than {DEDUP_ENTRIES_MAX} outcomes or {dedup_mib} MiB are remembered: the oldest go first), and always for {keep_s} s: while {full_mib} MiB of outcomes younger than that are remembered, a write with a requestid is refused with 503 and applies nothing, and its retry applies once there is room. The empty string is a key like any other. At most {REQUEST_ID_BYTES_MAX} bytes of UTF-8 (maxLength counts characters, so {REQUEST_ID_BYTES_MAX} characters outside ASCII are too long); longer is refused with 400. The same value may come in the Idempotency-Key header instead or as well; if both are given they must be equal (400 otherwise). null is none."
         )
         .into(),
     );

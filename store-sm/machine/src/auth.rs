@@ -21,6 +21,7 @@ use crate::constants::TOKEN_ID_BYTES;
 use crate::constants::TOKEN_NAME_BYTES_MAX;
 use crate::constants::TOKENS_MAX;
 use crate::ids::ClientId;
+use crate::types::ListName;
 
 /// What a token's bearer may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -260,29 +261,51 @@ impl TaskMachine {
                 group: group.to_string(),
             })
         };
-        let of_task = |id: &TaskId| self.tasks.get(id).and_then(|task| outside(&task.group));
+        // A task of another group is refused without naming its group (or, for a
+        // cancelled one, its key): reads answer 404 for it, as if it did not exist.
+        let of_task = |list: ListName| {
+            move |id: &TaskId| {
+                let group = match self.tasks.get(id) {
+                    Some(task) => &task.group,
+                    None => &self.cancelled.get(id)?.0,
+                };
+                (!scope_covers(prefixes, group))
+                    .then_some(Refusal::TaskOutOfScope { list, id: *id })
+            }
+        };
+        let of_depends = of_task(ListName::Depends);
         match request {
             Request::LegacyUpdate(update) | Request::Update(update) => update
                 .adds
                 .iter()
                 .find_map(|add| outside(&add.group))
-                .or_else(|| update.updates.iter().find_map(|change| of_task(&change.id)))
-                .or_else(|| update.deletes.iter().find_map(of_task))
-                .or_else(|| update.depends.iter().find_map(of_task)),
+                .or_else(|| {
+                    let of_updated = of_task(ListName::Updates);
+                    update
+                        .updates
+                        .iter()
+                        .find_map(|change| of_updated(&change.id))
+                })
+                .or_else(|| update.deletes.iter().find_map(of_task(ListName::Deletes)))
+                .or_else(|| update.depends.iter().find_map(of_depends)),
             Request::Claim(claim) | Request::WaitingClaim(claim) => {
-                outside(&claim.group).or_else(|| claim.depends.iter().find_map(of_task))
+                outside(&claim.group).or_else(|| claim.depends.iter().find_map(of_depends))
             }
             Request::ClaimMany(many) | Request::WaitingClaimMany(many) => {
-                outside(&many.claim.group).or_else(|| many.claim.depends.iter().find_map(of_task))
+                outside(&many.claim.group)
+                    .or_else(|| many.claim.depends.iter().find_map(of_depends))
             }
-            Request::Finish(finish) | Request::LegacyFinish(finish) => of_task(&finish.id),
+            Request::Finish(finish) | Request::LegacyFinish(finish) => {
+                of_task(ListName::Finish)(&finish.id)
+            }
             Request::FinishMany(many) | Request::LegacyFinishMany(many) => {
-                many.finishes.iter().find_map(|item| of_task(&item.id))
+                let of_finished = of_task(ListName::Finish);
+                many.finishes.iter().find_map(|item| of_finished(&item.id))
             }
-            Request::Fail(fail) | Request::LegacyFail(fail) => of_task(&fail.id),
-            Request::FinishAndClaim(both) => of_task(&both.finish.id)
+            Request::Fail(fail) | Request::LegacyFail(fail) => of_task(ListName::Fail)(&fail.id),
+            Request::FinishAndClaim(both) => of_task(ListName::Finish)(&both.finish.id)
                 .or_else(|| outside(&both.next.claim.group))
-                .or_else(|| both.next.claim.depends.iter().find_map(of_task)),
+                .or_else(|| both.next.claim.depends.iter().find_map(of_depends)),
             Request::Cancel(cancel) => outside(&cancel.group),
             Request::Retry(retry) => outside(&retry.group),
             Request::Settings(settings) => outside(&settings.group),
@@ -464,7 +487,11 @@ mod tests {
         let before = machine.next_id();
         assert_eq!(
             refusals(&run(&mut machine, None, scoped(&limited, delete_theirs))),
-            out_of("other")
+            vec![Refusal::TaskOutOfScope {
+                list: ListName::Deletes,
+                id: theirs
+            }],
+            "refused without naming the group"
         );
         assert_eq!(machine.next_id(), before, "nothing was added");
         assert!(machine.task(theirs).is_some(), "nothing was deleted");
@@ -490,14 +517,66 @@ mod tests {
         });
         assert_eq!(
             refusals(&run(&mut machine, None, scoped(&limited, finish_theirs))),
-            out_of("other")
+            vec![Refusal::TaskOutOfScope {
+                list: ListName::Finish,
+                id: theirs
+            }]
         );
+        let text = Refusal::TaskOutOfScope {
+            list: ListName::Finish,
+            id: theirs,
+        }
+        .to_string();
+        assert!(!text.contains("other"), "{text}");
         let admin = Request::TokenAdd(token("0000000000000002", Role::Admin, &[]));
         assert_eq!(
             refusals(&run(&mut machine, None, scoped(&limited, admin))),
             out_of("")
         );
         assert_eq!(machine.tokens().count(), 0);
+    }
+
+    /// Another group's cancelled job: its task id is refused as out of scope, not
+    /// answered with the job's key, as a caller of that group would be.
+    #[test]
+    fn a_cancelled_task_of_another_group_does_not_give_its_key_away() {
+        let mut machine = TaskMachine::new();
+        let mut job = AddTask::seed("other", "d", None);
+        job.job.key = Some("secret-key".into());
+        let added = run(
+            &mut machine,
+            None,
+            Request::Update(UpdateRequest {
+                client: 1,
+                adds: vec![job],
+                ..Default::default()
+            }),
+        );
+        let id = added_id(&added);
+        let cancel = Request::Cancel(crate::CancelRequest {
+            client: 1,
+            group: "other".into(),
+            keys: vec!["secret-key".into()],
+        });
+        assert!(matches!(run(&mut machine, None, cancel), Outcome::Tasks(_)));
+        let finish = |client| {
+            Request::Finish(FinishRequest {
+                client,
+                id,
+                result: None,
+            })
+        };
+        assert_eq!(
+            refusals(&run(&mut machine, None, scoped(&["jobs-"], finish(2)))),
+            vec![Refusal::TaskOutOfScope {
+                list: ListName::Finish,
+                id
+            }]
+        );
+        assert!(matches!(
+            refusals(&run(&mut machine, None, scoped(&["oth"], finish(2))))[..],
+            [Refusal::Cancelled { .. }]
+        ));
     }
 
     #[test]

@@ -31,15 +31,39 @@ pub const CLAIM_DATA_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// edge's bound) may not exceed it, so a claim the edge accepts is never refused here.
 pub const CLAIM_DURATION_MS_MAX: Millis = 365 * 24 * 60 * 60 * 1000;
 
-/// Dedup entries kept at most; the oldest go first.
+/// Dedup entries kept beyond [`DEDUP_KEEP_MS`]: past this count the oldest go first.
 pub const DEDUP_ENTRIES_MAX: usize = 100_000;
 
-/// Approximate bytes of stored outcomes the dedup table keeps at most; the oldest go first.
+/// Approximate bytes of outcomes kept beyond [`DEDUP_KEEP_MS`]: past this the oldest go
+/// first.
 pub const DEDUP_BYTES_MAX: usize = 64 * 1024 * 1024;
 
-/// How long, in log time, an outcome is remembered. A client retrying later than this
-/// after its first attempt may apply twice; clients retry within seconds.
+/// How long, in log time, an outcome is remembered at most. A client retrying later than
+/// this after its first attempt may apply twice; clients retry within seconds.
 pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
+
+/// How long, in log time, every outcome is remembered whatever the count and byte limits
+/// above (from [`DEDUP_KEEP_FORM`] on): twice the clients' 30 s give-up time, so that a
+/// retry the clients make is never applied twice, at any write rate.
+pub const DEDUP_KEEP_MS: Millis = 60 * 1000;
+
+/// Approximate bytes of outcomes younger than [`DEDUP_KEEP_MS`] the table holds at most:
+/// while it holds this much, writes with a request id are refused (503, retried by the
+/// clients) until the oldest outcome is old enough to go. At about 250 bytes an outcome,
+/// that is about 2 million outcomes: 35 000 writes with a request id a second.
+pub const DEDUP_BYTES_HARD_MAX: usize = 512 * 1024 * 1024;
+
+/// The recorded log entry form (see [`RETAKEN_LEASE_FORM`]) from which the dedup table
+/// keeps outcomes for [`DEDUP_KEEP_MS`] whatever the count and byte limits, and refuses
+/// writes with a request id at [`DEDUP_BYTES_HARD_MAX`]. Below it, as older builds apply,
+/// the oldest outcomes went first past the limits, however young.
+pub const DEDUP_KEEP_FORM: u32 = 4;
+
+/// The recorded log entry form (`TaskMachine::log_form`; raft-node's `log_forms`) from
+/// which a late renewal that takes a lapsed lease back is a running lease again: it
+/// counts toward `max_running` and reopens its attempt. Below it, as older builds
+/// apply, the task was owned but counted as waiting.
+pub const RETAKEN_LEASE_FORM: u32 = 4;
 
 /// Largest correction of a node's log clock toward its wall clock, as a fraction of
 /// elapsed time: log time runs at most this much faster or slower than real time, so a
@@ -58,6 +82,15 @@ pub const JOB_KEY_BYTES_MAX: usize = 256;
 
 /// Most prerequisite keys one add may name in `after`.
 pub const JOB_AFTER_KEYS_MAX: usize = 1_000;
+
+/// Most jobs that may wait for one job (its record's `dependants`): a record is read,
+/// copied and sent whole, so its size stays bounded. An add naming a job that has this
+/// many is refused (from [`DEPENDANTS_LIMIT_FORM`] on).
+pub const JOB_DEPENDANTS_MAX: usize = 10_000;
+
+/// The recorded log entry form (see [`RETAKEN_LEASE_FORM`]) from which adds beyond
+/// [`JOB_DEPENDANTS_MAX`] are refused; older builds took them.
+pub const DEPENDANTS_LIMIT_FORM: u32 = 4;
 
 /// Largest result a finish may record (JSON text), in bytes: room for a worker's last
 /// 64 KiB of stdout and of stderr, escaped.

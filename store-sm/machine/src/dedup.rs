@@ -9,12 +9,26 @@ use std::sync::Arc;
 use imbl::Vector;
 
 use super::LogTime;
+use super::Millis;
+use super::constants::DEDUP_BYTES_HARD_MAX;
 use super::constants::DEDUP_BYTES_MAX;
 use super::constants::DEDUP_ENTRIES_MAX;
+use super::constants::DEDUP_KEEP_MS;
 use super::constants::DEDUP_WINDOW_MS;
 use super::types::ClientId;
 use super::types::Outcome;
 use super::types::Refusal;
+
+/// Which outcomes the count and byte limits may drop before the window ends: the rule
+/// is part of what the machine applies, so it follows the recorded log entry form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// Below [`crate::constants::DEDUP_KEEP_FORM`]: the oldest, however young.
+    Oldest,
+    /// Only those older than [`DEDUP_KEEP_MS`]; the table refuses new ones at
+    /// [`DEDUP_BYTES_HARD_MAX`] instead (see [`DedupTable::full_for`]).
+    KeepYoung,
+}
 
 /// Who asked: the same request id from two clients is two requests.
 pub type DedupKey = (ClientId, Arc<str>);
@@ -134,6 +148,32 @@ impl DedupTable {
         applied_at: LogTime,
         outcome: Arc<Outcome>,
         fingerprint: Option<u64>,
+        retention: Retention,
+    ) {
+        self.push(key, applied_at, outcome, fingerprint);
+        self.evict(applied_at, retention);
+    }
+
+    /// Puts a restored entry back as the snapshot held it, limits aside: the table it
+    /// came from kept it under the rule of its time, and dropping it here would make
+    /// this node answer a retry differently from the others.
+    pub fn restore(
+        &mut self,
+        key: DedupKey,
+        applied_at: LogTime,
+        outcome: Arc<Outcome>,
+        fingerprint: Option<u64>,
+    ) {
+        self.push(key, applied_at, outcome, fingerprint);
+    }
+
+    /// Appends an entry, replacing an earlier one under the same key.
+    fn push(
+        &mut self,
+        key: DedupKey,
+        applied_at: LogTime,
+        outcome: Arc<Outcome>,
+        fingerprint: Option<u64>,
     ) {
         let bytes = approximate_bytes(&key, &outcome);
         let seq = self.front_seq + self.arrivals.len() as u64;
@@ -160,16 +200,18 @@ impl DedupTable {
         });
         self.live += 1;
         self.bytes += bytes;
-        self.evict(applied_at);
     }
 
-    /// Drops entries beyond the count and byte limits, and those older than the window.
-    pub fn evict(&mut self, now: LogTime) {
+    /// Drops entries older than the window, and the oldest beyond the count and byte
+    /// limits (under [`Retention::KeepYoung`], only those older than [`DEDUP_KEEP_MS`]).
+    pub fn evict(&mut self, now: LogTime, retention: Retention) {
         while let Some(oldest) = self.arrivals.front() {
-            let too_old = now.millis_since(oldest.entry.applied_at) > DEDUP_WINDOW_MS;
+            let age = now.millis_since(oldest.entry.applied_at);
+            let too_old = age > DEDUP_WINDOW_MS;
+            let may_go = retention == Retention::Oldest || age > DEDUP_KEEP_MS;
             let too_many = self.live > DEDUP_ENTRIES_MAX;
             let too_big = self.bytes > DEDUP_BYTES_MAX;
-            if !(oldest.replaced || too_old || too_many || too_big) {
+            if !(oldest.replaced || too_old || (may_go && (too_many || too_big))) {
                 break;
             }
             let Some(oldest) = self.arrivals.pop_front() else {
@@ -190,8 +232,21 @@ impl DedupTable {
         }
     }
 
+    /// Under [`Retention::KeepYoung`], whether the table, evicted to `now`, holds
+    /// [`DEDUP_BYTES_HARD_MAX`] of outcomes it may not drop yet: then in how many
+    /// milliseconds of log time the oldest may go. A write with a request id is refused
+    /// meanwhile (one answer may take the table past the bound, by at most its size).
+    pub fn full_for(&self, now: LogTime, retention: Retention) -> Option<Millis> {
+        if retention == Retention::Oldest || self.bytes < DEDUP_BYTES_HARD_MAX {
+            return None;
+        }
+        let oldest = self.arrivals.iter().find(|arrival| !arrival.replaced)?;
+        let age = now.millis_since(oldest.entry.applied_at);
+        Some(DEDUP_KEEP_MS.saturating_sub(age).saturating_add(1))
+    }
+
     /// Roughly what the remembered outcomes take in memory, in bytes (what the byte
-    /// limit counts).
+    /// limits count).
     pub fn approximate_bytes(&self) -> usize {
         self.bytes
     }
@@ -247,11 +302,17 @@ mod tests {
         let mut table = DedupTable::default();
         for (n, id) in ["a", "b", "c"].into_iter().enumerate() {
             let at = LogTime::from_millis(n as Millis);
-            table.insert(key(1, id), at, Arc::new(Outcome::Tasks(vec![])), Some(7));
+            table.insert(
+                key(1, id),
+                at,
+                Arc::new(Outcome::Tasks(vec![])),
+                Some(7),
+                Retention::Oldest,
+            );
         }
         let mut view = table.clone();
         // Past the window of "a" and "b" only: a read view passing time evicts them.
-        view.evict(LogTime::from_millis(DEDUP_WINDOW_MS + 2));
+        view.evict(LogTime::from_millis(DEDUP_WINDOW_MS + 2), Retention::Oldest);
         assert_eq!(view.len(), 1);
         assert!(view.get(&key(1, "a")).is_none());
         assert!(view.get(&key(1, "c")).is_some());
@@ -261,12 +322,14 @@ mod tests {
             later,
             Arc::new(Outcome::Tasks(vec![])),
             Some(7),
+            Retention::Oldest,
         );
         view.insert(
             key(1, "c"),
             later,
             Arc::new(Outcome::Tasks(vec![])),
             Some(8),
+            Retention::Oldest,
         );
         assert_eq!(view.len(), 2);
         assert_eq!(view.get(&key(1, "c")).map(|e| e.fingerprint), Some(Some(8)));
@@ -281,6 +344,7 @@ mod tests {
             LogTime::EPOCH,
             Arc::new(Outcome::Tasks(vec![])),
             Some(7),
+            Retention::Oldest,
         );
         assert!(table.get(&key(1, "a")).is_some());
         assert!(table.get(&key(2, "a")).is_none());
@@ -294,10 +358,11 @@ mod tests {
             LogTime::EPOCH,
             Arc::new(Outcome::Tasks(vec![])),
             Some(7),
+            Retention::Oldest,
         );
-        table.evict(LogTime::from_millis(DEDUP_WINDOW_MS));
+        table.evict(LogTime::from_millis(DEDUP_WINDOW_MS), Retention::Oldest);
         assert_eq!(table.len(), 1, "kept for the whole window");
-        table.evict(LogTime::from_millis(DEDUP_WINDOW_MS + 1));
+        table.evict(LogTime::from_millis(DEDUP_WINDOW_MS + 1), Retention::Oldest);
         assert!(table.is_empty());
     }
 
@@ -310,6 +375,7 @@ mod tests {
                 LogTime::EPOCH,
                 Arc::new(Outcome::Tasks(vec![])),
                 None,
+                Retention::Oldest,
             );
         }
         assert_eq!(table.len(), DEDUP_ENTRIES_MAX);
@@ -330,6 +396,7 @@ mod tests {
             LogTime::from_millis(5),
             Arc::new(Outcome::Tasks(vec![])),
             Some(2),
+            Retention::Oldest,
         );
         let order: Vec<&str> = table.iter_oldest_first().map(|(k, _)| &*k.1).collect();
         assert_eq!(order, ["b", "c", "a"]);
@@ -345,9 +412,102 @@ mod tests {
         );
     }
 
+    #[test]
+    fn keep_young_holds_every_outcome_until_it_is_old_enough_to_go() {
+        let mut table = DedupTable::default();
+        let empty = Arc::new(Outcome::Tasks(vec![]));
+        let young = LogTime::from_millis(1_000);
+        for i in 0..DEDUP_ENTRIES_MAX + 10 {
+            let k = key(1, &i.to_string());
+            table.insert(k, young, Arc::clone(&empty), None, Retention::KeepYoung);
+        }
+        assert_eq!(
+            table.len(),
+            DEDUP_ENTRIES_MAX + 10,
+            "none is old enough to go"
+        );
+        assert!(table.get(&key(1, "0")).is_some());
+
+        table.evict(
+            LogTime::from_millis(1_000 + DEDUP_KEEP_MS),
+            Retention::KeepYoung,
+        );
+        assert_eq!(
+            table.len(),
+            DEDUP_ENTRIES_MAX + 10,
+            "kept for the whole keep time"
+        );
+        table.evict(
+            LogTime::from_millis(1_000 + DEDUP_KEEP_MS + 1),
+            Retention::KeepYoung,
+        );
+        assert_eq!(table.len(), DEDUP_ENTRIES_MAX, "then the count limit holds");
+        assert!(table.get(&key(1, "9")).is_none());
+        assert!(table.get(&key(1, "10")).is_some());
+    }
+
+    #[test]
+    fn keep_young_is_full_at_the_hard_bound_until_the_oldest_may_go() {
+        let mut table = DedupTable::default();
+        // One big answer shared by every entry: the bound counts it each time, as it
+        // would separate answers, while the test holds it once.
+        let task = crate::Task {
+            id: 1,
+            group: Arc::from("g"),
+            data: "x".repeat(4 << 20),
+            available_at: LogTime::EPOCH,
+            owner: 1,
+            job: crate::TaskJob::default(),
+        };
+        let big = Arc::new(Outcome::Tasks(vec![task]));
+        let start = LogTime::from_millis(1_000);
+        let mut n = 0;
+        while table.full_for(start, Retention::KeepYoung).is_none() {
+            let k = key(1, &n.to_string());
+            table.insert(k, start, Arc::clone(&big), None, Retention::KeepYoung);
+            n += 1;
+            assert!(n < 1_000, "the table never fills");
+        }
+        assert!(table.approximate_bytes() >= DEDUP_BYTES_HARD_MAX);
+        assert!(table.approximate_bytes() < DEDUP_BYTES_HARD_MAX + (5 << 20));
+        assert_eq!(table.len(), n, "nothing young went");
+        assert_eq!(table.full_for(start, Retention::Oldest), None);
+        let later = LogTime::from_millis(1_000 + DEDUP_KEEP_MS - 10);
+        assert_eq!(table.full_for(later, Retention::KeepYoung), Some(11));
+
+        // Once the keep time has passed, the oldest go down to the soft byte bound.
+        let after = LogTime::from_millis(1_000 + DEDUP_KEEP_MS + 1);
+        table.evict(after, Retention::KeepYoung);
+        assert!(table.approximate_bytes() <= DEDUP_BYTES_MAX);
+        assert_eq!(table.full_for(after, Retention::KeepYoung), None);
+    }
+
+    #[test]
+    fn a_restored_entry_is_kept_as_the_snapshot_held_it() {
+        let mut table = DedupTable::default();
+        let empty = Arc::new(Outcome::Tasks(vec![]));
+        for i in 0..DEDUP_ENTRIES_MAX + 10 {
+            let k = key(1, &i.to_string());
+            table.restore(k, LogTime::EPOCH, Arc::clone(&empty), Some(1));
+        }
+        assert_eq!(table.len(), DEDUP_ENTRIES_MAX + 10);
+        table.evict(LogTime::EPOCH, Retention::Oldest);
+        assert_eq!(
+            table.len(),
+            DEDUP_ENTRIES_MAX,
+            "the next command's rule applies"
+        );
+    }
+
     /// Remembers an empty outcome under `k` at the epoch.
     fn remember(table: &mut DedupTable, k: DedupKey) {
-        table.insert(k, LogTime::EPOCH, Arc::new(Outcome::Tasks(vec![])), Some(1));
+        table.insert(
+            k,
+            LogTime::EPOCH,
+            Arc::new(Outcome::Tasks(vec![])),
+            Some(1),
+            Retention::Oldest,
+        );
     }
 
     #[test]
@@ -415,12 +575,18 @@ mod tests {
             match op {
                 0 => {}
                 1 => {
-                    table.evict(at);
+                    table.evict(at, Retention::Oldest);
                     model.evict(at);
                 }
                 _ => {
                     let k = key(next(3) as ClientId, &next(300).to_string());
-                    table.insert(k.clone(), at, Arc::new(Outcome::Tasks(vec![])), Some(step));
+                    table.insert(
+                        k.clone(),
+                        at,
+                        Arc::new(Outcome::Tasks(vec![])),
+                        Some(step),
+                        Retention::Oldest,
+                    );
                     model.insert(k, at, step);
                 }
             }

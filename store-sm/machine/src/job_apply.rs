@@ -9,15 +9,21 @@ use std::sync::Arc;
 use crate::Change;
 use crate::LogTime;
 use crate::TaskMachine;
+use crate::constants::DEPENDANTS_LIMIT_FORM;
 use crate::constants::FINISH_COUNT_MAX;
 use crate::constants::JOB_AFTER_KEYS_MAX;
 use crate::constants::JOB_ATTEMPT_HISTORY_MAX;
+use crate::constants::JOB_DEPENDANTS_MAX;
 use crate::constants::JOB_ERROR_BYTES_MAX;
 use crate::constants::JOB_INTERVAL_MS_MAX;
 use crate::constants::JOB_RESULT_BYTES_MAX;
 use crate::constants::REQUEST_ITEMS_MAX;
+use crate::constants::RETAKEN_LEASE_FORM;
 use crate::jobs::*;
 use crate::types::*;
+
+/// How many of a request's adds wait for each `(group, key)`.
+type WaitingFor = std::collections::BTreeMap<(GroupName, JobKey), usize>;
 
 /// Which versions of a job its owner may finish or fail. The rule comes with the
 /// request's log variant, never from the build, so an entry applies alike on every
@@ -96,7 +102,8 @@ impl TaskMachine {
                 .remove(&(at, Arc::clone(&group), Arc::clone(&key)));
             self.drop_record(&group, &key);
         }
-        self.dedup.evict(now);
+        let retention = self.dedup_retention();
+        self.dedup.evict(now, retention);
     }
 
     /// The machine as the next command at `now` would find it: a copy (O(1)) in which
@@ -230,6 +237,7 @@ impl TaskMachine {
     /// Checks the job fields of an update's adds and decides what each add does.
     pub(crate) fn plan_adds(&self, adds: &[AddTask], refusals: &mut Vec<Refusal>) -> Vec<AddPlan> {
         let mut added: BTreeSet<(&str, &str)> = BTreeSet::new();
+        let mut waiting_for = WaitingFor::default();
         let mut plans = Vec::with_capacity(adds.len());
         for (index, add) in adds.iter().enumerate() {
             let job = &add.job;
@@ -295,6 +303,9 @@ impl TaskMachine {
                 continue;
             }
             let after = self.pending_prerequisites(index, add, &added, refusals);
+            if self.log_form() >= DEPENDANTS_LIMIT_FORM {
+                self.count_dependants(index, add, &after, &mut waiting_for, refusals);
+            }
             plans.push(AddPlan::New {
                 key: key_arc,
                 after,
@@ -344,6 +355,35 @@ impl TaskMachine {
             }
         }
         pending
+    }
+
+    /// Counts the add at `index` as a dependant of each job in `after` (with the
+    /// request's earlier adds in `waiting_for`), refusing it where that passes
+    /// [`JOB_DEPENDANTS_MAX`].
+    fn count_dependants(
+        &self,
+        index: usize,
+        add: &AddTask,
+        after: &[JobKey],
+        waiting_for: &mut WaitingFor,
+        refusals: &mut Vec<Refusal>,
+    ) {
+        for prerequisite in after {
+            let place = (Arc::from(add.group.as_str()), Arc::clone(prerequisite));
+            let earlier = waiting_for.get(&place).copied().unwrap_or(0);
+            let recorded = self
+                .job(&add.group, prerequisite)
+                .map_or(0, |record| record.dependants.len());
+            if recorded + earlier >= JOB_DEPENDANTS_MAX {
+                refusals.push(invalid(
+                    &format!("adds[{index}].after"),
+                    format!(
+                        "job {prerequisite:?} already has {JOB_DEPENDANTS_MAX} jobs waiting for it, the most; wait for some of them to end, or make new ones wait for another job"
+                    ),
+                ));
+            }
+            waiting_for.insert(place, earlier + 1);
+        }
     }
 
     /// The live task of job `key` in `group`, if the job is live.
@@ -474,26 +514,43 @@ impl TaskMachine {
         }
     }
 
-    /// The job fields of a seed update's new version of `old`: a lease renewed by its
-    /// owner stays a lease; one given back ends its attempt as released.
+    /// The job fields of a seed update's new version of `old` by `client`: a lease
+    /// renewed by its owner stays a lease; one given back ends its attempt as released;
+    /// from [`RETAKEN_LEASE_FORM`] on, a late renewal by the holder whose lease lapsed
+    /// (nobody claimed the job since) takes the lease back, attempt and all.
     pub(crate) fn rewritten_job(
         &mut self,
         old: &Task,
+        client: ClientId,
         available_at: LogTime,
         now: LogTime,
     ) -> TaskJob {
         let mut job = old.job.clone();
         job.leased = old.job.leased && available_at > now;
-        if old.job.leased
-            && !job.leased
-            && let Some(key) = &old.job.key
-        {
+        let retaken = !old.job.leased
+            && available_at > now
+            && self.log_form() >= RETAKEN_LEASE_FORM
+            && old.owner == client
+            && self.lapsed_holder(old, client);
+        let Some(key) = &old.job.key else {
+            return job;
+        };
+        if old.job.leased && !job.leased {
             self.with_record(&old.group, key, |record| {
                 if let Some(attempt) = record.open_attempt_mut() {
                     attempt.ended_at = Some(now);
                     attempt.end = Some(AttemptEnd::Released);
                 }
                 record.state = JobState::Waiting;
+            });
+        } else if retaken {
+            job.leased = true;
+            self.with_record(&old.group, key, |record| {
+                if let Some(attempt) = record.history.last_mut() {
+                    attempt.ended_at = None;
+                    attempt.end = None;
+                }
+                record.state = JobState::Running;
             });
         }
         job

@@ -40,6 +40,25 @@ impl Store {
         }))
     }
 
+    /// A seed update by `client` of task `id` to `data`, available at `timespec`.
+    fn update_one(
+        &mut self,
+        client: ClientId,
+        id: TaskId,
+        data: &str,
+        timespec: Option<Millis>,
+    ) -> Outcome {
+        self.run(Request::Update(UpdateRequest {
+            client,
+            updates: vec![UpdateTask {
+                id,
+                data: data.to_string(),
+                timespec,
+            }],
+            ..UpdateRequest::default()
+        }))
+    }
+
     fn claim(&mut self, client: ClientId, group: &str) -> Option<Task> {
         match self.run(Request::Claim(ClaimRequest {
             client,
@@ -263,16 +282,7 @@ fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
     );
     // Made someone's own by a seed update that puts it off: still waiting.
     let waiting = tasks(store.add(vec![job("w")])).remove(0);
-    let put_off = tasks(store.run(Request::Update(UpdateRequest {
-        client: 2,
-        updates: vec![UpdateTask {
-            id: waiting.id,
-            data: waiting.data.to_string(),
-            timespec: Some(-60_000),
-        }],
-        ..UpdateRequest::default()
-    })))
-    .remove(0);
+    let put_off = tasks(store.update_one(2, waiting.id, &waiting.data, Some(-60_000))).remove(0);
     assert_eq!(
         refusals(&store.finish(2, put_off.id, None)),
         vec![not_claimed(put_off.id, "w", "finish")]
@@ -312,16 +322,7 @@ fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
         .filter(|t| t.job.key.as_deref() == Some("slow"))
         .expect("slow is the one available job");
     store.wait(5_000);
-    let renewed = tasks(store.run(Request::Update(UpdateRequest {
-        client: 9,
-        updates: vec![UpdateTask {
-            id: slow.id,
-            data: slow.data.to_string(),
-            timespec: Some(-1_000),
-        }],
-        ..UpdateRequest::default()
-    })))
-    .remove(0);
+    let renewed = tasks(store.update_one(9, slow.id, &slow.data, Some(-1_000))).remove(0);
     tasks(store.finish(9, renewed.id, Some("late but done")));
     let record = store.machine.job("g", "slow").expect("slow");
     assert_eq!(record.state, JobState::Succeeded, "{record:?}");
@@ -471,15 +472,7 @@ fn cancel_halts_a_running_job_and_its_owner_is_told() {
         keys: vec!["k".into()],
     })));
     assert_eq!(store.state("g", "k"), JobState::Cancelled);
-    let renewal = store.run(Request::Update(UpdateRequest {
-        client: 7,
-        updates: vec![UpdateTask {
-            id: claimed.id,
-            data: String::new(),
-            timespec: Some(-1_000),
-        }],
-        ..UpdateRequest::default()
-    }));
+    let renewal = store.update_one(7, claimed.id, "", Some(-1_000));
     assert_eq!(
         refusals(&renewal),
         vec![format!(
@@ -605,6 +598,111 @@ fn max_running_and_pause_hold_claims_back() {
             constants::JOB_RETENTION_MS_MAX
         )]
     );
+}
+
+/// The lapsed holder's late renewal takes the lease back: from form 4 on it runs again
+/// and counts toward `max_running`; below, as older builds applied, it did not.
+#[test]
+fn a_late_renewal_that_takes_a_lease_back_counts_toward_max_running() {
+    for form in [3, 4] {
+        let mut store = Store::new();
+        store.machine.raise_log_form(form);
+        tasks(store.add(vec![job("a"), job("b")]));
+        store.settings(
+            "g",
+            SettingsChange {
+                max_running: Some(1),
+                ..SettingsChange::default()
+            },
+        );
+        let a = store.claim(9, "g").expect("a is claimed");
+        store.wait(5_000);
+        let renewed = tasks(store.update_one(9, a.id, &a.data, Some(-60_000))).remove(0);
+        let record = store.machine.job("g", "a").expect("a");
+        let attempt = record.history.last().expect("an attempt");
+        if form >= constants::RETAKEN_LEASE_FORM {
+            assert!(renewed.job.leased, "form {form}");
+            assert_eq!(record.state, JobState::Running);
+            assert_eq!((&attempt.end, attempt.ended_at), (&None, None));
+            assert_eq!(
+                (record.attempts, attempt.number),
+                (1, 1),
+                "the same attempt"
+            );
+            assert_eq!(store.machine.running_in_group("g"), 1);
+            assert!(store.claim(7, "g").is_none(), "a is running again");
+            // Renewed again, the lease stays a lease; given back, the attempt ends.
+            let again = tasks(store.update_one(9, renewed.id, &a.data, Some(-60_000))).remove(0);
+            assert!(again.job.leased);
+            tasks(store.finish(9, again.id, None));
+            assert_eq!(store.state("g", "a"), JobState::Succeeded);
+            assert_eq!(store.machine.running_in_group("g"), 0);
+        } else {
+            assert!(!renewed.job.leased, "form {form}");
+            assert_eq!(record.state, JobState::Waiting);
+            assert_eq!(attempt.end, Some(AttemptEnd::Lost));
+            assert_eq!(store.machine.running_in_group("g"), 0);
+            assert!(store.claim(7, "g").is_some(), "b escapes the limit");
+        }
+    }
+}
+
+/// Another client's update of a lapsed lease, or the holder's update to a time already
+/// passed, takes nothing back.
+#[test]
+fn only_the_holder_renewing_into_the_future_takes_a_lapsed_lease_back() {
+    for (client, timespec) in [(8, Some(-60_000)), (9, Some(0)), (9, None)] {
+        let mut store = Store::new();
+        store.machine.raise_log_form(constants::RETAKEN_LEASE_FORM);
+        tasks(store.add(vec![job("a")]));
+        let a = store.claim(9, "g").expect("a is claimed");
+        store.wait(5_000);
+        let updated = tasks(store.update_one(client, a.id, &a.data, timespec)).remove(0);
+        let what = format!("client {client}, timespec {timespec:?}");
+        assert!(!updated.job.leased, "{what}");
+        assert_eq!(store.state("g", "a"), JobState::Waiting, "{what}");
+        assert_eq!(store.machine.running_in_group("g"), 0, "{what}");
+    }
+}
+
+/// A job takes at most `JOB_DEPENDANTS_MAX` dependants, counting those of the same
+/// request, from form 4 on; older builds took more.
+#[test]
+fn a_job_takes_a_bounded_number_of_dependants() {
+    let waiting_for_root = |from: usize, to: usize| -> Vec<AddTask> {
+        (from..to)
+            .map(|n| keyed(&format!("d{n}"), |j| j.after = vec!["root".into()]))
+            .collect()
+    };
+    let max = constants::JOB_DEPENDANTS_MAX;
+    for form in [3, 4] {
+        let mut store = Store::new();
+        store.machine.raise_log_form(form);
+        tasks(store.add(vec![job("root")]));
+        for start in (0..max - 2).step_by(4_000) {
+            tasks(store.add(waiting_for_root(start, (start + 4_000).min(max - 2))));
+        }
+        // Two more in one request fill it; a third in that request is one too many.
+        let over = store.add(waiting_for_root(max - 2, max + 1));
+        if form >= constants::DEPENDANTS_LIMIT_FORM {
+            assert_eq!(
+                refusals(&over),
+                vec![format!(
+                    "adds[2].after: job \"root\" already has {max} jobs waiting for it, the most; wait for some of them to end, or make new ones wait for another job"
+                )]
+            );
+            tasks(store.add(waiting_for_root(max - 2, max)));
+            let record = store.machine.job("g", "root").expect("root");
+            assert_eq!(record.dependants.len(), max);
+            assert_eq!(
+                refusals(&store.add(waiting_for_root(max, max + 1))).len(),
+                1
+            );
+            tasks(store.add(vec![job("other")]));
+        } else {
+            assert_eq!(tasks(over).len(), 3, "form {form}");
+        }
+    }
 }
 
 #[test]

@@ -32,6 +32,7 @@ use imbl::OrdSet;
 
 use self::constants::CLAIM_DATA_BYTES_MAX;
 use self::constants::CLAIM_DURATION_MS_MAX;
+use self::constants::DEDUP_KEEP_FORM;
 use self::constants::REQUEST_ID_BYTES_MAX;
 use self::constants::REQUEST_ITEMS_MAX;
 
@@ -45,6 +46,7 @@ pub use self::changes::Change;
 pub use self::dedup::DedupEntry;
 pub use self::dedup::DedupKey;
 pub use self::dedup::DedupTable;
+pub use self::dedup::Retention;
 pub use self::fingerprint::fingerprint;
 use self::group_index::GroupIndex;
 use self::job_apply::OutcomeRule;
@@ -165,6 +167,15 @@ impl TaskMachine {
         self.log_form = self.log_form.max(form);
     }
 
+    /// The dedup table's rule for the recorded log entry form.
+    pub(crate) fn dedup_retention(&self) -> Retention {
+        if self.log_form >= DEDUP_KEEP_FORM {
+            Retention::KeepYoung
+        } else {
+            Retention::Oldest
+        }
+    }
+
     /// Applies one command at its log time and returns its outcome.
     ///
     /// Total: a command that cannot be carried out is refused with every reason, and a
@@ -207,6 +218,13 @@ impl TaskMachine {
         {
             return (first, Effect::Unchanged);
         }
+        let retention = self.dedup_retention();
+        if key.is_some()
+            && let Some(retry_in_ms) = self.dedup.full_for(now, retention)
+        {
+            let refusal = Refusal::RetriesTableFull { retry_in_ms };
+            return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
+        }
 
         let (outcome, effect) = self.apply_request(&command.request, now);
         let outcome = Arc::new(outcome);
@@ -218,7 +236,7 @@ impl TaskMachine {
             );
         if let Some(key) = key.filter(|_| !forget) {
             self.dedup
-                .insert(key, now, Arc::clone(&outcome), fingerprint);
+                .insert(key, now, Arc::clone(&outcome), fingerprint, retention);
         }
         (outcome, effect)
     }
@@ -355,7 +373,7 @@ impl TaskMachine {
         }
         for (change, available_at) in update.updates.iter().zip(update_times) {
             if let Some(old) = self.remove_task(change.id) {
-                let job = self.rewritten_job(&old, available_at, now);
+                let job = self.rewritten_job(&old, update.client, available_at, now);
                 let group = Arc::clone(&old.group);
                 let task =
                     self.insert_new(group, change.data.clone(), available_at, update.client, job);

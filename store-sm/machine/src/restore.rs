@@ -206,7 +206,7 @@ impl TaskMachine {
             machine.index_task(task);
         }
         for (key, applied_at, outcome, fingerprint) in dedup {
-            machine.dedup.insert(key, applied_at, outcome, fingerprint);
+            machine.dedup.restore(key, applied_at, outcome, fingerprint);
         }
         machine.changes.clear();
         Ok(machine)

@@ -575,6 +575,21 @@ pub enum Refusal {
     TooManyTokens,
     /// The first admin token was made already.
     AlreadyBootstrapped,
+    /// The dedup table holds [`DEDUP_BYTES_HARD_MAX`](crate::constants::DEDUP_BYTES_HARD_MAX)
+    /// of outcomes too young to forget: a write with a request id waits (not an outcome
+    /// of the request: it is not remembered, and a retry applies it).
+    RetriesTableFull {
+        /// Log time until the oldest outcome may go.
+        retry_in_ms: Millis,
+    },
+    /// A request through a token limited to groups names a task (or a cancelled job's
+    /// task) of a group outside them; the group is not named, as reads hide the task.
+    TaskOutOfScope {
+        /// Where the id was named.
+        list: ListName,
+        /// The id.
+        id: TaskId,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -685,6 +700,16 @@ impl fmt::Display for Refusal {
             Refusal::WrongState { key, state, needed } => {
                 write!(f, "keys: job {key:?} is {state}; {needed}")
             }
+            Refusal::TaskOutOfScope { list, id } => write!(
+                f,
+                "{list}: task {id} is in a group outside this token's groups; use a token that covers its group"
+            ),
+            Refusal::RetriesTableFull { retry_in_ms } => write!(
+                f,
+                "the cluster holds {} MiB of answers to the writes of the last {} s, its most, so that a retry of each applies once; this write was not applied: retry it with the same requestid in {retry_in_ms} ms",
+                crate::constants::DEDUP_BYTES_HARD_MAX >> 20,
+                crate::constants::DEDUP_KEEP_MS / 1000
+            ),
             Refusal::RequestIdReused { request_id } => write!(
                 f,
                 "requestid {request_id:?} was used for a different request of this client; a retry must send the same request, a new request needs a fresh requestid"

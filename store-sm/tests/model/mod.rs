@@ -58,6 +58,9 @@ enum Plan {
     New(Vec<String>),
 }
 
+/// A group a request touches, and the task id (and where it was named) it came from.
+type Touched = (String, Option<(ListName, u64)>);
+
 impl Model {
     pub fn new() -> Self {
         Self {
@@ -82,9 +85,9 @@ impl Model {
         // The scope is checked first: a request id never lets a worker token read the
         // answer of a request it could not make.
         if let Request::Scoped(scoped) = &command.request
-            && let Some(group) = self.first_outside(&scoped.groups, &scoped.request)
+            && let Some(refusal) = self.first_outside(&scoped.groups, &scoped.request)
         {
-            return Outcome::Refused(vec![Refusal::OutOfScope { group }]);
+            return Outcome::Refused(vec![refusal]);
         }
         let key = command
             .request_id
@@ -136,7 +139,7 @@ impl Model {
                 None => Outcome::Refused(vec![Refusal::UnknownToken { id: r.id.clone() }]),
             },
             Request::Scoped(scoped) => match self.first_outside(&scoped.groups, &scoped.request) {
-                Some(group) => Outcome::Refused(vec![Refusal::OutOfScope { group }]),
+                Some(refusal) => Outcome::Refused(vec![refusal]),
                 None => self.dispatch(&scoped.request, now),
             },
             Request::PassTime => Outcome::Tasks(Vec::new()),
@@ -147,43 +150,59 @@ impl Model {
         }
     }
 
-    /// Every group a request names or touches, in the order the machine reports them:
-    /// adds, updates, deletes, depends; `None` for a request no worker may make.
-    fn groups_touched(&self, request: &Request) -> Option<Vec<String>> {
-        let of = |ids: &[u64]| -> Vec<String> {
+    /// Every group a request names or touches, in the order the machine reports them,
+    /// each with the task id (and where it was named) it came from, if it came from one;
+    /// `None` for a request no worker token may make.
+    fn groups_touched(&self, request: &Request) -> Option<Vec<Touched>> {
+        let of = |list: ListName, ids: &[u64]| -> Vec<Touched> {
             ids.iter()
-                .filter_map(|id| self.tasks.get(id).map(|t| t.group.to_string()))
+                .filter_map(|&id| {
+                    let group = match self.tasks.get(&id) {
+                        Some(task) => task.group.to_string(),
+                        None => self
+                            .records
+                            .values()
+                            .find(|r| r.cancelled_task == Some(id))?
+                            .group
+                            .to_string(),
+                    };
+                    Some((group, Some((list, id))))
+                })
                 .collect()
         };
+        let named = |group: &str| vec![(group.to_string(), None)];
         Some(match request {
             Request::LegacyUpdate(u) | Request::Update(u) => {
-                let mut groups: Vec<String> = u.adds.iter().map(|a| a.group.clone()).collect();
+                let mut groups: Vec<_> = u.adds.iter().flat_map(|a| named(&a.group)).collect();
                 let changed: Vec<u64> = u.updates.iter().map(|c| c.id).collect();
-                groups.extend(of(&changed));
-                groups.extend(of(&u.deletes));
-                groups.extend(of(&u.depends));
+                groups.extend(of(ListName::Updates, &changed));
+                groups.extend(of(ListName::Deletes, &u.deletes));
+                groups.extend(of(ListName::Depends, &u.depends));
                 groups
             }
             Request::Claim(c) | Request::WaitingClaim(c) => {
-                [vec![c.group.clone()], of(&c.depends)].concat()
+                [named(&c.group), of(ListName::Depends, &c.depends)].concat()
             }
-            Request::ClaimMany(m) | Request::WaitingClaimMany(m) => {
-                [vec![m.claim.group.clone()], of(&m.claim.depends)].concat()
-            }
-            Request::Finish(f) | Request::LegacyFinish(f) => of(&[f.id]),
-            Request::FinishMany(m) | Request::LegacyFinishMany(m) => {
-                of(&m.finishes.iter().map(|i| i.id).collect::<Vec<_>>())
-            }
-            Request::Fail(f) | Request::LegacyFail(f) => of(&[f.id]),
-            Request::FinishAndClaim(b) => [
-                of(&[b.finish.id]),
-                vec![b.next.claim.group.clone()],
-                of(&b.next.claim.depends),
+            Request::ClaimMany(m) | Request::WaitingClaimMany(m) => [
+                named(&m.claim.group),
+                of(ListName::Depends, &m.claim.depends),
             ]
             .concat(),
-            Request::Cancel(c) => vec![c.group.clone()],
-            Request::Retry(r) => vec![r.group.clone()],
-            Request::Settings(s) => vec![s.group.clone()],
+            Request::Finish(f) | Request::LegacyFinish(f) => of(ListName::Finish, &[f.id]),
+            Request::FinishMany(m) | Request::LegacyFinishMany(m) => of(
+                ListName::Finish,
+                &m.finishes.iter().map(|i| i.id).collect::<Vec<_>>(),
+            ),
+            Request::Fail(f) | Request::LegacyFail(f) => of(ListName::Fail, &[f.id]),
+            Request::FinishAndClaim(b) => [
+                of(ListName::Finish, &[b.finish.id]),
+                named(&b.next.claim.group),
+                of(ListName::Depends, &b.next.claim.depends),
+            ]
+            .concat(),
+            Request::Cancel(c) => named(&c.group),
+            Request::Retry(r) => named(&r.group),
+            Request::Settings(s) => named(&s.group),
             Request::Scoped(scoped) => return self.groups_touched(&scoped.request),
             Request::TokenAdd(_)
             | Request::TokenRevoke(_)
@@ -195,13 +214,23 @@ impl Model {
         })
     }
 
-    fn first_outside(&self, prefixes: &[String], request: &Request) -> Option<String> {
+    /// The refusal of a request through a token limited to `prefixes`: the first group
+    /// outside them, named unless it came from a task id.
+    fn first_outside(&self, prefixes: &[String], request: &Request) -> Option<Refusal> {
         let Some(groups) = self.groups_touched(request) else {
-            return Some(String::new());
+            return Some(Refusal::OutOfScope {
+                group: String::new(),
+            });
         };
         groups
             .into_iter()
-            .find(|g| !prefixes.is_empty() && !prefixes.iter().any(|p| g.starts_with(p.as_str())))
+            .find(|(g, _)| {
+                !prefixes.is_empty() && !prefixes.iter().any(|p| g.starts_with(p.as_str()))
+            })
+            .map(|(group, from)| match from {
+                Some((list, id)) => Refusal::TaskOutOfScope { list, id },
+                None => Refusal::OutOfScope { group },
+            })
     }
 
     fn token_add(&mut self, add: &TokenAddRequest, bootstrap: bool, now: i64) -> Outcome {
@@ -578,6 +607,24 @@ impl Model {
                 last.ended_at = Some(at(now));
                 last.end = Some(AttemptEnd::Released);
                 record.state = JobState::Waiting;
+            }
+            // From form 4, the lapsed holder's renewal into the future retakes the lease.
+            if !old.job.leased
+                && when > now
+                && self.log_form >= 4
+                && old.owner == u.client
+                && let Some(key) = &old.job.key
+            {
+                let record = self.record_mut(&old.group, key);
+                if let Some(last) = record.history.last_mut()
+                    && last.owner == u.client
+                    && last.end == Some(AttemptEnd::Lost)
+                {
+                    last.ended_at = None;
+                    last.end = None;
+                    record.state = JobState::Running;
+                    job.leased = true;
+                }
             }
             out.push(self.new_task(&old.group, &change.data, when, u.client, job));
         }
