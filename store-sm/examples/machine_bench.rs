@@ -166,4 +166,76 @@ fn main() {
         machine.apply(&command(base + 3 * i + 2, finish));
     }
     report("job cycle (3 commands)", 3 * jobs, started);
+
+    claims_over_many_priorities(base + 3 * jobs);
+}
+
+/// Claims in a group whose tasks each have a priority of their own: first while every
+/// task is scheduled for later (an empty claim), then with one available task at the
+/// lowest priority. What a claim costs per priority level shows here.
+fn claims_over_many_priorities(first: u64) {
+    const LEVELS: u64 = 50_000;
+    const CLAIMS: u64 = 2_000;
+    let mut machine = TaskMachine::new();
+    let adds = (0..LEVELS).map(|level| {
+        let mut add = AddTask::seed("levels", format!("{level:032}"), Some(-3_600_000));
+        add.job.priority = level as i64 + 1;
+        add
+    });
+    let adds: Vec<AddTask> = adds.collect();
+    for (n, chunk) in adds.chunks(5_000).enumerate() {
+        let update = Request::Update(UpdateRequest {
+            client: 1,
+            adds: chunk.to_vec(),
+            ..Default::default()
+        });
+        machine.apply(&command(first + n as u64, update));
+    }
+    let claim = || {
+        Request::Claim(ClaimRequest {
+            client: 2,
+            group: "levels".into(),
+            duration_ms: 60_000,
+            depends: vec![],
+        })
+    };
+    let base = first + LEVELS;
+    let started = Instant::now();
+    for i in 0..CLAIMS {
+        machine.apply(&command(base + i, claim()));
+    }
+    report(&format!("empty claim, {LEVELS} levels"), CLAIMS, started);
+
+    let mut add = AddTask::seed("levels", "now", Some(0));
+    add.job.priority = 0;
+    let update = Request::Update(UpdateRequest {
+        client: 1,
+        adds: vec![add],
+        ..Default::default()
+    });
+    machine.apply(&command(base + CLAIMS, update));
+    let started = Instant::now();
+    for i in 0..CLAIMS {
+        // Claimed, then given back at once: the next claim finds it again.
+        let Outcome::Tasks(claimed) = &*machine.apply(&command(base + CLAIMS + 1 + 2 * i, claim()))
+        else {
+            panic!("the claim is refused");
+        };
+        let task = claimed.first().expect("the available task");
+        let release = Request::Update(UpdateRequest {
+            client: 2,
+            updates: vec![store_sm::machine::UpdateTask {
+                id: task.id,
+                data: task.data.clone(),
+                timespec: Some(0),
+            }],
+            ..Default::default()
+        });
+        machine.apply(&command(base + CLAIMS + 2 + 2 * i, release));
+    }
+    report(
+        &format!("claim+release, {LEVELS} levels"),
+        2 * CLAIMS,
+        started,
+    );
 }
