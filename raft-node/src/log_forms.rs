@@ -5,12 +5,16 @@
 //! every Raft answer. Form 1 is every build before the claimed-version finish: it reads
 //! request variants 0 to 16. Form 2 adds `Finish`, `FinishMany`, `Fail` (the
 //! claimed-only rule) and `FinishAndClaim`. Form 3 adds `RaiseLogForm` and snapshot
-//! format 7. Form 4 adds no entry but changes what the machine does once it is
-//! recorded: a late renewal retakes its lease (`RETAKEN_LEASE_FORM`), the dedup
-//! table keeps young outcomes past its limits (`DEDUP_KEEP_FORM`), and a job takes a
-//! bounded number of dependants (`DEPENDANTS_LIMIT_FORM`); older builds apply
-//! the old rules, so the machine follows the record, never this build's number. An
-//! answer without the header comes from an older build: form 1.
+//! format 7. Form 4 changes what the machine does with entries older builds read as
+//! well, once it is recorded: a late renewal retakes its lease (`RETAKEN_LEASE_FORM`),
+//! the dedup table keeps young outcomes past its limits (`DEDUP_KEEP_FORM`), a job takes
+//! a bounded number of dependants (`DEPENDANTS_LIMIT_FORM`), and a limited token's
+//! request naming another group's cancelled task is out of scope
+//! (`SCOPE_OF_CANCELLED_FORM`). The machine follows the record, never this build's
+//! number. So that no member of an older build goes on applying the older rules, form 4
+//! and later are recorded with `RaiseRulesForm`, which older builds cannot read, and
+//! such a machine is written as snapshot format 8. An answer without the header comes
+//! from an older build: form 1.
 //!
 //! Two sources say that every member reads a form:
 //!

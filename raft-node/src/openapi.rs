@@ -115,7 +115,7 @@ fn write_responses(limits: &Limits) -> Value {
         "400": error("malformed request: bad JSON, wrong types, unknown fields, a clientid that is not an integer, a duration out of range, a bad requestid or Idempotency-Key, or the two differing"),
         "413": error(&format!("body larger than {} bytes, the serving node's --body-bytes-max (default {BODY_BYTES_MAX_DEFAULT})", limits.body_bytes_max)),
         "422": error("the requestid names an earlier, different request of this client within the dedup window; nothing changed: send a new request under a fresh requestid"),
-        "503": error("no leader known or its lease lapsed, the outcome is unknown, or the dedup table is full of answers too young to forget (nothing applied); retry with the same requestid")
+        "503": error("no leader known or its lease lapsed, or the outcome is unknown; retry with the same requestid")
     })
 }
 
@@ -223,7 +223,7 @@ fn job_paths(limits: &Limits) -> Value {
                     "responses": {
                         "200": ok("the settings afterwards (running as counted right after the change applied)", ref_schema("GroupSettings")),
                         "400": error("malformed request or a setting out of range, named"),
-                        "503": error("no leader known or its lease lapsed, or the dedup table is full (nothing applied); retry with the same requestid")}}}
+                        "503": error("no leader known or its lease lapsed; retry with the same requestid")}}}
     })
 }
 

@@ -143,7 +143,7 @@ pub(crate) fn request_id(schema: &mut Schema) {
     schema.insert(
         "description".into(),
         format!(
-            "Makes a retry apply once: a write whose clientid and requestid the cluster applied before returns that first outcome and applies nothing, for {window_minutes} minutes of log time (less when more than {DEDUP_ENTRIES_MAX} outcomes or {dedup_mib} MiB are remembered: the oldest go first), and always for {keep_s} s: while {full_mib} MiB of outcomes younger than that are remembered, a write with a requestid is refused with 503 and applies nothing, and its retry applies once there is room. The empty string is a key like any other. At most {REQUEST_ID_BYTES_MAX} bytes of UTF-8 (maxLength counts characters, so {REQUEST_ID_BYTES_MAX} characters outside ASCII are too long); longer is refused with 400. The same value may come in the Idempotency-Key header instead or as well; if both are given they must be equal (400 otherwise). null is none."
+            "Makes a retry apply once: a write whose clientid and requestid the cluster applied before returns that first outcome and applies nothing, for {window_minutes} minutes of log time (less when more than {DEDUP_ENTRIES_MAX} outcomes or {dedup_mib} MiB are remembered: the oldest go first), but always for {keep_s} s while the outcomes take less than {full_mib} MiB. The empty string is a key like any other. At most {REQUEST_ID_BYTES_MAX} bytes of UTF-8 (maxLength counts characters, so {REQUEST_ID_BYTES_MAX} characters outside ASCII are too long); longer is refused with 400. The same value may come in the Idempotency-Key header instead or as well; if both are given they must be equal (400 otherwise). null is none."
         )
         .into(),
     );

@@ -10,6 +10,8 @@
 //!        then (version 7) the log entry form every member reads
 //! ```
 //!
+//! Version 8 is version 7 for a machine whose recorded form is `RULES_FORM` or newer:
+//! it applies rules that builds of older forms do not, so they must not take it.
 //! Version 7 added the recorded log entry form (`TaskMachine::log_form`). It is written
 //! only for a machine that recorded one, which every member of its cluster has said it
 //! reads; a machine without one is written as version 6, so that builds reading at most
@@ -53,6 +55,7 @@ use crate::machine::TaskId;
 use crate::machine::TaskJob;
 use crate::machine::TaskMachine;
 use crate::machine::TokenRecord;
+use crate::machine::constants::RULES_FORM;
 use crate::planted;
 
 /// First bytes of every snapshot.
@@ -60,19 +63,24 @@ pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ROTASNAP";
 
 /// The newest format this build writes and reads. Older formats get upgrade code
 /// beside the decoder.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 7;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 8;
+
+/// The format of a machine that recorded a log entry form older than [`RULES_FORM`].
+const FORMAT_WITH_LOG_FORM: u32 = 7;
 
 /// The format of a machine that recorded no log entry form, which builds before
-/// [`SNAPSHOT_FORMAT_VERSION`] read.
+/// [`FORMAT_WITH_LOG_FORM`] read.
 const FORMAT_WITHOUT_LOG_FORM: u32 = 6;
 
-/// The format `machine` is written in: the newest only once it recorded a log entry
-/// form, which says that every member reads it.
+/// The format `machine` is written in: the oldest that says what it needs, so that
+/// every member reads it. Format 8 is format 7 for a machine that applies the rules of
+/// [`RULES_FORM`] on: builds of older forms, which would apply it with their own rules,
+/// refuse it.
 fn format_of(machine: &TaskMachine) -> u32 {
-    if machine.log_form() > 0 {
-        SNAPSHOT_FORMAT_VERSION
-    } else {
-        FORMAT_WITHOUT_LOG_FORM
+    match machine.log_form() {
+        0 => FORMAT_WITHOUT_LOG_FORM,
+        form if form < RULES_FORM => FORMAT_WITH_LOG_FORM,
+        _ => SNAPSHOT_FORMAT_VERSION,
     }
 }
 
@@ -618,9 +626,14 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
     }
     let log_form: u32 = if version >= 7 { take(&mut input)? } else { 0 };
     if version >= 7 && log_form == 0 {
-        return Err(SnapshotError::Invalid(
-            "format 7 with no log entry form recorded (it is written as format 6)".into(),
-        ));
+        return Err(SnapshotError::Invalid(format!(
+            "format {version} with no log entry form recorded (it is written as format 6)"
+        )));
+    }
+    if version >= 8 && log_form < RULES_FORM {
+        return Err(SnapshotError::Invalid(format!(
+            "format {version} with log entry form {log_form} recorded (it is written as format 7)"
+        )));
     }
     if !input.is_empty() {
         return Err(SnapshotError::Invalid(format!(
@@ -873,6 +886,37 @@ mod tests {
         assert!(matches!(
             decode_snapshot(&zero),
             Err(SnapshotError::Invalid(reason)) if reason.contains("no log entry form")
+        ));
+    }
+
+    /// A machine on the rules of form 4 or newer is written as format 8, which builds of
+    /// older forms refuse; its body is format 7's.
+    #[test]
+    fn a_rules_form_takes_format_eight() {
+        let version = |bytes: &[u8]| checked_versioned_body(bytes).expect("valid").0;
+        let mut with = auth_sample();
+        with.apply(&Command {
+            stamp: LogTime::from_millis(9000),
+            request_id: None,
+            request: Request::RaiseRulesForm(RULES_FORM),
+        });
+        let eight = encode_snapshot(&with);
+        assert_eq!(version(&eight), 8);
+        let restored = decode_snapshot(&eight).expect("round trip");
+        assert_eq!(restored.log_form(), RULES_FORM);
+        assert_eq!(state_hash(&restored), state_hash(&with));
+        assert_eq!(
+            &eight[12..eight.len() - DIGEST_BYTES],
+            &snapshot_as(&with, 7)[12..eight.len() - DIGEST_BYTES],
+            "format 7's body"
+        );
+
+        // Format 8 of a machine on an older form is not what any build writes.
+        let mut older = auth_sample();
+        older.raise_log_form(RULES_FORM - 1);
+        assert!(matches!(
+            decode_snapshot(&snapshot_as(&older, 8)),
+            Err(SnapshotError::Invalid(reason)) if reason.contains("written as format 7")
         ));
     }
 

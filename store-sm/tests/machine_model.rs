@@ -125,7 +125,9 @@ fn resolve(command: &Command, model: &Model) -> Command {
         Request::TokenAdd(a) | Request::AuthBootstrap(a) => &mut a.client,
         Request::TokenRevoke(r) => &mut r.client,
         Request::Scoped(s) => unreachable!("the generator nests no scope: {s:?}"),
-        Request::PassTime | Request::RaiseLogForm(_) => return command.clone(),
+        Request::PassTime | Request::RaiseLogForm(_) | Request::RaiseRulesForm(_) => {
+            return command.clone();
+        }
     };
     if *client == OWNER {
         *client = owner.unwrap_or(1);
@@ -399,7 +401,12 @@ fn request_strategy() -> impl Strategy<Value = Request> {
         20 => scoped,
         1 => token_request_strategy(),
         1 => Just(Request::PassTime),
-        1 => (0u32..5).prop_map(Request::RaiseLogForm),
+        // Forms from 4 on change rules: the leader records them in their own variant.
+        1 => (0u32..6).prop_map(|form| if form >= 4 {
+            Request::RaiseRulesForm(form)
+        } else {
+            Request::RaiseLogForm(form)
+        }),
     ]
 }
 

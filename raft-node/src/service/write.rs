@@ -12,6 +12,7 @@ use store_sm::machine::Command;
 use store_sm::machine::Outcome;
 use store_sm::machine::Refusal;
 use store_sm::machine::Request;
+use store_sm::machine::constants::RULES_FORM;
 use store_sm::raft_types::NodeId;
 
 use super::ServiceError;
@@ -31,9 +32,8 @@ const UNHEARD_MEMBER_WAIT: Duration = Duration::from_millis(500);
 impl Node {
     /// `outcome`, unless it refuses a request id reused for another request: that is
     /// not an outcome of the request but a client's bug, answered apart (422) so that a
-    /// retry loop stops instead of reading it as the first outcome; or a write the full
-    /// dedup table holds back (503, retried); or a request outside the token's groups
-    /// (403).
+    /// retry loop stops instead of reading it as the first outcome; or a request outside
+    /// the token's groups (403).
     pub(crate) fn outcome_or_reused_id(
         outcome: Arc<Outcome>,
     ) -> Result<Arc<Outcome>, ServiceError> {
@@ -49,14 +49,6 @@ impl Node {
             .any(|r| matches!(r, Refusal::RequestIdReused { .. }))
         {
             return Err(ServiceError::ReusedRequestId(reasons()));
-        }
-        // Not an outcome either: nothing was applied or remembered, and a retry may
-        // apply once the oldest remembered answers are old enough to go (503).
-        if refusals
-            .iter()
-            .any(|r| matches!(r, Refusal::RetriesTableFull { .. }))
-        {
-            return Err(ServiceError::Unavailable(reasons()));
         }
         // Not an outcome of the request either: the token may not make it (403).
         if refusals.iter().any(|r| {
@@ -167,7 +159,15 @@ impl Node {
         if common < RECORDED_FORM || common <= recorded {
             return Ok(None);
         }
-        let outcome = self.write(Request::RaiseLogForm(common), None).await?;
+        // A form that changes the machine's rules goes in the variant older builds
+        // cannot read: a member of one that was not asked (a learner added while down)
+        // stops there instead of applying the old rules.
+        let raise = if common >= RULES_FORM {
+            Request::RaiseRulesForm(common)
+        } else {
+            Request::RaiseLogForm(common)
+        };
+        let outcome = self.write(raise, None).await?;
         match &*outcome {
             Outcome::Refused(refusals) => Err(ServiceError::Internal(format!(
                 "recording log form {common} was refused: {refusals:?}"
@@ -270,29 +270,4 @@ fn unannounced(id: NodeId, error: &rpc::client::ClientError) -> ServiceError {
     ServiceError::Unavailable(format!(
         "node {id} did not say which log entry forms it reads: {error}"
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_write_the_full_dedup_table_held_back_is_unavailable_not_an_outcome() {
-        let refusal = Refusal::RetriesTableFull { retry_in_ms: 250 };
-        let held_back = Arc::new(Outcome::Refused(vec![refusal]));
-        match Node::outcome_or_reused_id(held_back) {
-            Err(ServiceError::Unavailable(message)) => {
-                assert!(
-                    message.contains("retry it with the same requestid in 250 ms"),
-                    "{message}"
-                );
-            }
-            other => panic!("expected 503, got {other:?}"),
-        }
-        let refused = Arc::new(Outcome::Refused(vec![Refusal::NothingToDo]));
-        assert!(
-            Node::outcome_or_reused_id(refused).is_ok(),
-            "an outcome stays one"
-        );
-    }
 }

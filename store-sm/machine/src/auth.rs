@@ -16,6 +16,7 @@ use crate::Refusal;
 use crate::Request;
 use crate::TaskId;
 use crate::TaskMachine;
+use crate::constants::SCOPE_OF_CANCELLED_FORM;
 use crate::constants::TOKEN_GROUPS_MAX;
 use crate::constants::TOKEN_ID_BYTES;
 use crate::constants::TOKEN_NAME_BYTES_MAX;
@@ -267,7 +268,10 @@ impl TaskMachine {
             move |id: &TaskId| {
                 let group = match self.tasks.get(id) {
                     Some(task) => &task.group,
-                    None => &self.cancelled.get(id)?.0,
+                    None if self.log_form() >= SCOPE_OF_CANCELLED_FORM => {
+                        &self.cancelled.get(id)?.0
+                    }
+                    None => return None,
                 };
                 (!scope_covers(prefixes, group))
                     .then_some(Refusal::TaskOutOfScope { list, id: *id })
@@ -314,7 +318,8 @@ impl TaskMachine {
             | Request::TokenRevoke(_)
             | Request::AuthBootstrap(_)
             | Request::PassTime
-            | Request::RaiseLogForm(_) => Some(Refusal::OutOfScope {
+            | Request::RaiseLogForm(_)
+            | Request::RaiseRulesForm(_) => Some(Refusal::OutOfScope {
                 group: String::new(),
             }),
         }
@@ -537,10 +542,11 @@ mod tests {
     }
 
     /// Another group's cancelled job: its task id is refused as out of scope, not
-    /// answered with the job's key, as a caller of that group would be.
+    /// answered with the job's key, as a caller of that group would be (from form 4).
     #[test]
     fn a_cancelled_task_of_another_group_does_not_give_its_key_away() {
         let mut machine = TaskMachine::new();
+        machine.raise_log_form(SCOPE_OF_CANCELLED_FORM);
         let mut job = AddTask::seed("other", "d", None);
         job.job.key = Some("secret-key".into());
         let added = run(

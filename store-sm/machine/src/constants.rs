@@ -43,27 +43,39 @@ pub const DEDUP_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const DEDUP_WINDOW_MS: Millis = 10 * 60 * 1000;
 
 /// How long, in log time, every outcome is remembered whatever the count and byte limits
-/// above (from [`DEDUP_KEEP_FORM`] on): twice the clients' 30 s give-up time, so that a
-/// retry the clients make is never applied twice, at any write rate.
+/// above (from [`DEDUP_KEEP_FORM`] on), as long as they take less than
+/// [`DEDUP_BYTES_HARD_MAX`]: twice the clients' 30 s give-up time, so that a retry the
+/// clients make is not applied twice.
 pub const DEDUP_KEEP_MS: Millis = 60 * 1000;
 
-/// Approximate bytes of outcomes younger than [`DEDUP_KEEP_MS`] the table holds at most:
-/// while it holds this much, writes with a request id are refused (503, retried by the
-/// clients) until the oldest outcome is old enough to go. At about 250 bytes an outcome,
-/// that is about 2 million outcomes: 35 000 writes with a request id a second.
+/// Approximate bytes of outcomes the table holds at most, however young: past this the
+/// oldest go. At about 250 bytes an outcome, [`DEDUP_KEEP_MS`] holds at up to about
+/// 35 000 small writes with a request id a second (8.7 MB of answers a second).
 pub const DEDUP_BYTES_HARD_MAX: usize = 512 * 1024 * 1024;
 
 /// The recorded log entry form (see [`RETAKEN_LEASE_FORM`]) from which the dedup table
-/// keeps outcomes for [`DEDUP_KEEP_MS`] whatever the count and byte limits, and refuses
-/// writes with a request id at [`DEDUP_BYTES_HARD_MAX`]. Below it, as older builds apply,
-/// the oldest outcomes went first past the limits, however young.
-pub const DEDUP_KEEP_FORM: u32 = 4;
+/// keeps outcomes for [`DEDUP_KEEP_MS`] past the count and byte limits, up to
+/// [`DEDUP_BYTES_HARD_MAX`]. Below it, as older builds apply, the oldest outcomes went
+/// first past the limits, however young.
+pub const DEDUP_KEEP_FORM: u32 = RULES_FORM;
+
+/// The first log entry form that changes what the machine does with entries that older
+/// builds read as well: it is recorded with [`crate::Request::RaiseRulesForm`], which
+/// those builds cannot read, and machines that record it are written in snapshot format
+/// 8, which they cannot read either. Each `*_FORM` rule below starts here.
+pub const RULES_FORM: u32 = 4;
 
 /// The recorded log entry form (`TaskMachine::log_form`; raft-node's `log_forms`) from
 /// which a late renewal that takes a lapsed lease back is a running lease again: it
 /// counts toward `max_running` and reopens its attempt. Below it, as older builds
 /// apply, the task was owned but counted as waiting.
-pub const RETAKEN_LEASE_FORM: u32 = 4;
+pub const RETAKEN_LEASE_FORM: u32 = RULES_FORM;
+
+/// The recorded log entry form (see [`RETAKEN_LEASE_FORM`]) from which a request through
+/// a token limited to groups that names a cancelled job's task of another group is
+/// refused as out of scope (no outcome remembered) instead of answered as cancelled with
+/// the job's key (an outcome the dedup table remembers).
+pub const SCOPE_OF_CANCELLED_FORM: u32 = RULES_FORM;
 
 /// Largest correction of a node's log clock toward its wall clock, as a fraction of
 /// elapsed time: log time runs at most this much faster or slower than real time, so a
@@ -90,7 +102,7 @@ pub const JOB_DEPENDANTS_MAX: usize = 10_000;
 
 /// The recorded log entry form (see [`RETAKEN_LEASE_FORM`]) from which adds beyond
 /// [`JOB_DEPENDANTS_MAX`] are refused; older builds took them.
-pub const DEPENDANTS_LIMIT_FORM: u32 = 4;
+pub const DEPENDANTS_LIMIT_FORM: u32 = RULES_FORM;
 
 /// Largest result a finish may record (JSON text), in bytes: room for a worker's last
 /// 64 KiB of stdout and of stderr, escaped.

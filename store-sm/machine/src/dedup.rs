@@ -9,7 +9,6 @@ use std::sync::Arc;
 use imbl::Vector;
 
 use super::LogTime;
-use super::Millis;
 use super::constants::DEDUP_BYTES_HARD_MAX;
 use super::constants::DEDUP_BYTES_MAX;
 use super::constants::DEDUP_ENTRIES_MAX;
@@ -25,8 +24,8 @@ use super::types::Refusal;
 pub enum Retention {
     /// Below [`crate::constants::DEDUP_KEEP_FORM`]: the oldest, however young.
     Oldest,
-    /// Only those older than [`DEDUP_KEEP_MS`]; the table refuses new ones at
-    /// [`DEDUP_BYTES_HARD_MAX`] instead (see [`DedupTable::full_for`]).
+    /// Only those older than [`DEDUP_KEEP_MS`], unless the table holds more than
+    /// [`DEDUP_BYTES_HARD_MAX`].
     KeepYoung,
 }
 
@@ -203,12 +202,15 @@ impl DedupTable {
     }
 
     /// Drops entries older than the window, and the oldest beyond the count and byte
-    /// limits (under [`Retention::KeepYoung`], only those older than [`DEDUP_KEEP_MS`]).
+    /// limits (under [`Retention::KeepYoung`], only those older than [`DEDUP_KEEP_MS`]
+    /// while the table holds at most [`DEDUP_BYTES_HARD_MAX`]).
     pub fn evict(&mut self, now: LogTime, retention: Retention) {
         while let Some(oldest) = self.arrivals.front() {
             let age = now.millis_since(oldest.entry.applied_at);
             let too_old = age > DEDUP_WINDOW_MS;
-            let may_go = retention == Retention::Oldest || age > DEDUP_KEEP_MS;
+            let may_go = retention == Retention::Oldest
+                || age > DEDUP_KEEP_MS
+                || self.bytes > DEDUP_BYTES_HARD_MAX;
             let too_many = self.live > DEDUP_ENTRIES_MAX;
             let too_big = self.bytes > DEDUP_BYTES_MAX;
             if !(oldest.replaced || too_old || (may_go && (too_many || too_big))) {
@@ -230,19 +232,6 @@ impl DedupTable {
                 debug_assert!(removed.is_some(), "dedup order names a missing key");
             }
         }
-    }
-
-    /// Under [`Retention::KeepYoung`], whether the table, evicted to `now`, holds
-    /// [`DEDUP_BYTES_HARD_MAX`] of outcomes it may not drop yet: then in how many
-    /// milliseconds of log time the oldest may go. A write with a request id is refused
-    /// meanwhile (one answer may take the table past the bound, by at most its size).
-    pub fn full_for(&self, now: LogTime, retention: Retention) -> Option<Millis> {
-        if retention == Retention::Oldest || self.bytes < DEDUP_BYTES_HARD_MAX {
-            return None;
-        }
-        let oldest = self.arrivals.iter().find(|arrival| !arrival.replaced)?;
-        let age = now.millis_since(oldest.entry.applied_at);
-        Some(DEDUP_KEEP_MS.saturating_sub(age).saturating_add(1))
     }
 
     /// Roughly what the remembered outcomes take in memory, in bytes (what the byte
@@ -447,7 +436,7 @@ mod tests {
     }
 
     #[test]
-    fn keep_young_is_full_at_the_hard_bound_until_the_oldest_may_go() {
+    fn keep_young_holds_at_most_the_hard_bound() {
         let mut table = DedupTable::default();
         // One big answer shared by every entry: the bound counts it each time, as it
         // would separate answers, while the test holds it once.
@@ -461,25 +450,23 @@ mod tests {
         };
         let big = Arc::new(Outcome::Tasks(vec![task]));
         let start = LogTime::from_millis(1_000);
-        let mut n = 0;
-        while table.full_for(start, Retention::KeepYoung).is_none() {
+        // Each entry is its answer and a little more.
+        let fit = DEDUP_BYTES_HARD_MAX / ((4 << 20) + 1024);
+        for n in 0..fit + 10 {
             let k = key(1, &n.to_string());
             table.insert(k, start, Arc::clone(&big), None, Retention::KeepYoung);
-            n += 1;
-            assert!(n < 1_000, "the table never fills");
+            assert_eq!(table.len(), (n + 1).min(fit), "entry {n}");
         }
-        assert!(table.approximate_bytes() >= DEDUP_BYTES_HARD_MAX);
-        assert!(table.approximate_bytes() < DEDUP_BYTES_HARD_MAX + (5 << 20));
-        assert_eq!(table.len(), n, "nothing young went");
-        assert_eq!(table.full_for(start, Retention::Oldest), None);
-        let later = LogTime::from_millis(1_000 + DEDUP_KEEP_MS - 10);
-        assert_eq!(table.full_for(later, Retention::KeepYoung), Some(11));
+        assert!(table.approximate_bytes() <= DEDUP_BYTES_HARD_MAX);
+        assert!(table.get(&key(1, "9")).is_none(), "the oldest went");
+        assert!(table.get(&key(1, "10")).is_some());
 
         // Once the keep time has passed, the oldest go down to the soft byte bound.
-        let after = LogTime::from_millis(1_000 + DEDUP_KEEP_MS + 1);
-        table.evict(after, Retention::KeepYoung);
+        table.evict(
+            LogTime::from_millis(1_000 + DEDUP_KEEP_MS + 1),
+            Retention::KeepYoung,
+        );
         assert!(table.approximate_bytes() <= DEDUP_BYTES_MAX);
-        assert_eq!(table.full_for(after, Retention::KeepYoung), None);
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::PassTime => hasher.tagged(13, &()),
         Request::FinishAndClaim(both) => hasher.tagged(14, both),
         Request::RaiseLogForm(form) => hasher.tagged(15, form),
+        Request::RaiseRulesForm(form) => hasher.tagged(16, form),
         // The scope is who asked, not what: a retry through the same door matches.
         Request::Scoped(scoped) => return fingerprint(&scoped.request),
     };

@@ -378,7 +378,7 @@ impl TaskMachine {
                 refusals.push(invalid(
                     &format!("adds[{index}].after"),
                     format!(
-                        "job {prerequisite:?} already has {JOB_DEPENDANTS_MAX} jobs waiting for it, the most; wait for some of them to end, or make new ones wait for another job"
+                        "job {prerequisite:?} already has {JOB_DEPENDANTS_MAX} jobs waiting for it, the most; make the others wait for jobs that wait for it"
                     ),
                 ));
             }
@@ -527,11 +527,7 @@ impl TaskMachine {
     ) -> TaskJob {
         let mut job = old.job.clone();
         job.leased = old.job.leased && available_at > now;
-        let retaken = !old.job.leased
-            && available_at > now
-            && self.log_form() >= RETAKEN_LEASE_FORM
-            && old.owner == client
-            && self.lapsed_holder(old, client);
+        let retaken = self.retakes_lease(old, client, available_at, now);
         let Some(key) = &old.job.key else {
             return job;
         };
@@ -554,6 +550,52 @@ impl TaskMachine {
             });
         }
         job
+    }
+
+    /// Whether `client`'s update of `old` to `available_at` takes a lapsed lease back
+    /// (from [`RETAKEN_LEASE_FORM`] on): its holder renews it into the future while
+    /// nobody claimed it since.
+    fn retakes_lease(
+        &self,
+        old: &Task,
+        client: ClientId,
+        available_at: LogTime,
+        now: LogTime,
+    ) -> bool {
+        !old.job.leased
+            && available_at > now
+            && self.log_form() >= RETAKEN_LEASE_FORM
+            && old.owner == client
+            && self.lapsed_holder(old, client)
+    }
+
+    /// Refuses an update that would take a lapsed lease back in a group that already
+    /// runs its `max_running` tasks, counting the update's `earlier` retakes per group:
+    /// a retake is a lease like a claim's, and the limit may stand for "one at a time".
+    pub(crate) fn retake_refusal(
+        &self,
+        id: TaskId,
+        client: ClientId,
+        available_at: LogTime,
+        now: LogTime,
+        earlier: &mut Vec<GroupName>,
+    ) -> Option<Refusal> {
+        let old = self.tasks.get(&id)?;
+        if !self.retakes_lease(old, client, available_at, now) {
+            return None;
+        }
+        let max_running = self.group_settings(&old.group).max_running;
+        let running = self.running_in_group(&old.group)
+            + earlier.iter().filter(|group| **group == old.group).count();
+        if max_running > 0 && running >= max_running as usize {
+            return Some(Refusal::RetakeOverLimit {
+                id,
+                ended_at: old.available_at,
+                max_running,
+            });
+        }
+        earlier.push(Arc::clone(&old.group));
+        None
     }
 
     /// A seed delete removed `old`: for a job, the client that claimed it last finished
@@ -634,13 +676,25 @@ impl TaskMachine {
     /// Whether `client` held the last claim of `task`'s job, whose lease lapsed, and
     /// nobody claimed it since: its late renewal took the task back (docs/fencing.md), so
     /// it may still record the outcome, as its seed delete may (see `job_deleted`).
+    ///
+    /// From [`RETAKEN_LEASE_FORM`] on, `task` must also be the very version whose lease
+    /// lapsed (same run, attempt and end, no `/retry` since): before, the task of a new
+    /// run or a retry counted as well when the client's attempt was the last one lost.
     fn lapsed_holder(&self, task: &Task, client: ClientId) -> bool {
         let Some(key) = &task.job.key else {
             return false;
         };
+        let strict = self.log_form() >= RETAKEN_LEASE_FORM;
         self.job(&task.group, key).is_some_and(|record| {
             record.history.last().is_some_and(|attempt| {
-                attempt.owner == client && attempt.end == Some(AttemptEnd::Lost)
+                attempt.owner == client
+                    && attempt.end == Some(AttemptEnd::Lost)
+                    && (!strict
+                        || (attempt.run == record.run
+                            && record.task == Some(task.id)
+                            && task.job.attempt == attempt.number
+                            && attempt.ended_at == Some(task.available_at)
+                            && record.attempts_forgiven < record.attempts))
             })
         })
     }

@@ -119,6 +119,13 @@ fn refusals(outcome: &Outcome) -> Vec<String> {
     }
 }
 
+/// The refusal of a finish or fail (`list`) of a job's task `id` that was not claimed.
+fn not_claimed(id: TaskId, key: &str, list: &str) -> String {
+    format!(
+        "{list}: task {id} of job {key:?} is waiting to run, not claimed: only a claim's lease can be finished or failed; claim it first (POST /claim)"
+    )
+}
+
 fn tasks(outcome: Outcome) -> Vec<Task> {
     match outcome {
         Outcome::Tasks(tasks) => tasks,
@@ -261,11 +268,6 @@ fn finish_and_fail_are_fenced_and_fail_backs_off() {
 #[test]
 fn only_a_claimed_version_of_a_job_can_be_finished_or_failed() {
     let mut store = Store::new();
-    let not_claimed = |id: TaskId, key: &str, list: &str| {
-        format!(
-            "{list}: task {id} of job {key:?} is waiting to run, not claimed: only a claim's lease can be finished or failed; claim it first (POST /claim)"
-        )
-    };
     // Scheduled by its adder, who owns it until it is due.
     let scheduled = tasks(store.add(vec![AddTask {
         timespec: Some(-60_000),
@@ -600,23 +602,30 @@ fn max_running_and_pause_hold_claims_back() {
     );
 }
 
+/// Jobs a and b in a group of `max_running` 1 on log `form`; client 9's lease on a, as
+/// claimed, lapsed 4 s ago.
+fn lapsed_in_a_group_of_one(form: u32) -> (Store, Task) {
+    let mut store = Store::new();
+    store.machine.raise_log_form(form);
+    tasks(store.add(vec![job("a"), job("b")]));
+    store.settings(
+        "g",
+        SettingsChange {
+            max_running: Some(1),
+            ..SettingsChange::default()
+        },
+    );
+    let a = store.claim(9, "g").expect("a is claimed");
+    store.wait(5_000);
+    (store, a)
+}
+
 /// The lapsed holder's late renewal takes the lease back: from form 4 on it runs again
 /// and counts toward `max_running`; below, as older builds applied, it did not.
 #[test]
 fn a_late_renewal_that_takes_a_lease_back_counts_toward_max_running() {
     for form in [3, 4] {
-        let mut store = Store::new();
-        store.machine.raise_log_form(form);
-        tasks(store.add(vec![job("a"), job("b")]));
-        store.settings(
-            "g",
-            SettingsChange {
-                max_running: Some(1),
-                ..SettingsChange::default()
-            },
-        );
-        let a = store.claim(9, "g").expect("a is claimed");
-        store.wait(5_000);
+        let (mut store, a) = lapsed_in_a_group_of_one(form);
         let renewed = tasks(store.update_one(9, a.id, &a.data, Some(-60_000))).remove(0);
         let record = store.machine.job("g", "a").expect("a");
         let attempt = record.history.last().expect("an attempt");
@@ -643,6 +652,66 @@ fn a_late_renewal_that_takes_a_lease_back_counts_toward_max_running() {
             assert_eq!(attempt.end, Some(AttemptEnd::Lost));
             assert_eq!(store.machine.running_in_group("g"), 0);
             assert!(store.claim(7, "g").is_some(), "b escapes the limit");
+        }
+    }
+}
+
+/// A late renewal is refused while the group runs its max_running tasks: another
+/// worker claimed in the meantime, and the limit may stand for "one at a time".
+#[test]
+fn a_late_renewal_is_refused_while_the_group_is_at_max_running() {
+    let (mut store, a) = lapsed_in_a_group_of_one(constants::RETAKEN_LEASE_FORM);
+    let b = store.claim(7, "g").expect("b is claimed once a lapsed");
+    assert_eq!(b.job.key.as_deref(), Some("b"));
+    let late = store.update_one(9, a.id, &a.data, Some(-60_000));
+    assert_eq!(
+        refusals(&late),
+        vec![format!(
+            "updates: task {} is no longer held: this client's lease on it ended at {} (log time, ms), and its group runs its max_running of 1 tasks already, so the lease was not taken back; stop working on it, and claim it again later",
+            a.id, a.available_at
+        )]
+    );
+    assert_eq!(store.machine.running_in_group("g"), 1);
+    assert_eq!(store.state("g", "a"), JobState::Waiting);
+    // Once b is done, the holder may take a back.
+    tasks(store.finish(7, b.id, None));
+    let renewed = tasks(store.update_one(9, a.id, &a.data, Some(-60_000))).remove(0);
+    assert!(renewed.job.leased);
+    assert_eq!(store.machine.running_in_group("g"), 1);
+}
+
+/// Only the very version whose lease lapsed counts as the holder's: not the task a
+/// `/retry` made for the dead job, even in the hands of the client that lost it.
+#[test]
+fn a_retried_job_is_not_the_lapsed_holders_to_take_back_or_finish() {
+    for form in [3, 4] {
+        let mut store = Store::new();
+        store.machine.raise_log_form(form);
+        tasks(store.add(vec![keyed("a", |j| j.max_attempts = Some(1))]));
+        store.claim(9, "g").expect("a is claimed");
+        store.wait(5_000);
+        store.run(Request::PassTime);
+        assert_eq!(store.state("g", "a"), JobState::Dead);
+        let retried = tasks(store.run(Request::Retry(RetryRequest {
+            client: 9,
+            group: "g".into(),
+            keys: vec!["a".into()],
+        })))
+        .remove(0);
+        let put_off =
+            tasks(store.update_one(9, retried.id, &retried.data, Some(-60_000))).remove(0);
+        let finished = store.finish(9, put_off.id, None);
+        if form >= constants::RETAKEN_LEASE_FORM {
+            assert!(!put_off.job.leased, "a retry's task is not a lease");
+            assert_eq!(store.state("g", "a"), JobState::Waiting);
+            assert_eq!(
+                refusals(&finished),
+                vec![not_claimed(put_off.id, "a", "finish")]
+            );
+        } else {
+            // As older builds applied: the client whose attempt was lost last finished it.
+            tasks(finished);
+            assert_eq!(store.state("g", "a"), JobState::Succeeded);
         }
     }
 }
@@ -688,7 +757,7 @@ fn a_job_takes_a_bounded_number_of_dependants() {
             assert_eq!(
                 refusals(&over),
                 vec![format!(
-                    "adds[2].after: job \"root\" already has {max} jobs waiting for it, the most; wait for some of them to end, or make new ones wait for another job"
+                    "adds[2].after: job \"root\" already has {max} jobs waiting for it, the most; make the others wait for jobs that wait for it"
                 )]
             );
             tasks(store.add(waiting_for_root(max - 2, max)));

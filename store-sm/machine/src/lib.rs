@@ -218,13 +218,6 @@ impl TaskMachine {
         {
             return (first, Effect::Unchanged);
         }
-        let retention = self.dedup_retention();
-        if key.is_some()
-            && let Some(retry_in_ms) = self.dedup.full_for(now, retention)
-        {
-            let refusal = Refusal::RetriesTableFull { retry_in_ms };
-            return (Arc::new(Outcome::Refused(vec![refusal])), Effect::Unchanged);
-        }
 
         let (outcome, effect) = self.apply_request(&command.request, now);
         let outcome = Arc::new(outcome);
@@ -235,8 +228,13 @@ impl TaskMachine {
                 Request::WaitingClaim(_) | Request::WaitingClaimMany(_)
             );
         if let Some(key) = key.filter(|_| !forget) {
-            self.dedup
-                .insert(key, now, Arc::clone(&outcome), fingerprint, retention);
+            self.dedup.insert(
+                key,
+                now,
+                Arc::clone(&outcome),
+                fingerprint,
+                self.dedup_retention(),
+            );
         }
         (outcome, effect)
     }
@@ -292,7 +290,7 @@ impl TaskMachine {
             // What it does, `apply` did: time passed before the request.
             Request::PassTime => (Outcome::Tasks(Vec::new()), Effect::Unchanged),
             // Touches no task, job or token: the maps stay as they were.
-            Request::RaiseLogForm(form) => {
+            Request::RaiseLogForm(form) | Request::RaiseRulesForm(form) => {
                 self.raise_log_form(*form);
                 (Outcome::Tasks(Vec::new()), Effect::Unchanged)
             }
@@ -345,13 +343,23 @@ impl TaskMachine {
         }
         let plans = self.plan_adds(&update.adds, &mut refusals);
         let mut update_times = Vec::with_capacity(update.updates.len());
+        let mut retakes = Vec::new();
         for (index, change) in update.updates.iter().enumerate() {
             refusals.extend(
                 self.check_modifiable(ListName::Updates, change.id, update.client, now)
                     .err(),
             );
             match resolve_timespec(ListName::Updates, index, change.timespec, now) {
-                Ok(available_at) => update_times.push(available_at),
+                Ok(available_at) => {
+                    refusals.extend(self.retake_refusal(
+                        change.id,
+                        update.client,
+                        available_at,
+                        now,
+                        &mut retakes,
+                    ));
+                    update_times.push(available_at);
+                }
                 Err(refusal) => refusals.push(refusal),
             }
         }

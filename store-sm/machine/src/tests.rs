@@ -705,40 +705,33 @@ fn pass_time_applies_what_fell_due_and_next_due_names_it() {
     assert_eq!(machine.log_time(), at(T0 + 1000));
 }
 
-/// From form 4 on, a dedup table full of answers too young to forget refuses writes
-/// with a request id (nothing applied, nothing remembered) until the oldest may go;
-/// writes without one, and retries of remembered ones, go on.
+/// From form 4 on, a retry within the keep time is answered from the dedup table
+/// however many outcomes arrived since; below it, as older builds did, the oldest went
+/// past the count limit, and a late retry applied again.
 #[test]
-fn a_full_dedup_table_holds_back_writes_with_a_request_id_until_there_is_room() {
-    let task = Task {
-        id: 1,
-        group: Arc::from("g"),
-        data: "x".repeat(4 << 20),
-        available_at: LogTime::EPOCH,
-        owner: 1,
-        job: TaskJob::default(),
-    };
-    // One big answer remembered under many ids: the bound counts it each time.
-    let big = Arc::new(Outcome::Tasks(vec![task]));
-    let entries = constants::DEDUP_BYTES_HARD_MAX / (4 << 20) + 1;
-    let dedup = (0..entries).map(|n| {
-        (
-            (5, Arc::from(n.to_string())),
+fn a_retry_within_the_keep_time_applies_once_at_any_rate() {
+    let remembered = Arc::new(Outcome::Tasks(vec![]));
+    let entries = constants::DEDUP_ENTRIES_MAX + 10;
+    let restored = || {
+        let dedup = (0..entries).map(|n| {
+            (
+                (5, Arc::from(n.to_string())),
+                at(T0),
+                Arc::clone(&remembered),
+                None,
+            )
+        });
+        TaskMachine::from_parts(
+            2,
             at(T0),
-            Arc::clone(&big),
-            None,
+            [],
+            dedup,
+            [],
+            JobParts::default(),
+            AuthParts::default(),
         )
-    });
-    let mut machine = TaskMachine::from_parts(
-        2,
-        at(T0),
-        [],
-        dedup,
-        [],
-        JobParts::default(),
-        AuthParts::default(),
-    )
-    .expect("valid parts");
+        .expect("valid parts")
+    };
     let with_id = |stamp_ms: Millis, id: &str| Command {
         request_id: Some(id.to_string()),
         ..update_cmd(
@@ -750,54 +743,22 @@ fn a_full_dedup_table_holds_back_writes_with_a_request_id_until_there_is_room() 
             },
         )
     };
-
-    // Below the form, the old rule: the oldest go, the write applies.
-    let mut old_rule = machine.clone();
-    assert_eq!(tasks_of(&old_rule.apply(&with_id(T0 + 1, "new"))).len(), 1);
-
-    machine.raise_log_form(constants::DEDUP_KEEP_FORM);
-    let before = machine.dedup().len();
-    let refused = machine.apply(&with_id(T0 + 10, "new"));
-    let expected_wait = constants::DEDUP_KEEP_MS - 10 + 1;
-    assert_eq!(
-        *refused,
-        Outcome::Refused(vec![Refusal::RetriesTableFull {
-            retry_in_ms: expected_wait
-        }])
-    );
-    let Outcome::Refused(reasons) = &*refused else {
-        panic!("refused")
-    };
-    assert!(
-        reasons[0]
-            .to_string()
-            .contains("retry it with the same requestid")
-    );
-    assert_eq!(machine.task_count(), 0, "nothing applied");
-    assert_eq!(machine.dedup().len(), before, "nothing remembered");
-    let remembered = machine.apply(&with_id(T0 + 11, "3"));
-    assert_eq!(
-        *remembered, *big,
-        "a remembered retry gets its first answer"
-    );
-    assert_eq!(
-        tasks_of(&machine.apply(&update_cmd(
-            T0 + 12,
-            UpdateRequest {
-                client: 5,
-                adds: vec![add("g", "no id", None)],
-                ..UpdateRequest::default()
-            }
-        )))
-        .len(),
-        1,
-        "a write without a request id applies"
-    );
-
-    // Once the oldest are old enough, they go and the write applies, once.
-    let later = T0 + constants::DEDUP_KEEP_MS + 1;
-    let applied = machine.apply(&with_id(later, "new"));
-    assert_eq!(tasks_of(&applied).len(), 1);
-    assert_eq!(machine.apply(&with_id(later + 1, "new")), applied);
-    assert!(machine.dedup().approximate_bytes() <= constants::DEDUP_BYTES_MAX);
+    let keep = constants::DEDUP_KEEP_MS;
+    for form in [3, constants::DEDUP_KEEP_FORM] {
+        let mut machine = restored();
+        machine.raise_log_form(form);
+        assert_eq!(tasks_of(&machine.apply(&with_id(T0 + 1, "new"))).len(), 1);
+        let retried = machine.apply(&with_id(T0 + keep, "0"));
+        if form >= constants::DEDUP_KEEP_FORM {
+            assert_eq!(retried, remembered, "answered, not applied again");
+            assert_eq!(machine.dedup().len(), entries + 1);
+            assert_eq!(machine.task_count(), 1);
+            // Past the keep time, the count limit holds again.
+            machine.apply(&with_id(T0 + keep + 1, "later"));
+            assert_eq!(machine.dedup().len(), constants::DEDUP_ENTRIES_MAX);
+        } else {
+            assert_eq!(tasks_of(&retried).len(), 1, "forgotten: applied again");
+            assert_eq!(machine.task_count(), 2);
+        }
+    }
 }

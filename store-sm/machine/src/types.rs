@@ -228,6 +228,11 @@ pub enum Request {
     /// numbering, see raft-node's `log_forms`): a one-way floor, never lowered, so
     /// that any later leader logs those forms without hearing from every member first.
     RaiseLogForm(u32),
+    /// [`Request::RaiseLogForm`] to a form that changes what the machine does (from
+    /// [`RULES_FORM`](crate::constants::RULES_FORM) on), in a variant that builds of
+    /// older forms cannot decode: such a member stops at it, rather than go on applying
+    /// the older rules while the others apply the new ones.
+    RaiseRulesForm(u32),
 }
 
 impl Request {
@@ -248,7 +253,7 @@ impl Request {
             Request::TokenAdd(add) | Request::AuthBootstrap(add) => add.client,
             Request::TokenRevoke(revoke) => revoke.client,
             Request::Scoped(scoped) => scoped.request.client(),
-            Request::PassTime | Request::RaiseLogForm(_) => 0,
+            Request::PassTime | Request::RaiseLogForm(_) | Request::RaiseRulesForm(_) => 0,
         }
     }
 
@@ -338,7 +343,9 @@ impl fmt::Display for Command {
             Request::TokenRevoke(r) => write!(f, "token revoke(id={})", r.id)?,
             Request::Scoped(_) => f.write_str("scoped")?,
             Request::PassTime => f.write_str("pass time")?,
-            Request::RaiseLogForm(form) => write!(f, "raise log form to {form}")?,
+            Request::RaiseLogForm(form) | Request::RaiseRulesForm(form) => {
+                write!(f, "raise log form to {form}")?
+            }
         }
         write!(f, "@{}", self.stamp)
     }
@@ -575,12 +582,15 @@ pub enum Refusal {
     TooManyTokens,
     /// The first admin token was made already.
     AlreadyBootstrapped,
-    /// The dedup table holds [`DEDUP_BYTES_HARD_MAX`](crate::constants::DEDUP_BYTES_HARD_MAX)
-    /// of outcomes too young to forget: a write with a request id waits (not an outcome
-    /// of the request: it is not remembered, and a retry applies it).
-    RetriesTableFull {
-        /// Log time until the oldest outcome may go.
-        retry_in_ms: Millis,
+    /// A late renewal would take a lapsed lease back in a group that runs its
+    /// `max_running` tasks already.
+    RetakeOverLimit {
+        /// The task.
+        id: TaskId,
+        /// When its lease ended.
+        ended_at: LogTime,
+        /// The group's limit.
+        max_running: u32,
     },
     /// A request through a token limited to groups names a task (or a cancelled job's
     /// task) of a group outside them; the group is not named, as reads hide the task.
@@ -700,15 +710,17 @@ impl fmt::Display for Refusal {
             Refusal::WrongState { key, state, needed } => {
                 write!(f, "keys: job {key:?} is {state}; {needed}")
             }
+            Refusal::RetakeOverLimit {
+                id,
+                ended_at,
+                max_running,
+            } => write!(
+                f,
+                "updates: task {id} is no longer held: this client's lease on it ended at {ended_at} (log time, ms), and its group runs its max_running of {max_running} tasks already, so the lease was not taken back; stop working on it, and claim it again later"
+            ),
             Refusal::TaskOutOfScope { list, id } => write!(
                 f,
                 "{list}: task {id} is in a group outside this token's groups; use a token that covers its group"
-            ),
-            Refusal::RetriesTableFull { retry_in_ms } => write!(
-                f,
-                "the cluster holds {} MiB of answers to the writes of the last {} s, its most, so that a retry of each applies once; this write was not applied: retry it with the same requestid in {retry_in_ms} ms",
-                crate::constants::DEDUP_BYTES_HARD_MAX >> 20,
-                crate::constants::DEDUP_KEEP_MS / 1000
             ),
             Refusal::RequestIdReused { request_id } => write!(
                 f,

@@ -143,7 +143,7 @@ impl Model {
                 None => self.dispatch(&scoped.request, now),
             },
             Request::PassTime => Outcome::Tasks(Vec::new()),
-            Request::RaiseLogForm(form) => {
+            Request::RaiseLogForm(form) | Request::RaiseRulesForm(form) => {
                 self.log_form = self.log_form.max(*form);
                 Outcome::Tasks(Vec::new())
             }
@@ -159,6 +159,7 @@ impl Model {
                 .filter_map(|&id| {
                     let group = match self.tasks.get(&id) {
                         Some(task) => task.group.to_string(),
+                        None if self.log_form < 4 => return None,
                         None => self
                             .records
                             .values()
@@ -208,7 +209,8 @@ impl Model {
             | Request::TokenRevoke(_)
             | Request::AuthBootstrap(_)
             | Request::PassTime
-            | Request::RaiseLogForm(_) => {
+            | Request::RaiseLogForm(_)
+            | Request::RaiseRulesForm(_) => {
                 return None;
             }
         })
@@ -267,6 +269,27 @@ impl Model {
         self.records
             .get_mut(&(group.to_string(), key.to_string()))
             .expect("record")
+    }
+
+    /// Whether `client` held the lapsed lease of task version `t` (see the machine's
+    /// `lapsed_holder`; from form 4, the very version whose lease lapsed).
+    fn lapsed_holder(&self, t: &Task, client: i64) -> bool {
+        let Some(key) = &t.job.key else {
+            return false;
+        };
+        let Some(record) = self.record(&t.group, key) else {
+            return false;
+        };
+        record.history.last().is_some_and(|a| {
+            a.owner == client
+                && a.end == Some(AttemptEnd::Lost)
+                && (self.log_form < 4
+                    || (a.run == record.run
+                        && record.task == Some(t.id)
+                        && t.job.attempt == a.number
+                        && a.ended_at == Some(t.available_at)
+                        && record.attempts_forgiven < record.attempts))
+        })
     }
 
     fn record(&self, group: &str, key: &str) -> Option<&JobRecord> {
@@ -518,8 +541,37 @@ impl Model {
             }
         }
         let plans = self.plan(&u.adds, &mut refusals);
+        let mut retakes: Vec<String> = vec![];
         for change in &u.updates {
             refusals.extend(self.modifiable(ListName::Updates, change.id, u.client, now));
+            // From form 4, a retake of a lapsed lease is held to max_running.
+            let Some(t) = self.tasks.get(&change.id) else {
+                continue;
+            };
+            let when = Self::resolve(change.timespec, now);
+            if !t.job.leased
+                && when > now
+                && self.log_form >= 4
+                && t.owner == u.client
+                && self.lapsed_holder(t, u.client)
+            {
+                let max = self.settings_of(&t.group).max_running;
+                let running = self
+                    .tasks
+                    .values()
+                    .filter(|x| *x.group == *t.group && x.job.leased)
+                    .count()
+                    + retakes.iter().filter(|g| **g == *t.group).count();
+                if max > 0 && running >= max as usize {
+                    refusals.push(Refusal::RetakeOverLimit {
+                        id: change.id,
+                        ended_at: t.available_at,
+                        max_running: max,
+                    });
+                } else {
+                    retakes.push(t.group.to_string());
+                }
+            }
         }
         for &id in &u.deletes {
             refusals.extend(self.modifiable(ListName::Deletes, id, u.client, now));
@@ -613,18 +665,15 @@ impl Model {
                 && when > now
                 && self.log_form >= 4
                 && old.owner == u.client
+                && self.lapsed_holder(&old, u.client)
                 && let Some(key) = &old.job.key
             {
                 let record = self.record_mut(&old.group, key);
-                if let Some(last) = record.history.last_mut()
-                    && last.owner == u.client
-                    && last.end == Some(AttemptEnd::Lost)
-                {
-                    last.ended_at = None;
-                    last.end = None;
-                    record.state = JobState::Running;
-                    job.leased = true;
-                }
+                let last = record.history.last_mut().expect("the lost attempt");
+                last.ended_at = None;
+                last.end = None;
+                record.state = JobState::Running;
+                job.leased = true;
             }
             out.push(self.new_task(&old.group, &change.data, when, u.client, job));
         }
@@ -635,11 +684,7 @@ impl Model {
             let Some(key) = old.job.key.clone() else {
                 continue;
             };
-            let last = self
-                .record(&old.group, &key)
-                .and_then(|r| r.history.last().cloned());
-            let late_finish = old.owner == u.client
-                && last.is_some_and(|a| a.owner == u.client && a.end == Some(AttemptEnd::Lost));
+            let late_finish = old.owner == u.client && self.lapsed_holder(&old, u.client);
             if old.job.leased || late_finish {
                 self.succeeded(old, None, now);
             } else {
@@ -797,12 +842,7 @@ impl Model {
             // one its lapsed holder took back before anybody claimed it. Entries of
             // builds before that rule keep theirs (any owned version).
             Some(t) if claimed_only && !t.job.leased => t.job.key.as_ref().and_then(|key| {
-                let last = self
-                    .record(&t.group, key)
-                    .and_then(|r| r.history.last().cloned());
-                let lapsed_holder =
-                    last.is_some_and(|a| a.owner == client && a.end == Some(AttemptEnd::Lost));
-                (!lapsed_holder).then(|| Refusal::NotClaimed {
+                (!self.lapsed_holder(t, client)).then(|| Refusal::NotClaimed {
                     list,
                     id,
                     key: Arc::clone(key),
@@ -1251,6 +1291,10 @@ fn same_request(a: &Request, b: &Request) -> bool {
         Request::LegacyUpdate(update) => Request::Update(update.clone()),
         Request::WaitingClaim(claim) => Request::Claim(claim.clone()),
         Request::WaitingClaimMany(many) => Request::ClaimMany(many.clone()),
+        // A retry sent across an upgrade, in the other form, is the same request.
+        Request::LegacyFinish(finish) => Request::Finish(finish.clone()),
+        Request::LegacyFinishMany(many) => Request::FinishMany(many.clone()),
+        Request::LegacyFail(fail) => Request::Fail(fail.clone()),
         other => other.clone(),
     };
     plain(a) == plain(b)
