@@ -1201,6 +1201,40 @@ async fn a_backup_without_a_log_form_restores_with_one_recorded() {
     );
 }
 
+/// A backup whose cluster recorded a form the new members do not all read (snapshot
+/// format 8 into a build of form 3) is refused before anything is installed: installed,
+/// it would stop every such member at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_on_a_newer_form_than_its_new_members_read_is_refused() {
+    use store_sm::machine::Command;
+    use store_sm::machine::LogTime;
+    use store_sm::machine::Request;
+    use store_sm::machine::TaskMachine;
+    use store_sm::machine::constants::RULES_FORM;
+
+    let mut machine = TaskMachine::new();
+    machine.apply(&Command {
+        stamp: LogTime::from_millis(1_000),
+        request_id: None,
+        request: Request::RaiseRulesForm(RULES_FORM),
+    });
+    let backup = store_sm::snapshot::encode_snapshot(&machine);
+    assert_eq!(&backup[8..12], &8u32.to_le_bytes(), "format 8");
+
+    let cluster = TestCluster::start(1, "never").with_joiner(2);
+    cluster.set_env(2, raft_node::log_forms::ANNOUNCE_FORM_ENV, "3");
+    start_empty(&cluster, 2).await;
+    let response = restore_alone(&cluster, 2, backup).await;
+    let body = String::from_utf8_lossy(&response.body);
+    assert_eq!(response.status.as_u16(), 409, "{body}");
+    assert!(
+        body.contains("the backup records log entry form 4, and the new members read up to form 3"),
+        "{body}"
+    );
+    let status = cluster.status(2).await.expect("a status");
+    assert_eq!(status.applied_index, None, "nothing installed: {status:?}");
+}
+
 /// Starts node `id`, a joiner, and waits until it answers.
 async fn start_empty(cluster: &TestCluster, id: u64) {
     cluster.start_node(id);

@@ -630,6 +630,11 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
             "format {version} with no log entry form recorded (it is written as format 6)"
         )));
     }
+    if version == 7 && log_form >= RULES_FORM {
+        return Err(SnapshotError::Invalid(format!(
+            "format 7 with log entry form {log_form} recorded (it is written as format 8)"
+        )));
+    }
     if version >= 8 && log_form < RULES_FORM {
         return Err(SnapshotError::Invalid(format!(
             "format {version} with log entry form {log_form} recorded (it is written as format 7)"

@@ -174,6 +174,19 @@ fn restored_state(
     let (mut machine, backup_hash) = store_sm::snapshot::decode_snapshot_with_hash(&bytes)
         .map_err(|e| ServiceError::Invalid(format!("the body is not a usable backup: {e}")))?;
     drop(bytes);
+    // A backup on a recorded form is in a snapshot format (and, from RULES_FORM on,
+    // under rules) that members of an older build do not read: refused here rather than
+    // installed and fatal to them.
+    let recorded = machine.log_form();
+    if recorded > form.unwrap_or(0) {
+        let members = match form {
+            Some(form) => format!("the new members read up to form {form}"),
+            None => "not every new member said it reads it".to_string(),
+        };
+        return Err(ServiceError::Conflict(format!(
+            "the backup records log entry form {recorded}, and {members}: start every member with a release that reads it (`rota cluster status` shows a cluster's form), then retry"
+        )));
+    }
     machine.start_restored_cluster(now);
     if let Some(form) = form {
         machine.raise_log_form(form);

@@ -570,23 +570,29 @@ impl TaskMachine {
     }
 
     /// Refuses an update that would take a lapsed lease back in a group that already
-    /// runs its `max_running` tasks, counting the update's `earlier` retakes per group:
-    /// a retake is a lease like a claim's, and the limit may stand for "one at a time".
+    /// runs its `max_running` tasks, counting the update's `earlier` retakes (task and
+    /// group): a retake is a lease like a claim's, and the limit may stand for "one at a
+    /// time". A task named twice is refused as such, not counted twice.
     pub(crate) fn retake_refusal(
         &self,
         id: TaskId,
         client: ClientId,
         available_at: LogTime,
         now: LogTime,
-        earlier: &mut Vec<GroupName>,
+        earlier: &mut Vec<(TaskId, GroupName)>,
     ) -> Option<Refusal> {
         let old = self.tasks.get(&id)?;
-        if !self.retakes_lease(old, client, available_at, now) {
+        if !self.retakes_lease(old, client, available_at, now)
+            || earlier.iter().any(|(named, _)| *named == id)
+        {
             return None;
         }
         let max_running = self.group_settings(&old.group).max_running;
         let running = self.running_in_group(&old.group)
-            + earlier.iter().filter(|group| **group == old.group).count();
+            + earlier
+                .iter()
+                .filter(|(_, group)| *group == old.group)
+                .count();
         if max_running > 0 && running >= max_running as usize {
             return Some(Refusal::RetakeOverLimit {
                 id,
@@ -594,7 +600,7 @@ impl TaskMachine {
                 max_running,
             });
         }
-        earlier.push(Arc::clone(&old.group));
+        earlier.push((id, Arc::clone(&old.group)));
         None
     }
 

@@ -673,8 +673,27 @@ fn a_late_renewal_is_refused_while_the_group_is_at_max_running() {
     );
     assert_eq!(store.machine.running_in_group("g"), 1);
     assert_eq!(store.state("g", "a"), JobState::Waiting);
-    // Once b is done, the holder may take a back.
+    // Once b is done, the holder may take a back; naming it twice is refused as that.
     tasks(store.finish(7, b.id, None));
+    let twice = store.run(Request::Update(UpdateRequest {
+        client: 9,
+        updates: vec![
+            UpdateTask {
+                id: a.id,
+                data: String::new(),
+                timespec: Some(-60_000),
+            };
+            2
+        ],
+        ..UpdateRequest::default()
+    }));
+    assert_eq!(
+        refusals(&twice),
+        vec![format!(
+            "updates: task {} is named more than once in the request; name each id once",
+            a.id
+        )]
+    );
     let renewed = tasks(store.update_one(9, a.id, &a.data, Some(-60_000))).remove(0);
     assert!(renewed.job.leased);
     assert_eq!(store.machine.running_in_group("g"), 1);

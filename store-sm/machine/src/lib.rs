@@ -35,6 +35,7 @@ use self::constants::CLAIM_DURATION_MS_MAX;
 use self::constants::DEDUP_KEEP_FORM;
 use self::constants::REQUEST_ID_BYTES_MAX;
 use self::constants::REQUEST_ITEMS_MAX;
+use self::constants::RULES_FORM;
 
 pub use self::auth::Role;
 pub use self::auth::ScopedRequest;
@@ -290,7 +291,12 @@ impl TaskMachine {
             // What it does, `apply` did: time passed before the request.
             Request::PassTime => (Outcome::Tasks(Vec::new()), Effect::Unchanged),
             // Touches no task, job or token: the maps stay as they were.
-            Request::RaiseLogForm(form) | Request::RaiseRulesForm(form) => {
+            // A rules form comes only in the variant older builds cannot read.
+            Request::RaiseLogForm(form) => {
+                self.raise_log_form((*form).min(RULES_FORM - 1));
+                (Outcome::Tasks(Vec::new()), Effect::Unchanged)
+            }
+            Request::RaiseRulesForm(form) => {
                 self.raise_log_form(*form);
                 (Outcome::Tasks(Vec::new()), Effect::Unchanged)
             }

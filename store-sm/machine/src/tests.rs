@@ -762,3 +762,24 @@ fn a_retry_within_the_keep_time_applies_once_at_any_rate() {
         }
     }
 }
+
+/// Form 4 and later change the machine's rules, so they are recorded only with
+/// `RaiseRulesForm`, which older builds cannot read; the older entry stops below them.
+#[test]
+fn only_the_rules_entry_records_a_rules_form() {
+    let mut machine = TaskMachine::new();
+    let raise = |stamp_ms: Millis, request: Request| Command {
+        stamp: at(stamp_ms),
+        request_id: None,
+        request,
+    };
+    machine.apply(&raise(T0, Request::RaiseLogForm(constants::RULES_FORM + 1)));
+    assert_eq!(machine.log_form(), constants::RULES_FORM - 1);
+    machine.apply(&raise(
+        T0 + 1,
+        Request::RaiseRulesForm(constants::RULES_FORM),
+    ));
+    assert_eq!(machine.log_form(), constants::RULES_FORM);
+    machine.apply(&raise(T0 + 2, Request::RaiseLogForm(2)));
+    assert_eq!(machine.log_form(), constants::RULES_FORM, "never lowered");
+}

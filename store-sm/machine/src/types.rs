@@ -227,6 +227,8 @@ pub enum Request {
     /// Records that every member reads log entry forms up to this one (the node's
     /// numbering, see raft-node's `log_forms`): a one-way floor, never lowered, so
     /// that any later leader logs those forms without hearing from every member first.
+    /// Below [`RULES_FORM`](crate::constants::RULES_FORM) only: a higher one raises the
+    /// floor to the form before it (see [`Request::RaiseRulesForm`]).
     RaiseLogForm(u32),
     /// [`Request::RaiseLogForm`] to a form that changes what the machine does (from
     /// [`RULES_FORM`](crate::constants::RULES_FORM) on), in a variant that builds of

@@ -143,7 +143,11 @@ impl Model {
                 None => self.dispatch(&scoped.request, now),
             },
             Request::PassTime => Outcome::Tasks(Vec::new()),
-            Request::RaiseLogForm(form) | Request::RaiseRulesForm(form) => {
+            Request::RaiseLogForm(form) => {
+                self.log_form = self.log_form.max((*form).min(3));
+                Outcome::Tasks(Vec::new())
+            }
+            Request::RaiseRulesForm(form) => {
                 self.log_form = self.log_form.max(*form);
                 Outcome::Tasks(Vec::new())
             }
@@ -541,7 +545,7 @@ impl Model {
             }
         }
         let plans = self.plan(&u.adds, &mut refusals);
-        let mut retakes: Vec<String> = vec![];
+        let mut retakes: Vec<(u64, String)> = vec![];
         for change in &u.updates {
             refusals.extend(self.modifiable(ListName::Updates, change.id, u.client, now));
             // From form 4, a retake of a lapsed lease is held to max_running.
@@ -554,6 +558,7 @@ impl Model {
                 && self.log_form >= 4
                 && t.owner == u.client
                 && self.lapsed_holder(t, u.client)
+                && !retakes.iter().any(|(id, _)| *id == change.id)
             {
                 let max = self.settings_of(&t.group).max_running;
                 let running = self
@@ -561,7 +566,7 @@ impl Model {
                     .values()
                     .filter(|x| *x.group == *t.group && x.job.leased)
                     .count()
-                    + retakes.iter().filter(|g| **g == *t.group).count();
+                    + retakes.iter().filter(|(_, g)| **g == *t.group).count();
                 if max > 0 && running >= max as usize {
                     refusals.push(Refusal::RetakeOverLimit {
                         id: change.id,
@@ -569,7 +574,7 @@ impl Model {
                         max_running: max,
                     });
                 } else {
-                    retakes.push(t.group.to_string());
+                    retakes.push((change.id, t.group.to_string()));
                 }
             }
         }
