@@ -166,14 +166,16 @@ impl GroupIndex {
         // that holds a task to take is the answer), and the levels that hold an
         // available task at all (once all are known, the answer is among them).
         let mut by_priority = self.levels.iter();
-        let mut available = self.available_levels(now);
+        // Made only past the first level: most claims stop there.
+        let mut available = None;
         let mut known = Vec::new();
         loop {
             let (level, tasks) = by_priority.next()?;
             if let Some(id) = first_in(tasks) {
                 return Some(id);
             }
-            let Some(found) = available.next() else {
+            let walk = available.get_or_insert_with(|| self.available_levels(now));
+            let Some(found) = walk.next() else {
                 break;
             };
             // Levels above this one in priority order hold nothing to take.
