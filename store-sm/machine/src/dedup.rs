@@ -60,8 +60,64 @@ struct Arrival {
 /// index, so its layout never reaches an outcome or a snapshot.
 type FixedHasher = BuildHasherDefault<DefaultHasher>;
 
-/// Arrival number by key.
-type Index = HashMap<DedupKey, u64, FixedHasher>;
+/// Arrival number by key, in [`INDEX_SHARDS`] hash maps chosen by the key. A map grows
+/// all at once, rehashing every entry: one map of the million entries that 60 s of
+/// writes may leave held the node's one apply thread for over 100 ms each time it
+/// doubled; a shard of them takes a few.
+#[derive(Debug)]
+struct Index {
+    shards: Vec<HashMap<DedupKey, u64, FixedHasher>>,
+}
+
+/// How many maps the index is split into.
+const INDEX_SHARDS: usize = 64;
+
+impl Index {
+    fn shard(&self, key: &DedupKey) -> &HashMap<DedupKey, u64, FixedHasher> {
+        &self.shards[shard_of(key)]
+    }
+
+    fn shard_mut(&mut self, key: &DedupKey) -> &mut HashMap<DedupKey, u64, FixedHasher> {
+        &mut self.shards[shard_of(key)]
+    }
+
+    fn get(&self, key: &DedupKey) -> Option<&u64> {
+        self.shard(key).get(key)
+    }
+
+    fn insert(&mut self, key: DedupKey, seq: u64) -> Option<u64> {
+        self.shard_mut(&key).insert(key, seq)
+    }
+
+    fn remove(&mut self, key: &DedupKey) -> Option<u64> {
+        self.shard_mut(key).remove(key)
+    }
+}
+
+impl FromIterator<(DedupKey, u64)> for Index {
+    fn from_iter<I: IntoIterator<Item = (DedupKey, u64)>>(entries: I) -> Self {
+        let mut index = Index {
+            shards: (0..INDEX_SHARDS).map(|_| HashMap::default()).collect(),
+        };
+        for (key, seq) in entries {
+            index.insert(key, seq);
+        }
+        index
+    }
+}
+
+/// The shard of `key`: FNV-1a of its client and request id, cheap next to the map's own
+/// hash.
+fn shard_of(key: &DedupKey) -> usize {
+    let bytes = key.0.to_le_bytes();
+    let hash = bytes
+        .iter()
+        .chain(key.1.as_bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    (hash % INDEX_SHARDS as u64) as usize
+}
 
 /// The dedup table. Entries live once, in arrival order, in a persistent vector, so a
 /// clone (every read view, every snapshot) is O(1). The by-key index is a plain hash
