@@ -77,7 +77,12 @@ const FORMAT_WITHOUT_LOG_FORM: u32 = 6;
 /// [`RULES_FORM`] on: builds of older forms, which would apply it with their own rules,
 /// refuse it.
 fn format_of(machine: &TaskMachine) -> u32 {
-    match machine.log_form() {
+    format_for_form(machine.log_form())
+}
+
+/// The format of a machine that recorded log entry form `form` (see [`format_of`]).
+fn format_for_form(form: u32) -> u32 {
+    match form {
         0 => FORMAT_WITHOUT_LOG_FORM,
         form if form < RULES_FORM => FORMAT_WITH_LOG_FORM,
         _ => SNAPSHOT_FORMAT_VERSION,
@@ -625,19 +630,14 @@ pub fn decode_snapshot_with_hash(bytes: &[u8]) -> Result<(TaskMachine, StateHash
         }
     }
     let log_form: u32 = if version >= 7 { take(&mut input)? } else { 0 };
-    if version >= 7 && log_form == 0 {
+    let written_as = format_for_form(log_form);
+    if version >= FORMAT_WITH_LOG_FORM && written_as != version {
+        let recorded = match log_form {
+            0 => "no log entry form".to_string(),
+            form => format!("log entry form {form}"),
+        };
         return Err(SnapshotError::Invalid(format!(
-            "format {version} with no log entry form recorded (it is written as format 6)"
-        )));
-    }
-    if version == 7 && log_form >= RULES_FORM {
-        return Err(SnapshotError::Invalid(format!(
-            "format 7 with log entry form {log_form} recorded (it is written as format 8)"
-        )));
-    }
-    if version >= 8 && log_form < RULES_FORM {
-        return Err(SnapshotError::Invalid(format!(
-            "format {version} with log entry form {log_form} recorded (it is written as format 7)"
+            "format {version} with {recorded} recorded (it is written as format {written_as})"
         )));
     }
     if !input.is_empty() {

@@ -109,13 +109,7 @@ impl FromIterator<(DedupKey, u64)> for Index {
 /// The shard of `key`: FNV-1a of its client and request id, cheap next to the map's own
 /// hash.
 fn shard_of(key: &DedupKey) -> usize {
-    let bytes = key.0.to_le_bytes();
-    let hash = bytes
-        .iter()
-        .chain(key.1.as_bytes())
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
+    let hash = super::fingerprint::fnv1a([&key.0.to_le_bytes()[..], key.1.as_bytes()]);
     (hash % INDEX_SHARDS as u64) as usize
 }
 
@@ -596,13 +590,7 @@ mod tests {
                     .retain(|(_, at, _)| now.millis_since(*at) <= DEDUP_WINDOW_MS);
             }
         }
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound
-        };
+        let mut next = crate::test_numbers(0x9e37_79b9_7f4a_7c15);
         let mut tables = vec![(DedupTable::default(), Model::default())];
         let mut now: Millis = 0;
         for step in 0..4_000u64 {

@@ -45,6 +45,15 @@ pub fn fingerprint(request: &Request) -> u64 {
     }
 }
 
+/// FNV-1a of `chunks` in turn: a cheap hash that is the same on every build.
+pub(crate) fn fnv1a<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut hasher = Fnv(FNV_OFFSET);
+    for chunk in chunks {
+        hasher.bytes(chunk);
+    }
+    hasher.0
+}
+
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 

@@ -303,13 +303,7 @@ mod tests {
     /// over few and many priorities, with and without skipped tasks.
     #[test]
     fn agrees_with_looking_at_every_task() {
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound
-        };
+        let mut next = crate::test_numbers(0x2545_f491_4f6c_dd1d);
         for priorities in [1, 3, 40, 400] {
             let mut index = GroupIndex::default();
             let mut plain = Plain::default();

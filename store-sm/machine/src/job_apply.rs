@@ -23,7 +23,7 @@ use crate::jobs::*;
 use crate::types::*;
 
 /// How many of a request's adds wait for each `(group, key)`.
-type WaitingFor = std::collections::BTreeMap<(GroupName, JobKey), usize>;
+type WaitingFor<'a> = std::collections::BTreeMap<(&'a str, JobKey), usize>;
 
 /// Which versions of a job its owner may finish or fail. The rule comes with the
 /// request's log variant, never from the build, so an entry applies alike on every
@@ -360,16 +360,16 @@ impl TaskMachine {
     /// Counts the add at `index` as a dependant of each job in `after` (with the
     /// request's earlier adds in `waiting_for`), refusing it where that passes
     /// [`JOB_DEPENDANTS_MAX`].
-    fn count_dependants(
+    fn count_dependants<'a>(
         &self,
         index: usize,
-        add: &AddTask,
+        add: &'a AddTask,
         after: &[JobKey],
-        waiting_for: &mut WaitingFor,
+        waiting_for: &mut WaitingFor<'a>,
         refusals: &mut Vec<Refusal>,
     ) {
         for prerequisite in after {
-            let place = (Arc::from(add.group.as_str()), Arc::clone(prerequisite));
+            let place = (add.group.as_str(), Arc::clone(prerequisite));
             let earlier = waiting_for.get(&place).copied().unwrap_or(0);
             let recorded = self
                 .job(&add.group, prerequisite)

@@ -739,6 +739,18 @@ fn duplicates(named: impl Iterator<Item = (ListName, TaskId)>) -> impl Iterator<
         .map(|(list, id)| Refusal::Duplicate { list, id })
 }
 
+/// A small deterministic generator for tests (xorshift): each call gives a number below
+/// its `bound`.
+#[cfg(test)]
+pub(crate) fn test_numbers(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |bound| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % bound
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
