@@ -313,12 +313,17 @@ impl DedupTable {
 fn approximate_bytes(key: &DedupKey, outcome: &Outcome) -> usize {
     const ENTRY_OVERHEAD: usize = 128;
     const PER_ITEM: usize = 64;
+    // A number, not `size_of::<Refusal>()`: the estimate decides which entries are
+    // evicted, so every build in one cluster must compute the same one, and the enum's
+    // layout changes whenever a variant grows. 56 is what that size was in every build
+    // that used it, so this changes no eviction.
+    const PER_REFUSAL: usize = 56;
     let items = match outcome {
         Outcome::Tasks(tasks) => tasks
             .iter()
             .map(|task| PER_ITEM + task.data.len())
             .sum::<usize>(),
-        Outcome::Refused(refusals) => refusals.len() * std::mem::size_of::<Refusal>(),
+        Outcome::Refused(refusals) => refusals.len() * PER_REFUSAL,
         Outcome::Settings(_) => PER_ITEM,
         Outcome::Token(token) => {
             PER_ITEM + token.name.len() + token.groups.iter().map(String::len).sum::<usize>()
@@ -334,6 +339,17 @@ mod tests {
 
     fn key(client: ClientId, id: &str) -> DedupKey {
         (client, Arc::from(id))
+    }
+
+    #[test]
+    fn a_refusal_is_estimated_the_same_in_every_build() {
+        // Members must agree on what the table holds; these numbers are a rule of the
+        // replicated machine, not a measurement of this build's types.
+        let refused = Outcome::Refused(vec![Refusal::NothingToDo, Refusal::ClaimWithoutGroup]);
+        assert_eq!(
+            approximate_bytes(&key(1, "abcd"), &refused),
+            128 + 4 + 2 * 56
+        );
     }
 
     #[test]

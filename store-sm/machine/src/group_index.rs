@@ -115,7 +115,7 @@ impl GroupIndex {
 
     /// Whether a task sits at `position`, claimable or blocked, with its level's head
     /// recorded (for the invariants: O(levels), as before the heads).
-    #[cfg(debug_assertions)]
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn contains(&self, position: &Position) -> bool {
         if self.heads.len() != self.levels.len() {
             return false;
