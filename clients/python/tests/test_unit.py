@@ -916,7 +916,7 @@ def test_a_tls_alert_to_plain_http_fails_at_once_with_the_hint(no_rota_env: None
     thread.join(5)
 
 
-# -- a renewal refused with 401 or 403 ends the lease at once -----------------------------
+# -- a renewal rejected with a definite 4xx ends the lease at once ------------------------
 
 
 @pytest.mark.parametrize(
@@ -924,12 +924,14 @@ def test_a_tls_alert_to_plain_http_fails_at_once_with_the_hint(no_rota_env: None
     [
         (401, "the token is unknown or revoked; send `Authorization: Bearer <token>`"),
         (403, "this token's role may not write to group g"),
+        (400, "update 0: a claim duration of 9000000000 ms is over the cluster's longest"),
+        (422, "request id r-1 was already used for a different request"),
     ],
 )
-def test_a_renewal_refused_for_the_token_loses_the_lease_at_once(status: int, message: str) -> None:
-    """A node answers the renewal 401 or 403 (the token was revoked while the task ran):
-    the lease is lost at once, as refused, with the node's reason, not retried until it
-    runs out and reported as expired."""
+def test_a_renewal_rejected_loses_the_lease_at_once(status: int, message: str) -> None:
+    """A node answers the renewal with a definite 4xx (the token was revoked while the
+    task ran, or no node will take this renewal): the lease is lost at once, as refused,
+    with the node's reason, not retried until it runs out and reported as expired."""
     from rota import Lease
 
     server, seen = _json_node(lambda body: (status, {"error": message}))

@@ -5,8 +5,9 @@ A renewal writes a new version of the task, whose id is the fence from then on: 
 :attr:`Lease.fence` to whatever the work writes downstream (see docs/fencing.md and
 :mod:`rota.fencing`), so that a worker whose lease lapsed cannot overwrite a newer
 worker's output. A lease is lost when a renewal is refused (the task was cancelled, or
-its lease lapsed and another worker claimed it; or a node refused the client itself,
-401 or 403: its token was revoked or lacks the right) or when no renewal got a definite
+its lease lapsed and another worker claimed it; or a node rejected the renewal with
+any other 4xx: 401 or 403 when its token was revoked or lacks the right, 400 or 422 for
+a renewal no node will take) or when no renewal got a definite
 answer before the lease ran out; the work should then stop, since it no longer owns the
 task (or can no longer end it).
 
@@ -46,9 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 RETRY_UNKNOWN_AFTER = 1.0
 """After a renewal without a definite answer, the next try comes within this many seconds."""
 
-REFUSED_CLIENT = (401, 403)
-"""The statuses of a node that refuses the client itself (no valid token, or one without
-the right): a renewal answered so ends the lease at once, since none will be taken."""
 
 
 def error_text(error: BaseException) -> str:
@@ -224,12 +222,11 @@ class Lease:
             self._set_lost(LeaseLost("refused", e.errors))
             return
         except Rejected as e:
-            if e.status not in REFUSED_CLIENT:
-                self._retry_or_expire()
-                return
-            # The token was revoked, or lacks the right: no renewal will be taken, and the
-            # work cannot end the task either. Lost now, with the node's reason, rather
-            # than at the lease's end as if no node had answered.
+            # A definite 4xx (the client retries 408 and 429 itself): the token was
+            # revoked or lacks the right, or the renewal is one no node will take. Sent
+            # again it meets the same answer, and the work may not be able to end the
+            # task either. Lost now, with the node's reason, rather than at the lease's
+            # end as if no node had answered.
             self._pending = None
             node = f" by {e.node}" if e.node else ""
             self._set_lost(LeaseLost("refused", [f"the renewal was refused{node} ({e.status}): {e.message}"]))
