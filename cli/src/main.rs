@@ -709,19 +709,24 @@ async fn wait_for_jobs(
     }
     let nodes = cli::nodes::Nodes::new(&target.url)?;
     let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
-    let key_query: String = keys
-        .iter()
-        .map(|k| format!("&key={}", cli::nodes::encode(k)))
-        .collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let wait = left.min(Duration::from_millis(rpc::watch::WAIT_MS_MAX));
-        let path = format!(
-            "/jobs/wait?group={}{key_query}&wait_ms={}",
-            cli::nodes::encode(group),
-            wait.as_millis()
-        );
-        let answer: rpc::job::JobWaitJson = nodes.get_json_waiting(&path, wait).await?;
+        let wait_ms = wait.as_millis() as u64;
+        let answer: rpc::job::JobWaitJson =
+            match rpc::job::jobs_wait_path(group, &key_refs, wait_ms) {
+                Some(path) => nodes.get_json_waiting(&path, wait).await?,
+                None => {
+                    let body = rpc::job::JobWaitRequestJson {
+                        group: group.to_string(),
+                        keys: keys.to_vec(),
+                        wait_ms: Some(wait_ms),
+                        consistency: None,
+                    };
+                    nodes.post_for_waiting("/jobs/wait", &body, wait).await?
+                }
+            };
         if answer.finished || left.is_zero() {
             if target.json {
                 println!("{}", cli::json_text(&answer)?);

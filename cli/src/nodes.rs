@@ -231,7 +231,17 @@ impl Nodes {
         path: &str,
         body: &T,
     ) -> Result<R, CliError> {
-        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT).await?;
+        self.post_for_waiting(path, body, Duration::ZERO).await
+    }
+
+    /// As [`Nodes::post_for`], for a read that may wait `wait` at the node first.
+    pub async fn post_for_waiting<T: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &T,
+        wait: Duration,
+    ) -> Result<R, CliError> {
+        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT + wait).await?;
         answer(&addr, response)
     }
 

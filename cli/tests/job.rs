@@ -577,6 +577,30 @@ async fn job_wait_returns_once_the_jobs_finish_and_fails_at_its_timeout() {
         .json();
     assert_eq!(done["finished"], true, "{done}");
     assert_eq!(done["jobs"][0]["state"], "succeeded");
+
+    // More keys than a URL holds go in a body: the job above and 400 never added.
+    let mut args: Vec<String> = [
+        "job",
+        "wait",
+        "--group",
+        "w",
+        "--timeout",
+        "0s",
+        "--json",
+        "only",
+    ]
+    .map(String::from)
+    .to_vec();
+    let missing: Vec<String> = (0..400)
+        .map(|n| format!("{n:04}{}", "k".repeat(200)))
+        .collect();
+    args.extend(missing.iter().cloned());
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let many = cluster.rota(&arg_refs).await;
+    assert_eq!(many.code, 1, "{}", many.stderr);
+    let answer: serde_json::Value = serde_json::from_str(&many.stdout).expect("JSON");
+    assert_eq!(answer["jobs"][0]["key"], "only", "{answer}");
+    assert_eq!(answer["missing"], serde_json::json!(missing));
 }
 
 #[tokio::test]

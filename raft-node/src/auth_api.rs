@@ -98,6 +98,8 @@ fn access_needed(
         "/metrics" if metrics_open => Access::Open,
         "/metrics" | "/admin/state-hash" => Access::Observe,
         "/ui" => Access::Open,
+        // A read, whether its keys come in the query or (too many for a URL) a body.
+        "/jobs/wait" => Access::Read,
         _ if path.starts_with("/ui/") => Access::Open,
         _ if path.starts_with("/admin/") => Access::Admin,
         _ if path.starts_with("/groups/") && *method == Method::PUT => Access::Admin,
@@ -414,6 +416,8 @@ mod tests {
         assert_eq!(needs(&post, "/update"), Access::Write);
         assert_eq!(needs(&post, "/claim"), Access::Write);
         assert_eq!(needs(&post, "/cancel"), Access::Write);
+        assert_eq!(needs(&get, "/jobs/wait"), Access::Read);
+        assert_eq!(needs(&post, "/jobs/wait"), Access::Read);
         assert_eq!(needs(&put, "/groups/map/settings"), Access::Admin);
         assert_eq!(needs(&get, "/groups/map/settings"), Access::Read);
         assert_eq!(needs(&post, "/admin/remove"), Access::Admin);

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -27,6 +28,7 @@ use rpc::job::JOBS_PAGE_MAX;
 use rpc::job::JobJson;
 use rpc::job::JobPageJson;
 use rpc::job::JobWaitJson;
+use rpc::job::JobWaitRequestJson;
 use rpc::job::KeysRequestJson;
 use rpc::job::RETRY_PATH;
 use rpc::job::SettingsChangeJson;
@@ -38,6 +40,7 @@ use rpc::job::check_settings_change;
 use rpc::job::factor_milli;
 use rpc::job::finish_items;
 use rpc::job::result_text;
+use rpc::watch::check_wait_ms;
 use store_sm::machine::Backoff;
 use store_sm::machine::CancelRequest;
 use store_sm::machine::ClaimManyRequest;
@@ -61,6 +64,7 @@ use crate::json::settings_json;
 use crate::node::SharedNode;
 use crate::relay::Incoming;
 use crate::relay::respond;
+use crate::service::Consistency;
 use crate::worker_api::check_claim_duration;
 use crate::worker_api::consistency;
 use crate::worker_api::limit_param;
@@ -82,7 +86,7 @@ pub fn routes() -> Router<SharedNode> {
         .route(RETRY_PATH, post(post_retry))
         .route("/job", get(get_job))
         .route("/jobs", get(get_jobs))
-        .route("/jobs/wait", get(get_jobs_wait))
+        .route("/jobs/wait", get(get_jobs_wait).post(post_jobs_wait))
         .route("/dead", get(get_dead))
         .route(
             "/groups/{group}/settings",
@@ -316,6 +320,14 @@ fn no_job_with_id(id: TaskId) -> ApiError {
 }
 
 /// `GET /jobs/wait?group=G&key=A&key=B&wait_ms=`: the named jobs once all finished.
+/// What a `/jobs/wait` asks, from its query (`GET`) or its body (`POST`).
+struct JobWait {
+    group: String,
+    keys: Vec<String>,
+    wait: Duration,
+    consistency: Consistency,
+}
+
 async fn get_jobs_wait(
     State(node): State<SharedNode>,
     incoming: Incoming,
@@ -346,6 +358,46 @@ async fn get_jobs_wait(
     let group = group
         .filter(|g| !g.is_empty())
         .ok_or_else(|| ApiError::bad_request("query parameter group is required (once)"))?;
+    let asked = JobWait {
+        group,
+        keys,
+        wait: wait_param(&params)?,
+        consistency: consistency(&params)?,
+    };
+    jobs_wait(node, incoming, asked).await
+}
+
+/// `GET /jobs/wait` with its parameters in a JSON body, for more keys than a URL holds.
+async fn post_jobs_wait(
+    State(node): State<SharedNode>,
+    incoming: Incoming,
+) -> Result<Response, ApiError> {
+    let json: JobWaitRequestJson = parse_json(&incoming.body, "/jobs/wait")?;
+    if json.group.is_empty() {
+        return Err(ApiError::bad_request("group is required"));
+    }
+    let wait_ms = json.wait_ms.unwrap_or(0);
+    check_wait_ms(wait_ms).map_err(ApiError::bad_request)?;
+    let asked = JobWait {
+        group: json.group,
+        keys: json.keys,
+        wait: Duration::from_millis(wait_ms),
+        consistency: Consistency::parse(json.consistency.as_deref())?,
+    };
+    jobs_wait(node, incoming, asked).await
+}
+
+async fn jobs_wait(
+    node: SharedNode,
+    incoming: Incoming,
+    asked: JobWait,
+) -> Result<Response, ApiError> {
+    let JobWait {
+        group,
+        keys,
+        wait,
+        consistency,
+    } = asked;
     incoming.caller.check_group(&group)?;
     if keys.is_empty() || keys.len() > WAIT_KEYS_MAX {
         return Err(ApiError::bad_request(format!(
@@ -356,8 +408,6 @@ async fn get_jobs_wait(
     for key in &keys {
         check_key("key", key).map_err(ApiError::bad_request)?;
     }
-    let wait = wait_param(&params)?;
-    let consistency = consistency(&params)?;
     let held = node.holds_token(&incoming.caller);
     let view = node.wait_jobs(&group, &keys, consistency, wait).await;
     node.still_authorized(&incoming.caller, held)?;

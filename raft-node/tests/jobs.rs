@@ -765,6 +765,87 @@ async fn a_wait_for_outcomes_returns_when_the_jobs_finish() {
 }
 
 #[tokio::test]
+async fn a_wait_for_more_keys_than_a_url_holds_goes_in_a_body() {
+    // 1 000 keys of 256 bytes, each three times that once percent-encoded: far past what
+    // a URL takes (hyper's HTTP/2 header limit is 16 KiB).
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let keys: Vec<String> = (0..1_000)
+        .map(|i| format!("{i:04}{}", "é".repeat(126)))
+        .collect();
+    assert!(keys.iter().all(|k| k.len() == 256));
+    for chunk in keys.chunks(250) {
+        let adds: Vec<Value> = chunk
+            .iter()
+            .map(|key| json!({"group": "many", "key": key}))
+            .collect();
+        post(
+            &cluster,
+            leader,
+            "/update",
+            json!({"clientid": 1, "adds": adds}),
+        )
+        .await;
+    }
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(rpc::job::jobs_wait_path("many", &key_refs, 100), None);
+
+    // Through a follower, which relays the body to the leader for a linearizable read.
+    let mut named = keys.clone();
+    named[999] = "never added".to_string();
+    let body = json!({"group": "many", "keys": named, "wait_ms": 100});
+    let answer = post(&cluster, follower, "/jobs/wait", body).await;
+    assert_eq!(answer["finished"], false);
+    assert_eq!(answer["missing"], json!(["never added"]));
+    let jobs = answer["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 999);
+    assert!(jobs.iter().zip(&keys).all(|(job, key)| job["key"] == *key));
+    assert!(jobs.iter().all(|job| job["state"] == "waiting"));
+
+    // The Rust client switches to the body by itself, and gets the same answer.
+    let client = rpc::worker_client::WorkerClient::new([cluster.api(follower).to_string()], 2)
+        .expect("a client");
+    let waited = client
+        .wait_jobs("many", &key_refs, std::time::Duration::from_millis(100))
+        .await
+        .expect("answered");
+    assert_eq!((waited.finished, waited.jobs.len()), (false, 1_000));
+
+    let too_many: Vec<String> = (0..1_001).map(|i| format!("k{i}")).collect();
+    for (body, field) in [
+        (json!({"group": "", "keys": ["a"]}), "group"),
+        (json!({"group": "many", "keys": []}), "1 to 1000"),
+        (json!({"group": "many", "keys": too_many}), "1001 given"),
+        (json!({"group": "many", "keys": [""]}), "key"),
+        (
+            json!({"group": "many", "keys": ["a"], "wait_ms": 60_001}),
+            "wait_ms",
+        ),
+        (
+            json!({"group": "many", "keys": ["a"], "consistency": "soon"}),
+            "consistency",
+        ),
+        (
+            json!({"group": "many", "keys": ["a"], "key": "b"}),
+            "unknown field",
+        ),
+    ] {
+        let (status, json) = call(
+            &cluster,
+            leader,
+            Method::POST,
+            "/jobs/wait",
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(status, 400, "{body}: {json}");
+        let message = json["error"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{body}: {message}");
+    }
+}
+
+#[tokio::test]
 async fn a_wait_for_outcomes_ends_when_a_job_dies() {
     let cluster = TestCluster::start(1, "never");
     cluster.wait_leader(&[1]).await;

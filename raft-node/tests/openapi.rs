@@ -140,6 +140,7 @@ fn parser(schema: &str) -> Option<Parser> {
         "NextClaim" => parses::<rpc::job::NextClaimJson>,
         "FailRequest" => parses::<rpc::job::FailRequestJson>,
         "KeysRequest" => parses::<rpc::job::KeysRequestJson>,
+        "JobWaitRequest" => parses::<rpc::job::JobWaitRequestJson>,
         "SettingsChange" => parses::<rpc::job::SettingsChangeJson>,
         "Backoff" => parses::<rpc::job::BackoffJson>,
         "OnConflict" => parses::<rpc::job::OnConflictJson>,

@@ -18,6 +18,7 @@ use task_machine::jobs::Backoff;
 use task_machine::jobs::SettingsChange;
 use task_machine::jobs::check_key_length;
 
+use crate::client::percent_encode;
 use crate::worker::AddJson;
 
 /// Where a finish is posted.
@@ -323,6 +324,44 @@ pub struct AttemptJson {
 /// Most keys one `/jobs/wait` may name.
 pub const WAIT_KEYS_MAX: usize = 1_000;
 
+/// Longest `GET /jobs/wait` path and query a client sends; a longer one goes as
+/// `POST /jobs/wait` instead. HTTP/2 peers take about 16 KiB of headers, and 1 000 keys
+/// of up to 256 bytes (three times that once percent-encoded) take far more.
+pub const WAIT_QUERY_BYTES_MAX: usize = 8 * 1024;
+
+/// The `GET /jobs/wait` path and query for `keys` of `group`, or `None` when it would
+/// be longer than [`WAIT_QUERY_BYTES_MAX`]: then send [`JobWaitRequestJson`] as
+/// `POST /jobs/wait` (builds before it answer a POST 405, so short lists keep the GET).
+pub fn jobs_wait_path(group: &str, keys: &[&str], wait_ms: u64) -> Option<String> {
+    let mut path = format!("/jobs/wait?group={}", percent_encode(group));
+    for key in keys {
+        path.push_str("&key=");
+        path.push_str(&percent_encode(key));
+        if path.len() > WAIT_QUERY_BYTES_MAX {
+            return None;
+        }
+    }
+    path.push_str(&format!("&wait_ms={wait_ms}"));
+    (path.len() <= WAIT_QUERY_BYTES_MAX).then_some(path)
+}
+
+/// The body of `POST /jobs/wait`: `GET /jobs/wait` for more keys than a URL holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "JobWaitRequest")]
+pub struct JobWaitRequestJson {
+    /// The jobs' group.
+    pub group: String,
+    /// The jobs' keys, 1 to 1 000.
+    pub keys: Vec<String>,
+    /// How long to wait for them all to finish, 0 to 60 000 ms (0 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// `linearizable` (when absent) or `stale`, as for every read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<String>,
+}
+
 /// The answer of `GET /jobs/wait`: the named jobs' records once all have finished, or
 /// as they are at the deadline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -538,6 +577,25 @@ pub fn check_settings_change(change: &SettingsChangeJson) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_path_keeps_to_the_query_limit_and_leaves_longer_ones_to_a_body() {
+        assert_eq!(
+            jobs_wait_path("g 1", &["a", "b/c"], 500).as_deref(),
+            Some("/jobs/wait?group=g%201&key=a&key=b%2Fc&wait_ms=500")
+        );
+        let long = "k".repeat(100);
+        let keys: Vec<&str> = vec![long.as_str(); 100];
+        assert!(jobs_wait_path("g", &keys[..50], 0).is_some());
+        assert_eq!(jobs_wait_path("g", &keys, 0), None);
+        let fits = (0..=keys.len())
+            .take_while(|&n| jobs_wait_path("g", &keys[..n], 60_000).is_some())
+            .last()
+            .expect("no keys fit");
+        let longest = jobs_wait_path("g", &keys[..fits], 60_000).expect("fits");
+        assert!(longest.len() <= WAIT_QUERY_BYTES_MAX);
+        assert!(longest.len() + "&key=".len() + long.len() > WAIT_QUERY_BYTES_MAX);
+    }
 
     #[test]
     fn bad_job_fields_are_named() {

@@ -96,6 +96,7 @@ pub fn answer_schemas() -> Map<String, Value> {
     add::<job::JobJson>(&mut generator);
     add::<job::JobPageJson>(&mut generator);
     add::<job::JobWaitJson>(&mut generator);
+    add::<job::JobWaitRequestJson>(&mut generator);
     add::<job::SettingsJson>(&mut generator);
     add::<job::GroupStatsJson>(&mut generator);
     add::<watch::WatchPageJson>(&mut generator);

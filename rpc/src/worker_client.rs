@@ -48,9 +48,11 @@ use crate::job::FinishManyRequestJson;
 use crate::job::FinishRequestJson;
 use crate::job::JobJson;
 use crate::job::JobWaitJson;
+use crate::job::JobWaitRequestJson;
 use crate::job::KeysRequestJson;
 use crate::job::SettingsChangeJson;
 use crate::job::SettingsJson;
+use crate::job::jobs_wait_path;
 use crate::retry::Unanswered;
 use crate::retry::write_once;
 use crate::watch::WAIT_MS_MAX;
@@ -992,15 +994,20 @@ impl WorkerClient {
         wait: Duration,
     ) -> Result<JobWaitJson, WorkerError> {
         let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
-        let keys: String = keys
-            .iter()
-            .map(|k| format!("&key={}", percent_encode(k)))
-            .collect();
-        let path = format!(
-            "/jobs/wait?group={}{keys}&wait_ms={wait_ms}",
-            percent_encode(group)
-        );
-        self.read(&path, Duration::from_millis(wait_ms)).await
+        let wait = Duration::from_millis(wait_ms);
+        if let Some(path) = jobs_wait_path(group, keys, wait_ms) {
+            return self.read(&path, wait).await;
+        }
+        let body = JobWaitRequestJson {
+            group: group.to_string(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            wait_ms: Some(wait_ms),
+            consistency: None,
+        };
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| WorkerError::Refused(vec![format!("encoding the wait: {e}")]))?;
+        self.call(Method::POST, "/jobs/wait", Some(body), wait)
+            .await
     }
 
     /// The changes of `group` after revision `after` (default: from now), waiting up to

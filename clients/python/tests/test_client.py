@@ -196,6 +196,12 @@ def test_jobs_finish_fail_cancel_retry_and_records(client: RotaClient, group: st
     assert [j.key for j in waited.jobs] == ["fetch", "build"]
     assert client.wait_jobs(group, ["fetch", "build"]).finished is True
 
+    # More keys than a URL holds: the client sends them in a body (POST /jobs/wait).
+    many = ["fetch"] + [f"{n:04}" + "é" * 126 for n in range(999)]
+    waited = client.wait_jobs(group, many, wait_ms=100)
+    assert waited.finished is False and [j.key for j in waited.jobs] == ["fetch"]
+    assert waited.missing == many[1:]
+
 
 def test_blocking_claim_and_waits(client: RotaClient, group: str) -> None:
     # Nothing to claim: the claim waits, then answers None at the deadline.

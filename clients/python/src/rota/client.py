@@ -120,6 +120,11 @@ def next_not_taken(status: int, message: str) -> bool:
     return False
 
 
+WAIT_QUERY_BYTES_MAX = 8 * 1024
+"""Longest ``GET /jobs/wait`` path and query sent; a longer one goes as ``POST /jobs/wait``
+with its parameters in a JSON body (nodes take about 16 KiB of headers over HTTP/2,
+and builds before the POST answer it 405, so short lists keep the GET)."""
+
 _MIN_TIMEOUT = 0.05
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
@@ -1054,7 +1059,15 @@ class RotaClient:
         or as they are after ``wait_ms`` (at most 60 000)."""
         wait = _wait_ms(wait_ms)
         query = _query(group=group, key=list(keys), wait_ms=wait, consistency=consistency)
-        obj = self._read(f"/jobs/wait{query}", wait)
+        path = f"/jobs/wait{query}"
+        if len(path) <= WAIT_QUERY_BYTES_MAX:
+            obj = self._read(path, wait)
+        else:
+            # More keys than a URL holds: the same read with its parameters in a body.
+            body: Dict[str, Any] = {"group": group, "keys": list(keys), "wait_ms": wait}
+            if consistency is not None:
+                body["consistency"] = consistency
+            obj = self._call("POST", "/jobs/wait", body, _object_answer, wait_s=wait / 1000.0)
         return JobWait(
             finished=bool(obj.get("finished")),
             jobs=[Job.from_json(j) for j in obj.get("jobs") or []],
