@@ -444,9 +444,44 @@ async fn run_command(
     ))
 }
 
+/// Whether `program` names a file the worker can run, found as the spawn finds it: a
+/// path (with a `/`) as given, a bare name in `PATH`. A command that cannot start fails
+/// every task it is given, and a worker that claimed them anyway would spend each
+/// job's attempts and leave the whole queue dead.
+pub fn check_program(program: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return if runnable(std::path::Path::new(program)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{program:?} is not an executable file (from {}); fix the path or its mode",
+                std::env::current_dir()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_else(|_| "this directory".into())
+            ))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|dir| runnable(&dir.join(program))) {
+        return Ok(());
+    }
+    Err(format!(
+        "no executable {program:?} in PATH; install it, or give its path"
+    ))
+}
+
 /// Runs the worker until SIGTERM or Ctrl-C; how many tasks it finished.
 pub async fn run(config: WorkerConfig) -> Result<u64, CliError> {
     check_groups(&config.groups)?;
+    for group in &config.groups {
+        check_program(&group.command[0])
+            .map_err(|e| CliError::Usage(format!("group {:?}: {e}", group.options.group)))?;
+    }
     let client = WorkerClient::new(&config.urls, config.client_id)
         .and_then(|c| c.with_token(crate::token()))
         .map(|c| c.with_tls(crate::tls()))

@@ -87,6 +87,49 @@ fn stderr_of(child: &mut std::process::Child) -> String {
 }
 
 #[tokio::test]
+async fn a_worker_whose_command_cannot_start_stops_before_it_claims() {
+    let dev = DevCluster::up().await;
+    json(
+        &dev,
+        &[
+            "job",
+            "add",
+            "--group",
+            "w",
+            "--key",
+            "k",
+            "--max-attempts",
+            "1",
+        ],
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("a directory");
+    let not_runnable = dir.path().join("script.sh");
+    std::fs::write(&not_runnable, "#!/bin/sh\ntrue\n").expect("a script");
+    let not_runnable = not_runnable.to_str().expect("utf-8").to_string();
+    for (command, says) in [
+        (
+            "no-such-program-rota-test",
+            "no executable \"no-such-program-rota-test\" in PATH",
+        ),
+        (
+            "/no/such/dir/program",
+            "\"/no/such/dir/program\" is not an executable file",
+        ),
+        (not_runnable.as_str(), "is not an executable file"),
+    ] {
+        let mut worker = worker(&dev, &["--group", "w"], &[command]);
+        let status = worker.wait().expect("the worker exits");
+        let stderr = stderr_of(&mut worker);
+        assert_eq!(status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains(says), "{command}: {stderr}");
+    }
+    // Nothing was claimed: the job is still waiting, its one attempt unspent.
+    let job = job_state(&dev, "w", "k").await;
+    assert_eq!(job["state"], "waiting", "{job}");
+}
+
+#[tokio::test]
 async fn a_worker_runs_each_task_once_and_records_its_outcome() {
     let dev = DevCluster::up().await;
     for (key, data, extra) in [("k0", "a", ""), ("k1", "b", ""), ("k2", "c", "1")] {
