@@ -193,8 +193,8 @@ fn stream(
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let start = request.after.unwrap_or_else(|| node.feed.revision());
     let events = futures_util::stream::unfold(
-        (node, request, Next::After(start)),
-        move |(node, mut request, next)| {
+        (node, request, Next::After(start), held),
+        move |(node, mut request, next, held)| {
             let caller = caller.clone();
             async move {
                 let Next::After(after) = next else {
@@ -204,6 +204,9 @@ fn stream(
                 request.wait = STREAM_KEEP_ALIVE;
                 let page = node.watch(&request).await;
                 let page = node.still_authorized(&caller, held).and(page);
+                // Opened on the leader's word before this node applied the token: from
+                // the time it holds it, its revocation ends the stream too.
+                let held = node.still_holds(&caller, held);
                 let (events, next) = match page {
                     Ok(Ok(page)) if page.changes.is_empty() => {
                         let next = if node.waiters.is_stopping() {
@@ -227,7 +230,7 @@ fn stream(
                     }
                 };
                 let items = futures_util::stream::iter(events.into_iter().map(Ok));
-                Some((items, (node, request, next)))
+                Some((items, (node, request, next, held)))
             }
         },
     );

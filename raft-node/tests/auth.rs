@@ -716,3 +716,94 @@ async fn a_request_that_waited_takes_nothing_once_its_token_is_revoked() {
         "the task was still claimable: {tasks}"
     );
 }
+
+/// An event stream checks its token at every change it sends: once the token is revoked,
+/// the stream ends with an `error` event. Opened on a follower just after the token was
+/// made, the follower may not hold it yet (the leader vouched for it): the revocation
+/// must end that stream too, once the follower has caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_ends_once_its_token_is_revoked() {
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+
+    let cluster = TestCluster::start_with(3, "never", &["--auth=tokens"]);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let first = bootstrap(&cluster, 1).await;
+    let admin = first["bearer"].as_str().expect("a bearer").to_string();
+    let (_, status) = call(&cluster, 1, Some(&admin), Method::GET, "/cluster", None).await;
+    let leader = status["leader"].as_u64().expect("a leader");
+    let follower = leader % 3 + 1;
+    let (worker_id, worker) = token(&cluster, &admin, json!({"name": "w", "role": "worker"})).await;
+
+    let addr = cluster.api(follower).to_string();
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let request = format!(
+        "GET /watch?group=sse HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nAuthorization: Bearer {worker}\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut text = String::new();
+    let mut buffer = [0u8; 4096];
+    let mut read_until = async |stream: &mut tokio::net::TcpStream, want: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !text.contains(want) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {want:?} in: {text}"
+            );
+            let read =
+                tokio::time::timeout(std::time::Duration::from_secs(30), stream.read(&mut buffer))
+                    .await
+                    .expect("the stream went quiet")
+                    .expect("read");
+            if read == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buffer[..read]));
+        }
+        text.clone()
+    };
+    let opened = read_until(&mut stream, "\r\n\r\n").await;
+    assert!(opened.starts_with("HTTP/1.1 200"), "{opened}");
+
+    let add = |data: &'static str| json!({"clientid": 1, "adds": [{"group": "sse", "data": data}]});
+    let (status, added) = call(
+        &cluster,
+        leader,
+        Some(&admin),
+        Method::POST,
+        "/update",
+        Some(add("before")),
+    )
+    .await;
+    assert_eq!(status, 200, "{added}");
+    let seen = read_until(&mut stream, "event: task").await;
+    assert!(seen.contains("before"), "{seen}");
+
+    let (status, revoked) = call(
+        &cluster,
+        leader,
+        Some(&admin),
+        Method::DELETE,
+        &format!("/admin/tokens/{worker_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{revoked}");
+    let (status, added) = call(
+        &cluster,
+        leader,
+        Some(&admin),
+        Method::POST,
+        "/update",
+        Some(add("after")),
+    )
+    .await;
+    assert_eq!(status, 200, "{added}");
+    let ended = read_until(&mut stream, "event: error").await;
+    assert!(
+        !ended.contains("after"),
+        "a revoked token read a change: {ended}"
+    );
+}

@@ -260,6 +260,17 @@ impl Node {
         Ok(())
     }
 
+    /// `held`, brought up to date for a request that goes on being served (an event
+    /// stream): a token this node did not hold when the request came counts as held
+    /// once the node holds it, so that a revocation after that ends the request too.
+    pub fn still_holds(&self, caller: &Caller, held: HeldToken) -> HeldToken {
+        if held.0 {
+            held
+        } else {
+            self.holds_token(caller)
+        }
+    }
+
     /// Who sent a request with this `Authorization` header value (if any), by this
     /// node's applied state. A well-formed token it does not know may be one the cluster
     /// made a moment ago: [`Node::authenticate_confirmed`] settles that.
