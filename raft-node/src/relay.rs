@@ -33,6 +33,26 @@ use crate::service::auth::Caller;
 /// Header a node adds when it relays a request, so the receiver never relays it again.
 pub const FORWARDED_HEADER: &str = "x-rota-forwarded-by";
 
+/// Refuses a [`FORWARDED_HEADER`] that no node sent: nodes put their id there. A
+/// client that sends one of its own (a proxy copying headers, a guess) would otherwise
+/// never be relayed to the leader and get 503s for as long as it retried.
+fn check_forwarded_by(headers: &HeaderMap) -> Result<(), ApiError> {
+    let values = headers.get_all(FORWARDED_HEADER);
+    let mut count = 0;
+    for value in values {
+        count += 1;
+        let is_node_id = value
+            .to_str()
+            .is_ok_and(|text| text.parse::<u64>().is_ok_and(|id| id > 0));
+        if !is_node_id || count > 1 {
+            return Err(ApiError::bad_request(format!(
+                "the {FORWARDED_HEADER} header is for the nodes' own relays, once, naming                  a node id; leave it out"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The header that carries a write's request id beside (or instead of) `requestid`.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
@@ -82,6 +102,7 @@ impl FromRequest<SharedNode> for Incoming {
             parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
                 ApiError::internal("this route skipped the token check; report this")
             })?;
+        check_forwarded_by(&parts.headers)?;
         let limit = node.config.body_bytes_max;
         let body = read_body(&parts.headers, body, limit, BODY_READ_TIMEOUT).await?;
         Ok(Self {

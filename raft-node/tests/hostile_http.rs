@@ -141,6 +141,35 @@ async fn malformed_requests_get_json_errors() {
     assert!(cluster.status(1).await.is_some());
 }
 
+/// The relay's own header, sent by a client, is refused with a reason instead of
+/// leaving a follower unable to relay the request (a 503 for as long as it retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_made_up_relay_header_is_refused_and_a_follower_still_relays() {
+    let cluster = TestCluster::start(3, "never");
+    let leader = cluster.wait_leader(&[1, 2, 3]).await;
+    let follower = leader % 3 + 1;
+    let addr = cluster.api(follower).to_string();
+    let read_for = Duration::from_secs(5);
+    let body = r#"{"clientid":1,"adds":[{"group":"h","data":"x"}]}"#;
+    for value in ["me", "0", "-1", "1\r\nX-Rota-Forwarded-By: 2"] {
+        let request = format!(
+            "POST /update HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Rota-Forwarded-By: {value}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = raw_exchange(&addr, request.as_bytes(), read_for);
+        let (status, error) = status_and_error(&answer);
+        assert_eq!(status, 400, "{value:?}: {answer}");
+        assert!(error.contains("x-rota-forwarded-by"), "{value:?}: {error}");
+    }
+    // Without it, the follower relays the write to the leader.
+    let request = format!(
+        "POST /update HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = raw_exchange(&addr, request.as_bytes(), read_for);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_expects_100_continue_gets_413_before_it_sends() {
     let cluster = TestCluster::start(1, "always");
