@@ -807,3 +807,84 @@ async fn an_event_stream_ends_once_its_token_is_revoked() {
         "a revoked token read a change: {ended}"
     );
 }
+
+/// A blocking claim of a token limited to some groups, depending on another group's
+/// job cancelled while it ran, gets the answer the same claim without a wait gets (403, naming
+/// neither the group nor the key), not a `Missing` from the check before its wait.
+#[tokio::test]
+async fn a_blocking_claim_on_another_groups_cancelled_task_is_out_of_scope() {
+    let cluster = TestCluster::start_with(3, "never", &["--auth=tokens"]);
+    cluster.wait_ready(&[1, 2, 3]).await;
+    let first = bootstrap(&cluster, 1).await;
+    let admin = first["bearer"].as_str().expect("a bearer").to_string();
+    let (_, limited) = token(
+        &cluster,
+        &admin,
+        json!({"name": "mine", "role": "worker", "groups": ["mine-"]}),
+    )
+    .await;
+    // The rule is the log form 4 one: wait until the new cluster has recorded it.
+    eventually(|| async {
+        let (_, status) = call(&cluster, 1, Some(&admin), Method::GET, "/cluster", None).await;
+        let form = status["log_form"].as_u64().unwrap_or_default();
+        (form >= u64::from(raft_node::log_forms::LOG_FORMS_READ))
+            .then_some(())
+            .ok_or(format!("log form {form}"))
+    })
+    .await;
+    let add = json!({"clientid": 1, "adds": [{"group": "other", "key": "secret-key"}]});
+    let (status, added) = call(
+        &cluster,
+        1,
+        Some(&admin),
+        Method::POST,
+        "/update",
+        Some(add),
+    )
+    .await;
+    assert_eq!(status, 200, "{added}");
+    // Running when it is cancelled: the cluster then remembers the cancel for its owner.
+    let claim = json!({"clientid": 2, "group": "other", "duration": 60_000});
+    let (status, claimed) = call(
+        &cluster,
+        1,
+        Some(&admin),
+        Method::POST,
+        "/claim",
+        Some(claim),
+    )
+    .await;
+    assert_eq!(status, 200, "{claimed}");
+    let theirs = claimed["tasks"][0]["id"].as_u64().expect("an id");
+    let cancel = json!({"clientid": 1, "group": "other", "keys": ["secret-key"]});
+    let (status, cancelled) = call(
+        &cluster,
+        1,
+        Some(&admin),
+        Method::POST,
+        "/cancel",
+        Some(cancel),
+    )
+    .await;
+    assert_eq!(status, 200, "{cancelled}");
+
+    for wait_ms in [0, 2_000] {
+        let claim = json!({"clientid": 3, "group": "mine-a", "duration": 60_000,
+            "depends": [theirs], "wait_ms": wait_ms});
+        let (status, refused) = call(
+            &cluster,
+            1,
+            Some(&limited),
+            Method::POST,
+            "/claim",
+            Some(claim),
+        )
+        .await;
+        assert_eq!(status, 403, "wait_ms {wait_ms}: {refused}");
+        let error = refused["error"].as_str().unwrap_or_default();
+        assert!(
+            !error.contains("other") && !error.contains("secret-key"),
+            "wait_ms {wait_ms}: {error}"
+        );
+    }
+}

@@ -98,6 +98,12 @@ impl Node {
         let view = self.read(Consistency::Linearizable).await?;
         let held = self.holds_token(caller);
         let slot = self.waiters.enter(WaitKind::Claim)?;
+        // First, as the machine does: a token limited to some groups is refused what it
+        // names outside them (a dependency of another group) before any other answer.
+        let limited = caller.limit(claim.to_request(true));
+        if let Some(refusal) = view.state.machine.scope_refusal_of(&limited) {
+            return Self::outcome_or_reused_id(Arc::new(Outcome::Refused(vec![refusal])));
+        }
         if let Some(outcome) = remembered_claim(&self.state, &claim, request_id.as_deref())? {
             return Ok(outcome);
         }

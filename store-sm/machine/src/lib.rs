@@ -691,6 +691,17 @@ impl TaskMachine {
         self.dedup.answer(&key, Some(fingerprint(request)))
     }
 
+    /// The refusal a request limited to some groups ([`Request::Scoped`]) gets for what
+    /// it names outside them, before anything else is looked at; `None` for a request
+    /// that is not limited, or names nothing outside. What a node checks before a claim
+    /// waits, so that it answers as the claim's own apply would.
+    pub fn scope_refusal_of(&self, request: &Request) -> Option<Refusal> {
+        match request {
+            Request::Scoped(scoped) => self.scope_refusal(&scoped.groups, &scoped.request),
+            _ => None,
+        }
+    }
+
     /// The dedup table, for snapshots and checks.
     pub fn dedup(&self) -> &DedupTable {
         &self.dedup
