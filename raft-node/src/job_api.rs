@@ -116,9 +116,17 @@ async fn post_finish(
         None => Request::Finish(finish),
         Some(next) => {
             check_claim_duration(&node, "next.duration", next.duration)?;
-            let count = next
-                .checked_count()
-                .map_err(|refusal| ApiError::bad_request(format!("next: {refusal}")))?;
+            let count = next.checked_count().map_err(|refusal| {
+                // The machine's text names a claim's `count`; here it is `next.count`.
+                let text = refusal.to_string();
+                let text = text.strip_prefix("claim: ").unwrap_or(&text);
+                ApiError::bad_request(format!("next.{text}"))
+            })?;
+            if next.group.is_empty() {
+                return Err(ApiError::bad_request(
+                    "next.group is missing or empty; name the group to claim the next task from",
+                ));
+            }
             incoming.caller.check_group(&next.group)?;
             Request::FinishAndClaim(FinishAndClaimRequest {
                 next: ClaimManyRequest {

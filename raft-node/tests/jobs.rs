@@ -483,14 +483,23 @@ async fn a_finish_with_next_claims_the_next_task_in_the_same_write() {
     let job = get(&cluster, leader, "/job?group=n&key=c").await;
     assert_eq!(job["state"], "waiting", "{job}");
     // A next claim the node cannot take: 400 before anything is written.
-    for bad in [
-        json!({"group": "n", "duration": 0}),
-        json!({"group": "n", "duration": 1000, "count": 0}),
-        json!({"group": "n", "duration": 1000, "depends": [1]}),
+    for (bad, says) in [
+        (json!({"group": "n", "duration": 0}), "next.duration"),
+        (
+            json!({"group": "n", "duration": 1000, "count": 0}),
+            "next.count 0",
+        ),
+        (
+            json!({"group": "n", "duration": 1000, "depends": [1]}),
+            "depends",
+        ),
+        (json!({"group": "", "duration": 1000}), "next.group"),
     ] {
         let body = json!({"clientid": 7, "id": 1, "next": bad});
         let (status, json) = call(&cluster, leader, Method::POST, "/finish", Some(body)).await;
         assert_eq!(status, 400, "{json}");
+        let error = json["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{says}: {error}");
     }
 }
 
