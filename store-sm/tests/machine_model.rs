@@ -559,89 +559,145 @@ proptest! {
 
     #[test]
     fn machine_matches_the_reference_model(commands in commands_strategy()) {
-        let mut machine = TaskMachine::new();
-        let mut model = Model::new();
-        let mut issued = BTreeSet::new();
-        let mut applied = Vec::with_capacity(commands.len());
-        for (step, command) in commands.iter().enumerate() {
-            let command = &resolve(command, &model);
-            applied.push(command.clone());
-            let before = machine.clone();
-            let next_id_before = machine.next_id();
-            let replayed = command.request_id.as_ref().is_some_and(|id| {
-                model.seen.contains_key(&(command.request.client(), id.clone()))
-            });
-            let outcome = machine.apply(command);
-            let expected = model.apply(command);
-            prop_assert_eq!(&*outcome, &expected, "step {}: {:?}", step, command);
-
-            match &*outcome {
-                Outcome::Tasks(_) if replayed => {
-                    prop_assert_eq!(machine.next_id(), next_id_before, "a retry applies nothing");
-                }
-                Outcome::Tasks(tasks) => {
-                    // An add whose key is live and kept answers the live task: an old id.
-                    let (kept, new): (Vec<&Task>, Vec<&Task>) =
-                        tasks.iter().partition(|task| task.id < next_id_before);
-                    for task in kept {
-                        prop_assert!(
-                            matches!(command.request.unscoped(), Request::Update(u)
-                                if u.adds.iter().any(|a| a.job.on_conflict != OnConflict::Refuse)),
-                            "id {} reused", task.id
-                        );
-                    }
-                    for task in &new {
-                        prop_assert!(issued.insert(task.id), "id {} issued twice", task.id);
-                    }
-                    let ids: Vec<u64> = new.iter().map(|t| t.id).collect();
-                    prop_assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in order: {:?}", ids);
-                    // A worker token's request writes only in its groups.
-                    if let Request::Scoped(scoped) = &command.request {
-                        for task in tasks {
-                            prop_assert!(
-                                scoped.groups.iter().any(|p| task.group.starts_with(p.as_str())),
-                                "a request limited to {:?} wrote task {} of group {:?}",
-                                scoped.groups, task.id, task.group
-                            );
-                        }
-                    }
-                }
-                Outcome::Refused(_) => {
-                    // All or nothing: a refusal writes no task and uses no id. (Time still
-                    // passes: a lapsed lease may have made a job dead.)
-                    prop_assert_eq!(machine.next_id(), before.next_id());
-                    for task in machine.iter_tasks() {
-                        let old = before.task(task.id);
-                        prop_assert!(
-                            old.is_some_and(|old| (old.available_at, old.owner, &old.data)
-                                == (task.available_at, task.owner, &task.data)),
-                            "a refused command changed task {}", task.id
-                        );
-                    }
-                }
-                Outcome::Settings(_) | Outcome::Token(_) => {
-                    prop_assert_eq!(machine.next_id(), before.next_id());
-                }
-            }
-            let tokens: Vec<&TokenRecord> = machine.tokens().collect();
-            prop_assert_eq!(tokens, model.tokens.values().collect::<Vec<_>>());
-            prop_assert_eq!(machine.auth_bootstrapped(), model.bootstrapped);
-            check_state(&machine, &model)?;
-
-            if step % 16 == 0 {
-                let restored = decode_snapshot(&encode_snapshot(&machine)).expect("round trip");
-                prop_assert_eq!(state_hash(&restored), state_hash(&machine));
-                check_state(&restored, &model)?;
-            }
-        }
-
-        // Determinism: the same log applied again gives the same state hash.
-        let mut replay = TaskMachine::new();
-        for command in &applied {
-            replay.apply(command);
-        }
-        prop_assert_eq!(state_hash(&replay), state_hash(&machine));
+        matches_the_model(&commands)?;
     }
+
+    /// Timespecs whose time does not fit in 64 bits, in adds and updates beside every
+    /// other kind of item: refused, naming each, exactly as the model says.
+    #[test]
+    fn timespecs_out_of_range_are_refused_as_the_model_says(
+        commands in commands_strategy().prop_map(with_far_timespecs)
+    ) {
+        matches_the_model(&commands)?;
+    }
+}
+
+/// Sets a timespec past the end of representable time on every third update's first
+/// add and first change (i64::MIN, whose distance from now has no positive form, and
+/// -i64::MAX, which overflows added to any positive now).
+fn with_far_timespecs(mut commands: Vec<Command>) -> Vec<Command> {
+    for (n, command) in commands.iter_mut().enumerate() {
+        let update = match &mut command.request {
+            Request::Update(update) | Request::LegacyUpdate(update) => update,
+            Request::Scoped(scoped) => match scoped.request.as_mut() {
+                Request::Update(update) | Request::LegacyUpdate(update) => update,
+                _ => continue,
+            },
+            _ => continue,
+        };
+        if n % 3 != 0 {
+            continue;
+        }
+        if let Some(add) = update.adds.first_mut() {
+            add.timespec = Some(i64::MIN);
+        }
+        if let Some(change) = update.updates.first_mut() {
+            change.timespec = Some(-i64::MAX);
+        }
+    }
+    commands
+}
+
+/// Applies `commands` to the machine and the model, checking at every step that they
+/// agree, that ids are issued once and in order, that a refusal changes nothing, and
+/// that snapshots and a replay give the same state.
+fn matches_the_model(commands: &[Command]) -> Result<(), TestCaseError> {
+    let mut machine = TaskMachine::new();
+    let mut model = Model::new();
+    let mut issued = BTreeSet::new();
+    let mut applied = Vec::with_capacity(commands.len());
+    for (step, command) in commands.iter().enumerate() {
+        let command = &resolve(command, &model);
+        applied.push(command.clone());
+        let before = machine.clone();
+        let next_id_before = machine.next_id();
+        let replayed = command.request_id.as_ref().is_some_and(|id| {
+            model
+                .seen
+                .contains_key(&(command.request.client(), id.clone()))
+        });
+        let outcome = machine.apply(command);
+        let expected = model.apply(command);
+        prop_assert_eq!(&*outcome, &expected, "step {}: {:?}", step, command);
+
+        match &*outcome {
+            Outcome::Tasks(_) if replayed => {
+                prop_assert_eq!(machine.next_id(), next_id_before, "a retry applies nothing");
+            }
+            Outcome::Tasks(tasks) => {
+                // An add whose key is live and kept answers the live task: an old id.
+                let (kept, new): (Vec<&Task>, Vec<&Task>) =
+                    tasks.iter().partition(|task| task.id < next_id_before);
+                for task in kept {
+                    prop_assert!(
+                        matches!(command.request.unscoped(), Request::Update(u)
+                            if u.adds.iter().any(|a| a.job.on_conflict != OnConflict::Refuse)),
+                        "id {} reused",
+                        task.id
+                    );
+                }
+                for task in &new {
+                    prop_assert!(issued.insert(task.id), "id {} issued twice", task.id);
+                }
+                let ids: Vec<u64> = new.iter().map(|t| t.id).collect();
+                prop_assert!(
+                    ids.windows(2).all(|w| w[0] < w[1]),
+                    "ids in order: {:?}",
+                    ids
+                );
+                // A worker token's request writes only in its groups.
+                if let Request::Scoped(scoped) = &command.request {
+                    for task in tasks {
+                        prop_assert!(
+                            scoped
+                                .groups
+                                .iter()
+                                .any(|p| task.group.starts_with(p.as_str())),
+                            "a request limited to {:?} wrote task {} of group {:?}",
+                            scoped.groups,
+                            task.id,
+                            task.group
+                        );
+                    }
+                }
+            }
+            Outcome::Refused(_) => {
+                // All or nothing: a refusal writes no task and uses no id. (Time still
+                // passes: a lapsed lease may have made a job dead.)
+                prop_assert_eq!(machine.next_id(), before.next_id());
+                for task in machine.iter_tasks() {
+                    let old = before.task(task.id);
+                    prop_assert!(
+                        old.is_some_and(|old| (old.available_at, old.owner, &old.data)
+                            == (task.available_at, task.owner, &task.data)),
+                        "a refused command changed task {}",
+                        task.id
+                    );
+                }
+            }
+            Outcome::Settings(_) | Outcome::Token(_) => {
+                prop_assert_eq!(machine.next_id(), before.next_id());
+            }
+        }
+        let tokens: Vec<&TokenRecord> = machine.tokens().collect();
+        prop_assert_eq!(tokens, model.tokens.values().collect::<Vec<_>>());
+        prop_assert_eq!(machine.auth_bootstrapped(), model.bootstrapped);
+        check_state(&machine, &model)?;
+
+        if step % 16 == 0 {
+            let restored = decode_snapshot(&encode_snapshot(&machine)).expect("round trip");
+            prop_assert_eq!(state_hash(&restored), state_hash(&machine));
+            check_state(&restored, &model)?;
+        }
+    }
+
+    // Determinism: the same log applied again gives the same state hash.
+    let mut replay = TaskMachine::new();
+    for command in &applied {
+        replay.apply(command);
+    }
+    prop_assert_eq!(state_hash(&replay), state_hash(&machine));
+    Ok(())
 }
 
 /// A legacy finish or fail in the form new builds log, which refuses a job's version

@@ -408,11 +408,21 @@ impl Model {
         task
     }
 
-    fn resolve(timespec: Option<i64>, now: i64) -> i64 {
+    /// When a timespec puts a task: now, now + |t| for a negative one, or t; `None` when
+    /// that is past the end of representable time.
+    fn resolve(timespec: Option<i64>, now: i64) -> Option<i64> {
         match timespec {
-            None => now,
-            Some(t) if t < 0 => now - t,
-            Some(t) => t,
+            None => Some(now),
+            Some(t) if t < 0 => t.checked_neg().and_then(|ahead| now.checked_add(ahead)),
+            Some(t) => Some(t),
+        }
+    }
+
+    fn out_of_range(list: ListName, index: usize, timespec: Option<i64>) -> Refusal {
+        Refusal::TimespecOutOfRange {
+            list,
+            index,
+            timespec: timespec.unwrap_or_default(),
         }
     }
 
@@ -543,16 +553,26 @@ impl Model {
             if add.group.is_empty() {
                 refusals.push(Refusal::MissingGroup { index });
             }
+            if Self::resolve(add.timespec, now).is_none() {
+                refusals.push(Self::out_of_range(ListName::Adds, index, add.timespec));
+            }
         }
         let plans = self.plan(&u.adds, &mut refusals);
         let mut retakes: Vec<(u64, String)> = vec![];
-        for change in &u.updates {
+        for (index, change) in u.updates.iter().enumerate() {
             refusals.extend(self.modifiable(ListName::Updates, change.id, u.client, now));
+            let Some(when) = Self::resolve(change.timespec, now) else {
+                refusals.push(Self::out_of_range(
+                    ListName::Updates,
+                    index,
+                    change.timespec,
+                ));
+                continue;
+            };
             // From form 4, a retake of a lapsed lease is held to max_running.
             let Some(t) = self.tasks.get(&change.id) else {
                 continue;
             };
-            let when = Self::resolve(change.timespec, now);
             if !t.job.leased
                 && when > now
                 && self.log_form >= 4
@@ -587,7 +607,7 @@ impl Model {
         }
         let mut out = vec![];
         for (add, plan) in u.adds.iter().zip(plans) {
-            let when = Self::resolve(add.timespec, now);
+            let when = Self::resolve(add.timespec, now).expect("checked");
             match plan {
                 Plan::Plain => {
                     let job = TaskJob {
@@ -652,7 +672,7 @@ impl Model {
         }
         for change in &u.updates {
             let old = self.tasks.remove(&change.id).expect("checked");
-            let when = Self::resolve(change.timespec, now);
+            let when = Self::resolve(change.timespec, now).expect("checked");
             let mut job = old.job.clone();
             job.leased = old.job.leased && when > now;
             if old.job.leased
