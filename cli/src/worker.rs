@@ -466,7 +466,8 @@ pub fn check_program(program: &str) -> Result<(), String> {
             ))
         };
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
+    // Without PATH, the spawn (execvp) looks in the C library's default path.
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
     if std::env::split_paths(&path).any(|dir| runnable(&dir.join(program))) {
         return Ok(());
     }

@@ -161,6 +161,11 @@ where
 
     fn call(&mut self, mut request: axum::extract::Request) -> Self::Future {
         let node = &self.node;
+        let answered =
+            |response: Response| Either::Left(Either::Left(std::future::ready(Ok(response))));
+        if let Err(forged) = crate::relay::check_forwarded_by(request.headers(), node.id()) {
+            return answered(forged.into_response());
+        }
         let access = access_needed(
             request.method(),
             request.uri().path(),
@@ -173,8 +178,6 @@ where
         } else {
             node.authenticate_known(header)
         };
-        let answered =
-            |response: Response| Either::Left(Either::Left(std::future::ready(Ok(response))));
         match known {
             Some(Ok(caller)) => {
                 if let Some(refused) = refusal(node, &caller, access) {

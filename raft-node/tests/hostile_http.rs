@@ -151,7 +151,10 @@ async fn a_made_up_relay_header_is_refused_and_a_follower_still_relays() {
     let addr = cluster.api(follower).to_string();
     let read_for = Duration::from_secs(5);
     let body = r#"{"clientid":1,"adds":[{"group":"h","data":"x"}]}"#;
-    for value in ["me", "0", "-1", "1\r\nX-Rota-Forwarded-By: 2"] {
+    let own = follower.to_string();
+    let other = leader.to_string();
+    let twice = format!("{other}\r\nX-Rota-Forwarded-By: {other}");
+    for value in ["me", "0", "-1", own.as_str(), twice.as_str()] {
         let request = format!(
             "POST /update HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Rota-Forwarded-By: {value}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
@@ -159,8 +162,18 @@ async fn a_made_up_relay_header_is_refused_and_a_follower_still_relays() {
         let answer = raw_exchange(&addr, request.as_bytes(), read_for);
         let (status, error) = status_and_error(&answer);
         assert_eq!(status, 400, "{value:?}: {answer}");
-        assert!(error.contains("x-rota-forwarded-by"), "{value:?}: {error}");
+        assert!(
+            error.contains("x-rota-forwarded-by header is for the nodes' own relays (once,"),
+            "{value:?}: {error}"
+        );
     }
+    // Every route, not only the worker API's.
+    let answer = raw_exchange(
+        &addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Rota-Forwarded-By: me\r\n\r\n",
+        read_for,
+    );
+    assert_eq!(status_and_error(&answer).0, 400, "{answer}");
     // Without it, the follower relays the write to the leader.
     let request = format!(
         "POST /update HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

@@ -72,6 +72,22 @@ fn refusal(machine: &TaskMachine, claim: &ClaimManyRequest, now: LogTime) -> Opt
     (!refusals.is_empty()).then(|| Arc::new(Outcome::Refused(refusals)))
 }
 
+/// The 403 a claim of a token limited to some groups gets for naming a task outside
+/// them (a dependency of another group), if it does. The machine looks at this before
+/// anything else, its dedup table included, and so does a waiting claim before it
+/// waits. Tasks never change group, so one that passes here passes at the end too.
+fn scope_refused(
+    machine: &TaskMachine,
+    caller: &Caller,
+    claim: &ClaimManyRequest,
+) -> Option<Result<Arc<Outcome>, ServiceError>> {
+    caller.scope()?;
+    let refusal = machine.scope_refusal_of(&caller.limit(claim.to_request(true)))?;
+    Some(Node::outcome_or_reused_id(Arc::new(Outcome::Refused(
+        vec![refusal],
+    ))))
+}
+
 fn empty() -> Arc<Outcome> {
     Arc::new(Outcome::Tasks(Vec::new()))
 }
@@ -98,11 +114,8 @@ impl Node {
         let view = self.read(Consistency::Linearizable).await?;
         let held = self.holds_token(caller);
         let slot = self.waiters.enter(WaitKind::Claim)?;
-        // First, as the machine does: a token limited to some groups is refused what it
-        // names outside them (a dependency of another group) before any other answer.
-        let limited = caller.limit(claim.to_request(true));
-        if let Some(refusal) = view.state.machine.scope_refusal_of(&limited) {
-            return Self::outcome_or_reused_id(Arc::new(Outcome::Refused(vec![refusal])));
+        if let Some(refused) = scope_refused(&view.state.machine, caller, &claim) {
+            return refused;
         }
         if let Some(outcome) = remembered_claim(&self.state, &claim, request_id.as_deref())? {
             return Ok(outcome);

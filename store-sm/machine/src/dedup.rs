@@ -315,8 +315,8 @@ fn approximate_bytes(key: &DedupKey, outcome: &Outcome) -> usize {
     const PER_ITEM: usize = 64;
     // A number, not `size_of::<Refusal>()`: the estimate decides which entries are
     // evicted, so every build in one cluster must compute the same one, and the enum's
-    // layout changes whenever a variant grows. 56 is what that size was in every build
-    // that used it, so this changes no eviction.
+    // layout changes whenever a variant grows. 56 is what that size has been since the
+    // job layer (6b7ddb3) gave a variant two strings, so this changes no eviction.
     const PER_REFUSAL: usize = 56;
     let items = match outcome {
         Outcome::Tasks(tasks) => tasks
