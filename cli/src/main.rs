@@ -715,7 +715,13 @@ async fn wait_for_jobs(
         let wait = left.min(Duration::from_millis(rpc::watch::WAIT_MS_MAX));
         let wait_ms = wait.as_millis() as u64;
         let answer: rpc::job::JobWaitJson =
-            match rpc::job::jobs_wait_path(group, &key_refs, wait_ms) {
+            // The CLI speaks HTTP/1.1.
+            match rpc::job::jobs_wait_path(
+                group,
+                &key_refs,
+                wait_ms,
+                rpc::job::WAIT_QUERY_BYTES_MAX_HTTP1,
+            ) {
                 Some(path) => nodes.get_json_waiting(&path, wait).await?,
                 None => {
                     let body = rpc::job::JobWaitRequestJson {

@@ -327,7 +327,6 @@ fn no_job_with_id(id: TaskId) -> ApiError {
     ))
 }
 
-/// `GET /jobs/wait?group=G&key=A&key=B&wait_ms=`: the named jobs once all finished.
 /// What a `/jobs/wait` asks, from its query (`GET`) or its body (`POST`).
 struct JobWait {
     group: String,
@@ -336,6 +335,7 @@ struct JobWait {
     consistency: Consistency,
 }
 
+/// `GET /jobs/wait?group=G&key=A&key=B&wait_ms=`: the named jobs once all finished.
 async fn get_jobs_wait(
     State(node): State<SharedNode>,
     incoming: Incoming,
@@ -372,17 +372,20 @@ async fn get_jobs_wait(
         wait: wait_param(&params)?,
         consistency: consistency(&params)?,
     };
-    jobs_wait(node, incoming, asked).await
+    jobs_wait(node, incoming, asked, "each as key=K").await
 }
 
-/// `GET /jobs/wait` with its parameters in a JSON body, for more keys than a URL holds.
+/// `POST /jobs/wait` with `{"group", "keys", "wait_ms", "consistency"}`: the same read
+/// as the GET, for more keys than a URL holds.
 async fn post_jobs_wait(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
     let json: JobWaitRequestJson = parse_json(&incoming.body, "/jobs/wait")?;
     if json.group.is_empty() {
-        return Err(ApiError::bad_request("group is required"));
+        return Err(ApiError::bad_request(
+            "group is required; name the jobs' group",
+        ));
     }
     let wait_ms = json.wait_ms.unwrap_or(0);
     check_wait_ms(wait_ms).map_err(ApiError::bad_request)?;
@@ -392,13 +395,15 @@ async fn post_jobs_wait(
         wait: Duration::from_millis(wait_ms),
         consistency: Consistency::parse(json.consistency.as_deref())?,
     };
-    jobs_wait(node, incoming, asked).await
+    jobs_wait(node, incoming, asked, "in keys").await
 }
 
+/// Answers a `/jobs/wait` once every named job has finished, or at its deadline.
 async fn jobs_wait(
     node: SharedNode,
     incoming: Incoming,
     asked: JobWait,
+    how: &str,
 ) -> Result<Response, ApiError> {
     let JobWait {
         group,
@@ -409,7 +414,7 @@ async fn jobs_wait(
     incoming.caller.check_group(&group)?;
     if keys.is_empty() || keys.len() > WAIT_KEYS_MAX {
         return Err(ApiError::bad_request(format!(
-            "name 1 to {WAIT_KEYS_MAX} jobs, each as key=K; {} given",
+            "name 1 to {WAIT_KEYS_MAX} jobs, {how}; {} given",
             keys.len()
         )));
     }

@@ -798,7 +798,10 @@ async fn a_wait_for_more_keys_than_a_url_holds_goes_in_a_body() {
         .await;
     }
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    assert_eq!(rpc::job::jobs_wait_path("many", &key_refs, 100), None);
+    assert_eq!(
+        rpc::job::jobs_wait_path("many", &key_refs, 100, rpc::job::WAIT_QUERY_BYTES_MAX_HTTP1),
+        None
+    );
 
     // Through a follower, which relays the body to the leader for a linearizable read.
     let mut named = keys.clone();

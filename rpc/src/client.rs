@@ -393,6 +393,11 @@ impl HttpClient {
         self
     }
 
+    /// Whether this client speaks HTTP/2 (else HTTP/1.1).
+    pub fn speaks_http2(&self) -> bool {
+        self.http2
+    }
+
     /// Adds this client's `Authorization` to `builder` unless `headers` set one.
     fn authorize(
         &self,

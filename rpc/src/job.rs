@@ -324,25 +324,35 @@ pub struct AttemptJson {
 /// Most keys one `/jobs/wait` may name.
 pub const WAIT_KEYS_MAX: usize = 1_000;
 
-/// Longest `GET /jobs/wait` path and query a client sends; a longer one goes as
-/// `POST /jobs/wait` instead. HTTP/2 peers take about 16 KiB of headers, and 1 000 keys
-/// of up to 256 bytes (three times that once percent-encoded) take far more.
-pub const WAIT_QUERY_BYTES_MAX: usize = 8 * 1024;
+/// Longest `GET /jobs/wait` path and query a client sends over HTTP/1.1, where a node
+/// takes a request line of up to 64 KiB; a longer one goes as `POST /jobs/wait`. 1 000
+/// keys of up to 256 bytes (three times that once percent-encoded) take far more.
+pub const WAIT_QUERY_BYTES_MAX_HTTP1: usize = 60 * 1024;
+
+/// [`WAIT_QUERY_BYTES_MAX_HTTP1`] over HTTP/2, where a node takes about 16 KiB of
+/// headers in all.
+pub const WAIT_QUERY_BYTES_MAX_HTTP2: usize = 8 * 1024;
 
 /// The `GET /jobs/wait` path and query for `keys` of `group`, or `None` when it would
-/// be longer than [`WAIT_QUERY_BYTES_MAX`]: then send [`JobWaitRequestJson`] as
-/// `POST /jobs/wait` (builds before it answer a POST 405, so short lists keep the GET).
-pub fn jobs_wait_path(group: &str, keys: &[&str], wait_ms: u64) -> Option<String> {
+/// be longer than `bytes_max` (one of the limits above, for the HTTP version spoken):
+/// then send [`JobWaitRequestJson`] as `POST /jobs/wait`. Builds before the POST
+/// answer it 405, so every list a GET could carry keeps the GET.
+pub fn jobs_wait_path(
+    group: &str,
+    keys: &[&str],
+    wait_ms: u64,
+    bytes_max: usize,
+) -> Option<String> {
     let mut path = format!("/jobs/wait?group={}", percent_encode(group));
     for key in keys {
         path.push_str("&key=");
         path.push_str(&percent_encode(key));
-        if path.len() > WAIT_QUERY_BYTES_MAX {
+        if path.len() > bytes_max {
             return None;
         }
     }
     path.push_str(&format!("&wait_ms={wait_ms}"));
-    (path.len() <= WAIT_QUERY_BYTES_MAX).then_some(path)
+    (path.len() <= bytes_max).then_some(path)
 }
 
 /// The body of `POST /jobs/wait`: `GET /jobs/wait` for more keys than a URL holds.
@@ -580,21 +590,22 @@ mod tests {
 
     #[test]
     fn a_wait_path_keeps_to_the_query_limit_and_leaves_longer_ones_to_a_body() {
+        const MAX: usize = WAIT_QUERY_BYTES_MAX_HTTP2;
         assert_eq!(
-            jobs_wait_path("g 1", &["a", "b/c"], 500).as_deref(),
+            jobs_wait_path("g 1", &["a", "b/c"], 500, MAX).as_deref(),
             Some("/jobs/wait?group=g%201&key=a&key=b%2Fc&wait_ms=500")
         );
         let long = "k".repeat(100);
         let keys: Vec<&str> = vec![long.as_str(); 100];
-        assert!(jobs_wait_path("g", &keys[..50], 0).is_some());
-        assert_eq!(jobs_wait_path("g", &keys, 0), None);
+        assert!(jobs_wait_path("g", &keys[..50], 0, MAX).is_some());
+        assert_eq!(jobs_wait_path("g", &keys, 0, MAX), None);
         let fits = (0..=keys.len())
-            .take_while(|&n| jobs_wait_path("g", &keys[..n], 60_000).is_some())
+            .take_while(|&n| jobs_wait_path("g", &keys[..n], 60_000, MAX).is_some())
             .last()
             .expect("no keys fit");
-        let longest = jobs_wait_path("g", &keys[..fits], 60_000).expect("fits");
-        assert!(longest.len() <= WAIT_QUERY_BYTES_MAX);
-        assert!(longest.len() + "&key=".len() + long.len() > WAIT_QUERY_BYTES_MAX);
+        let longest = jobs_wait_path("g", &keys[..fits], 60_000, MAX).expect("fits");
+        assert!(longest.len() <= MAX);
+        assert!(longest.len() + "&key=".len() + long.len() > MAX);
     }
 
     #[test]

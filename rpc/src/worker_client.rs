@@ -52,6 +52,8 @@ use crate::job::JobWaitRequestJson;
 use crate::job::KeysRequestJson;
 use crate::job::SettingsChangeJson;
 use crate::job::SettingsJson;
+use crate::job::WAIT_QUERY_BYTES_MAX_HTTP1;
+use crate::job::WAIT_QUERY_BYTES_MAX_HTTP2;
 use crate::job::jobs_wait_path;
 use crate::retry::Unanswered;
 use crate::retry::write_once;
@@ -995,7 +997,12 @@ impl WorkerClient {
     ) -> Result<JobWaitJson, WorkerError> {
         let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
         let wait = Duration::from_millis(wait_ms);
-        if let Some(path) = jobs_wait_path(group, keys, wait_ms) {
+        let bytes_max = if self.http.speaks_http2() {
+            WAIT_QUERY_BYTES_MAX_HTTP2
+        } else {
+            WAIT_QUERY_BYTES_MAX_HTTP1
+        };
+        if let Some(path) = jobs_wait_path(group, keys, wait_ms, bytes_max) {
             return self.read(&path, wait).await;
         }
         let body = JobWaitRequestJson {

@@ -120,10 +120,11 @@ def next_not_taken(status: int, message: str) -> bool:
     return False
 
 
-WAIT_QUERY_BYTES_MAX = 8 * 1024
-"""Longest ``GET /jobs/wait`` path and query sent; a longer one goes as ``POST /jobs/wait``
-with its parameters in a JSON body (nodes take about 16 KiB of headers over HTTP/2,
-and builds before the POST answer it 405, so short lists keep the GET)."""
+WAIT_QUERY_BYTES_MAX = 60 * 1024
+"""Longest ``GET /jobs/wait`` path and query sent (nodes take a request line of up to 64
+KiB over HTTP/1.1, which this client speaks); a longer one goes as ``POST /jobs/wait``
+with its parameters in a JSON body. Builds before the POST answer it 405, so every list
+a GET could carry keeps the GET."""
 
 _MIN_TIMEOUT = 0.05
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
@@ -1058,13 +1059,14 @@ class RotaClient:
         """The records of jobs ``keys`` (1 to 1 000) of ``group`` once all have finished,
         or as they are after ``wait_ms`` (at most 60 000)."""
         wait = _wait_ms(wait_ms)
-        query = _query(group=group, key=list(keys), wait_ms=wait, consistency=consistency)
+        keys = list(keys)  # once: any iterable, a generator included
+        query = _query(group=group, key=keys, wait_ms=wait, consistency=consistency)
         path = f"/jobs/wait{query}"
         if len(path) <= WAIT_QUERY_BYTES_MAX:
             obj = self._read(path, wait)
         else:
             # More keys than a URL holds: the same read with its parameters in a body.
-            body: Dict[str, Any] = {"group": group, "keys": list(keys), "wait_ms": wait}
+            body: Dict[str, Any] = {"group": group, "keys": keys, "wait_ms": wait}
             if consistency is not None:
                 body["consistency"] = consistency
             obj = self._call("POST", "/jobs/wait", body, _object_answer, wait_s=wait / 1000.0)
