@@ -291,16 +291,17 @@ async fn renew(
                 return;
             }
             // A node turned the client itself away (a revoked token: 401; a token no
-            // longer allowed the group: 403), or it may not talk to the nodes at all
-            // (https without TLS): every retry gets the same answer, and the lease cannot
-            // be kept, so it is lost now rather than when it runs out.
-            Ok(Err(rejected @ WorkerError::Rejected(ClientError::Connect { .. })))
-            | Ok(Err(
-                rejected @ WorkerError::Rejected(ClientError::Status {
-                    status: StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN,
-                    ..
-                }),
-            )) => {
+            // longer allowed the group: 403) or the renewal (400, 422), or it may not
+            // talk to the nodes at all (https without TLS): every retry gets the same
+            // answer, and the lease cannot be kept, so it is lost now rather than when
+            // it runs out.
+            Ok(Err(rejected @ WorkerError::Rejected(ClientError::Connect { .. }))) => {
+                let _ = lost.send(Some(LeaseLost::Refused(vec![rejected.to_string()])));
+                return;
+            }
+            Ok(Err(rejected @ WorkerError::Rejected(ClientError::Status { status, .. })))
+                if rejected_for_good(status) =>
+            {
                 let _ = lost.send(Some(LeaseLost::Refused(vec![rejected.to_string()])));
                 return;
             }
@@ -312,6 +313,20 @@ async fn renew(
             _ => due = Instant::now() + RENEWAL_RETRY_PAUSE,
         }
     }
+}
+
+/// Whether a renewal answered `status` will be answered so again: any 4xx but those
+/// that say the request was not taken yet (408 and 429, which the client retries
+/// itself; 421 and 425, which HTTP lets a client send again).
+fn rejected_for_good(status: StatusCode) -> bool {
+    status.is_client_error()
+        && !matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT
+                | StatusCode::MISDIRECTED_REQUEST
+                | StatusCode::TOO_EARLY
+                | StatusCode::TOO_MANY_REQUESTS
+        )
 }
 
 /// Pause before a renewal whose outcome is unknown is sent again.
@@ -826,6 +841,18 @@ async fn work_slot<F, Fut>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_renewal_rejected_with_a_definite_4xx_is_not_sent_again() {
+        for code in [400, 401, 403, 404, 405, 413, 422] {
+            let status = StatusCode::from_u16(code).expect("a status");
+            assert!(rejected_for_good(status), "{code}");
+        }
+        for code in [408, 421, 425, 429, 500, 502, 503] {
+            let status = StatusCode::from_u16(code).expect("a status");
+            assert!(!rejected_for_good(status), "{code}");
+        }
+    }
 
     #[test]
     fn poll_backoff_grows_to_its_cap_with_bounded_jitter() {

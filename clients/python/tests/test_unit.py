@@ -958,10 +958,11 @@ def test_a_renewal_rejected_loses_the_lease_at_once(status: int, message: str) -
         server.server_close()
 
 
-def test_a_renewal_without_a_definite_answer_is_still_retried_until_the_lease_runs_out() -> None:
+@pytest.mark.parametrize("status", [503, 421, 425])
+def test_a_renewal_without_a_definite_answer_is_still_retried_until_the_lease_runs_out(status: int) -> None:
     from rota import Lease
 
-    server, seen = _json_node(lambda body: (503, {"error": "no leader"}))
+    server, seen = _json_node(lambda body: (status, {"error": "not now"}))
     try:
         client = RotaClient([f"127.0.0.1:{server.server_address[1]}"], retry_pause=0.05)
         client._discover_needed = False

@@ -49,6 +49,11 @@ RETRY_UNKNOWN_AFTER = 1.0
 
 
 
+RETRIED_STATUSES = (421, 425)
+"""4xx statuses that HTTP lets a client send again (Misdirected Request, Too Early): a
+renewal answered so is retried; any other 4xx ends the lease."""
+
+
 def error_text(error: BaseException) -> str:
     """How a failed task records an exception: ``"ValueError: the message"``."""
     return "".join(traceback.format_exception_only(type(error), error)).strip()
@@ -222,6 +227,9 @@ class Lease:
             self._set_lost(LeaseLost("refused", e.errors))
             return
         except Rejected as e:
+            if e.status in RETRIED_STATUSES:
+                self._retry_or_expire()
+                return
             # A definite 4xx (the client retries 408 and 429 itself): the token was
             # revoked or lacks the right, or the renewal is one no node will take. Sent
             # again it meets the same answer, and the work may not be able to end the
