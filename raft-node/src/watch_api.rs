@@ -40,6 +40,11 @@ use crate::worker_api::wait_param;
 /// How long one wait of an event stream lasts before it sends a keep-alive comment.
 const STREAM_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// How long a node that has not applied a stream's token (the leader vouched for it)
+/// waits for it before it answers 503: a stream is served only while the node can see
+/// its token revoked.
+const STREAM_TOKEN_WAIT: Duration = Duration::from_secs(1);
+
 /// The watch routes.
 pub fn routes() -> Router<SharedNode> {
     Router::new().route(WATCH_PATH, get(get_watch))
@@ -132,7 +137,15 @@ async fn get_watch(State(node): State<SharedNode>, incoming: Incoming) -> Respon
             Err(e) => return e.into_response(),
         }
         let id = node.id();
-        let held = node.holds_token(&incoming.caller);
+        let Some(held) = node
+            .holds_token_within(&incoming.caller, STREAM_TOKEN_WAIT)
+            .await
+        else {
+            return ApiError::unavailable(
+                "this node has not applied the token yet; open the stream again shortly",
+            )
+            .into_response();
+        };
         let mut response = stream(node, request, incoming.caller.clone(), held).into_response();
         // Which node serves the stream: its changes are what that node applied.
         response
@@ -193,8 +206,8 @@ fn stream(
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let start = request.after.unwrap_or_else(|| node.feed.revision());
     let events = futures_util::stream::unfold(
-        (node, request, Next::After(start), held),
-        move |(node, mut request, next, held)| {
+        (node, request, Next::After(start)),
+        move |(node, mut request, next)| {
             let caller = caller.clone();
             async move {
                 let Next::After(after) = next else {
@@ -204,9 +217,6 @@ fn stream(
                 request.wait = STREAM_KEEP_ALIVE;
                 let page = node.watch(&request).await;
                 let page = node.still_authorized(&caller, held).and(page);
-                // Opened on the leader's word before this node applied the token: from
-                // the time it holds it, its revocation ends the stream too.
-                let held = node.still_holds(&caller, held);
                 let (events, next) = match page {
                     Ok(Ok(page)) if page.changes.is_empty() => {
                         let next = if node.waiters.is_stopping() {
@@ -230,7 +240,7 @@ fn stream(
                     }
                 };
                 let items = futures_util::stream::iter(events.into_iter().map(Ok));
-                Some((items, (node, request, next, held)))
+                Some((items, (node, request, next)))
             }
         },
     );

@@ -8,6 +8,7 @@
 //! heartbeat; writes are checked again by the leader, which relays them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::Digest;
 use sha2::Sha256;
@@ -32,6 +33,9 @@ pub const TOKEN_PREFIX: &str = "rota_";
 
 /// Hex digits of a token's secret (32 bytes).
 const SECRET_HEX_DIGITS: usize = 64;
+
+/// How often [`Node::holds_token_within`] looks again.
+const TOKEN_LOOK_EVERY: Duration = Duration::from_millis(10);
 
 /// Whether the node checks tokens at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,14 +264,22 @@ impl Node {
         Ok(())
     }
 
-    /// `held`, brought up to date for a request that goes on being served (an event
-    /// stream): a token this node did not hold when the request came counts as held
-    /// once the node holds it, so that a revocation after that ends the request too.
-    pub fn still_holds(&self, caller: &Caller, held: HeldToken) -> HeldToken {
-        if held.0 {
-            held
-        } else {
-            self.holds_token(caller)
+    /// Whether this node holds `caller`'s token within `within`, looking again every few
+    /// milliseconds: a request that is served for long (an event stream) starts only
+    /// once it does, so that the token's revocation, which the node applies after its
+    /// creation, is sure to end it. A token the leader vouched for is usually applied
+    /// here within a heartbeat.
+    pub async fn holds_token_within(&self, caller: &Caller, within: Duration) -> Option<HeldToken> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let held = self.holds_token(caller);
+            if held.0 {
+                return Some(held);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(TOKEN_LOOK_EVERY).await;
         }
     }
 
