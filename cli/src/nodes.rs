@@ -278,7 +278,7 @@ impl Nodes {
 }
 
 /// `addr`'s answer parsed as JSON; a 4xx is a refusal (exit 1) with the node's message.
-fn answer<T: serde::de::DeserializeOwned>(
+pub fn answer<T: serde::de::DeserializeOwned>(
     addr: &str,
     response: HttpResponse,
 ) -> Result<T, CliError> {

@@ -14,8 +14,7 @@ use rpc::admin::RESTORE_BYTES_MAX;
 use rpc::job::JOBS_PAGE_DEFAULT;
 use rpc::job::JOBS_PAGE_MAX;
 use rpc::job::WAIT_KEYS_MAX;
-use rpc::job::WAIT_QUERY_BYTES_MAX_HTTP1;
-use rpc::job::WAIT_QUERY_BYTES_MAX_HTTP2;
+use rpc::job::WAIT_QUERY_BYTES_MAX;
 use rpc::schema::INTEGER_SPELLING;
 use rpc::schema::reference as ref_schema;
 use rpc::watch::WAIT_MS_MAX;
@@ -205,7 +204,7 @@ fn job_paths(limits: &Limits) -> Value {
                     {"name": "key", "in": "query", "required": true, "description": format!("a job's key; repeat for each job (1 to {WAIT_KEYS_MAX})"), "schema": {"type": "array", "items": {"type": "string"}}, "style": "form", "explode": true},
                     consistency(), wait_ms()],
                 "responses": merge(json!({"200": ok("the records, whether all finished, and keys with no record", ref_schema("JobWait"))}), read_errors())},
-                "post": {"tags": ["jobs", "waiting"], "summary": format!("GET /jobs/wait with its parameters in a JSON body, for more keys than a URL holds (clients switch past {WAIT_QUERY_BYTES_MAX_HTTP1} bytes of path and query over HTTP/1.1, {WAIT_QUERY_BYTES_MAX_HTTP2} over HTTP/2); a read, as the GET"),
+                "post": {"tags": ["jobs", "waiting"], "summary": format!("GET /jobs/wait with its parameters in a JSON body, for more keys than a URL holds (clients switch past {WAIT_QUERY_BYTES_MAX} bytes of path and query); a read, as the GET"),
                 "requestBody": json_body(ref_schema("JobWaitRequest")),
                 "responses": merge(json!({"200": ok("the records, whether all finished, and keys with no record", ref_schema("JobWait"))}), merge(read_errors(), json!({"400": error("malformed body")})))}},
             "/dead": {"get": {"tags": ["jobs"], "summary": "A group's dead jobs (dead letters) in key order, one page at a time",

@@ -324,19 +324,20 @@ pub struct AttemptJson {
 /// Most keys one `/jobs/wait` may name.
 pub const WAIT_KEYS_MAX: usize = 1_000;
 
-/// Longest `GET /jobs/wait` path and query a client sends over HTTP/1.1, where a node
-/// takes a request line of up to 64 KiB; a longer one goes as `POST /jobs/wait`. 1 000
-/// keys of up to 256 bytes (three times that once percent-encoded) take far more.
+/// Longest `GET /jobs/wait` path and query a client sends; a longer one goes as
+/// `POST /jobs/wait`. Nodes take about 16 KiB of headers over HTTP/2, and proxies in
+/// front of them often 8 KiB (nginx's default); 1 000 keys of up to 256 bytes (three
+/// times that once percent-encoded) take far more.
+pub const WAIT_QUERY_BYTES_MAX: usize = 8 * 1024;
+
+/// Longest `GET /jobs/wait` path and query a node takes over HTTP/1.1 (a request line
+/// of up to 64 KiB): what a client sends a build before the POST, which answers it 405.
 pub const WAIT_QUERY_BYTES_MAX_HTTP1: usize = 60 * 1024;
 
-/// [`WAIT_QUERY_BYTES_MAX_HTTP1`] over HTTP/2, where a node takes about 16 KiB of
-/// headers in all.
-pub const WAIT_QUERY_BYTES_MAX_HTTP2: usize = 8 * 1024;
-
 /// The `GET /jobs/wait` path and query for `keys` of `group`, or `None` when it would
-/// be longer than `bytes_max` (one of the limits above, for the HTTP version spoken):
-/// then send [`JobWaitRequestJson`] as `POST /jobs/wait`. Builds before the POST
-/// answer it 405, so every list a GET could carry keeps the GET.
+/// be longer than `bytes_max`. Past [`WAIT_QUERY_BYTES_MAX`], send
+/// [`JobWaitRequestJson`] as `POST /jobs/wait`; a build before the POST answers it 405,
+/// and gets the GET after all if it fits [`WAIT_QUERY_BYTES_MAX_HTTP1`] (over HTTP/1.1).
 pub fn jobs_wait_path(
     group: &str,
     keys: &[&str],
@@ -590,7 +591,7 @@ mod tests {
 
     #[test]
     fn a_wait_path_keeps_to_the_query_limit_and_leaves_longer_ones_to_a_body() {
-        const MAX: usize = WAIT_QUERY_BYTES_MAX_HTTP2;
+        const MAX: usize = WAIT_QUERY_BYTES_MAX;
         assert_eq!(
             jobs_wait_path("g 1", &["a", "b/c"], 500, MAX).as_deref(),
             Some("/jobs/wait?group=g%201&key=a&key=b%2Fc&wait_ms=500")

@@ -52,8 +52,8 @@ use crate::job::JobWaitRequestJson;
 use crate::job::KeysRequestJson;
 use crate::job::SettingsChangeJson;
 use crate::job::SettingsJson;
+use crate::job::WAIT_QUERY_BYTES_MAX;
 use crate::job::WAIT_QUERY_BYTES_MAX_HTTP1;
-use crate::job::WAIT_QUERY_BYTES_MAX_HTTP2;
 use crate::job::jobs_wait_path;
 use crate::retry::Unanswered;
 use crate::retry::write_once;
@@ -67,6 +67,7 @@ use crate::worker::TaskJson;
 use crate::worker::UpdateRequestJson;
 use crate::worker::WriteRequestJson;
 use crate::worker::WriteResultJson;
+use hyper::StatusCode;
 
 /// Deadline of one call (a waiting call gets its wait on top). A write or read takes
 /// milliseconds; one that takes seconds met a frozen or cut-off node, and the next node
@@ -997,12 +998,7 @@ impl WorkerClient {
     ) -> Result<JobWaitJson, WorkerError> {
         let wait_ms = (wait.as_millis() as u64).min(WAIT_MS_MAX);
         let wait = Duration::from_millis(wait_ms);
-        let bytes_max = if self.http.speaks_http2() {
-            WAIT_QUERY_BYTES_MAX_HTTP2
-        } else {
-            WAIT_QUERY_BYTES_MAX_HTTP1
-        };
-        if let Some(path) = jobs_wait_path(group, keys, wait_ms, bytes_max) {
+        if let Some(path) = jobs_wait_path(group, keys, wait_ms, WAIT_QUERY_BYTES_MAX) {
             return self.read(&path, wait).await;
         }
         let body = JobWaitRequestJson {
@@ -1013,8 +1009,22 @@ impl WorkerClient {
         };
         let body = serde_json::to_vec(&body)
             .map_err(|e| WorkerError::Refused(vec![format!("encoding the wait: {e}")]))?;
-        self.call(Method::POST, "/jobs/wait", Some(body), wait)
+        match self
+            .call(Method::POST, "/jobs/wait", Some(body), wait)
             .await
+        {
+            // A build before the POST: the GET, if it takes one this long.
+            Err(
+                rejected @ WorkerError::Rejected(ClientError::Status {
+                    status: StatusCode::METHOD_NOT_ALLOWED,
+                    ..
+                }),
+            ) => match jobs_wait_path(group, keys, wait_ms, WAIT_QUERY_BYTES_MAX_HTTP1) {
+                Some(path) if !self.http.speaks_http2() => self.read(&path, wait).await,
+                _ => Err(rejected),
+            },
+            answer => answer,
+        }
     }
 
     /// The changes of `group` after revision `after` (default: from now), waiting up to
@@ -1262,6 +1272,42 @@ mod tests {
             }
         });
         (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_long_wait_for_jobs_falls_back_to_the_get_of_a_build_before_the_post() {
+        const NOT_ALLOWED: &str = "HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\ncontent-length: 32\r\n\r\n{\"error\":\"method not allowed\"}  ";
+        let body = r#"{"finished":false,"jobs":[],"missing":["k"]}"#;
+        let get: Arc<str> = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into();
+        let node = ScriptedNode::start_with(|_| NOT_ALLOWED, Some(get)).await;
+        let client = WorkerClient::new([node.addr.as_str()], 1).expect("ok");
+        // About 10 KiB of query: past the GET's 8 KiB, within an older node's 60 KiB.
+        let keys: Vec<String> = (0..100)
+            .map(|n| format!("{n:03}{}", "k".repeat(100)))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let waited = client
+            .wait_jobs("g", &refs, Duration::ZERO)
+            .await
+            .expect("the GET after the 405");
+        assert_eq!((waited.finished, waited.missing.len()), (false, 1));
+        assert_eq!(node.posts(), 1, "the POST first");
+
+        // Too long for any GET: the 405 stands.
+        let keys: Vec<String> = (0..300)
+            .map(|n| format!("{n:03}{}", "k".repeat(250)))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let refused = client.wait_jobs("g", &refs, Duration::ZERO).await;
+        assert!(
+            matches!(&refused, Err(WorkerError::Rejected(ClientError::Status { status, .. })) if status.as_u16() == 405),
+            "{refused:?}"
+        );
+        assert_eq!(node.posts(), 2);
     }
 
     #[tokio::test]

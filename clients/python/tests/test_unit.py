@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
-from rota import Add, Cancel, Change, Job, LeaseLost, Misconfigured, Refused, RotaClient, Task, Unavailable
+from rota import Add, Cancel, Change, Job, LeaseLost, Misconfigured, Refused, Rejected, RotaClient, Task, Unavailable
 from rota._http import USER_AGENT, Node, Pool, SetupError, TransportError, _Conn
 from rota.client import _query
 
@@ -1016,6 +1016,56 @@ def test_a_worker_reports_a_lease_lost_to_a_revoked_token(caplog: pytest.LogCapt
         assert w.lost == 1 and w.finished == 0
         assert seen and seen[0].reason == "refused" and "401" in str(seen[0])  # type: ignore[attr-defined]
         assert any("lease lost" in r.getMessage() and "401" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_long_wait_for_jobs_goes_as_a_post_and_falls_back_to_the_get_of_an_older_build() -> None:
+    """Past 8 KiB of query the wait goes as a POST; a node of a build before the POST
+    answers 405, and gets the GET (which it takes up to 64 KiB) after all."""
+    import http.server
+    import json
+
+    asked: List[str] = []
+
+    class OldNode(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, status: int, reply: Dict[str, Any]) -> None:
+            data = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            asked.append("POST " + self.path)
+            self._answer(405, {"error": "method not allowed"})
+
+        def do_GET(self) -> None:  # noqa: N802
+            asked.append("GET " + self.path.split("?")[0])
+            self._answer(200, {"finished": False, "jobs": [], "missing": ["k"] * 5})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OldNode)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = RotaClient([f"127.0.0.1:{server.server_address[1]}"])
+        client._discover_needed = False
+        keys = [f"{n:03}" + "k" * 100 for n in range(100)]  # about 10 KiB of query
+        waited = client.wait_jobs("g", keys)
+        assert asked == ["POST /jobs/wait", "GET /jobs/wait"], asked
+        assert waited.finished is False and len(waited.missing) == 5
+        # Too long for any GET: the 405 stands.
+        asked.clear()
+        with pytest.raises(Rejected, match="405"):
+            client.wait_jobs("g", [f"{n:03}" + "k" * 250 for n in range(300)])
+        assert asked == ["POST /jobs/wait"], asked
     finally:
         server.shutdown()
         server.server_close()
