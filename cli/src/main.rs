@@ -713,34 +713,7 @@ async fn wait_for_jobs(
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let wait = left.min(Duration::from_millis(rpc::watch::WAIT_MS_MAX));
-        let wait_ms = wait.as_millis() as u64;
-        let answer: rpc::job::JobWaitJson = match rpc::job::jobs_wait_path(
-            group,
-            &key_refs,
-            wait_ms,
-            rpc::job::WAIT_QUERY_BYTES_MAX,
-        ) {
-            Some(path) => nodes.get_json_waiting(&path, wait).await?,
-            None => {
-                let body = rpc::job::JobWaitRequestJson {
-                    group: group.to_string(),
-                    keys: keys.to_vec(),
-                    wait_ms: Some(wait_ms),
-                    consistency: None,
-                };
-                let timeout = cli::nodes::CALL_TIMEOUT + wait;
-                let (addr, response) = nodes.post_json("/jobs/wait", &body, timeout).await?;
-                // A build before the POST answers it 405: the GET, if it takes one this
-                // long (the CLI speaks HTTP/1.1).
-                let longest = rpc::job::WAIT_QUERY_BYTES_MAX_HTTP1;
-                match rpc::job::jobs_wait_path(group, &key_refs, wait_ms, longest) {
-                    Some(path) if response.status.as_u16() == 405 => {
-                        nodes.get_json_waiting(&path, wait).await?
-                    }
-                    _ => cli::nodes::answer(&addr, response)?,
-                }
-            }
-        };
+        let answer = nodes.wait_jobs(group, &key_refs, wait).await?;
         if answer.finished || left.is_zero() {
             if target.json {
                 println!("{}", cli::json_text(&answer)?);

@@ -8,6 +8,7 @@ use rpc::client::HeaderValue;
 use rpc::client::HttpClient;
 use rpc::client::HttpMethod;
 use rpc::client::HttpResponse;
+use rpc::job::JobWaitJson;
 use rpc::worker::TaskJson;
 use rpc::worker::WriteRequestJson;
 use rpc::worker_client::WorkerClient;
@@ -201,11 +202,7 @@ impl Nodes {
     /// (a fresh one if it has none) for up to [`WRITE_GIVE_UP`], so it applies once. The
     /// written tasks, or a refusal (exit 1), or no node answered (exit 3).
     pub async fn write(&self, request: &WriteRequestJson) -> Result<Vec<TaskJson>, CliError> {
-        let client = WorkerClient::new(&self.addrs, 0)
-            .and_then(|c| c.with_token(crate::token()))
-            .map(|c| c.with_tls(crate::tls()))
-            .map_err(|e| CliError::Usage(e.to_string()))?
-            .with_timeouts(rpc::worker_client::CALL_TIMEOUT, WRITE_GIVE_UP);
+        let client = self.worker_client()?;
         let request_id = request
             .request_id()
             .map_or_else(|| client.next_request_id(), str::to_string);
@@ -224,6 +221,31 @@ impl Nodes {
         }
     }
 
+    /// The records of jobs `keys` of `group` once all have finished, or as they are after
+    /// `wait`, through [`WorkerClient::wait_jobs`] (which sends long lists in a body);
+    /// a 4xx is a failure (exit 1), no node answering is exit 3.
+    pub async fn wait_jobs(
+        &self,
+        group: &str,
+        keys: &[&str],
+        wait: Duration,
+    ) -> Result<JobWaitJson, CliError> {
+        match self.worker_client()?.wait_jobs(group, keys, wait).await {
+            Ok(answer) => Ok(answer),
+            Err(e @ WorkerError::Unavailable { .. }) => Err(CliError::Unreachable(e.to_string())),
+            Err(e) => Err(CliError::Failed(e.to_string())),
+        }
+    }
+
+    /// A [`WorkerClient`] of these nodes, with the CLI's token, TLS and timeouts.
+    fn worker_client(&self) -> Result<WorkerClient, CliError> {
+        Ok(WorkerClient::new(&self.addrs, 0)
+            .and_then(|c| c.with_token(crate::token()))
+            .map(|c| c.with_tls(crate::tls()))
+            .map_err(|e| CliError::Usage(e.to_string()))?
+            .with_timeouts(rpc::worker_client::CALL_TIMEOUT, WRITE_GIVE_UP))
+    }
+
     /// `POST path` with `body` as JSON, the answer parsed as JSON; a 4xx is a refusal
     /// (exit 1) with the node's message. Not retried on another node once one answered.
     pub async fn post_for<T: serde::Serialize, R: serde::de::DeserializeOwned>(
@@ -231,17 +253,7 @@ impl Nodes {
         path: &str,
         body: &T,
     ) -> Result<R, CliError> {
-        self.post_for_waiting(path, body, Duration::ZERO).await
-    }
-
-    /// As [`Nodes::post_for`], for a read that may wait `wait` at the node first.
-    pub async fn post_for_waiting<T: serde::Serialize, R: serde::de::DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &T,
-        wait: Duration,
-    ) -> Result<R, CliError> {
-        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT + wait).await?;
+        let (addr, response) = self.post_json(path, body, CALL_TIMEOUT).await?;
         answer(&addr, response)
     }
 
@@ -278,7 +290,7 @@ impl Nodes {
 }
 
 /// `addr`'s answer parsed as JSON; a 4xx is a refusal (exit 1) with the node's message.
-pub fn answer<T: serde::de::DeserializeOwned>(
+fn answer<T: serde::de::DeserializeOwned>(
     addr: &str,
     response: HttpResponse,
 ) -> Result<T, CliError> {

@@ -29,6 +29,7 @@ use rpc::auth::TokenAddJson;
 use rpc::auth::TokenJson;
 use rpc::auth::TokenListJson;
 use rpc::auth::check_token_add;
+use rpc::job::JOBS_WAIT_PATH;
 use store_sm::machine::Role;
 use store_sm::machine::TokenRecord;
 use tower::Layer;
@@ -99,7 +100,7 @@ fn access_needed(
         "/metrics" | "/admin/state-hash" => Access::Observe,
         "/ui" => Access::Open,
         // A read, whether its keys come in the query or (too many for a URL) a body.
-        "/jobs/wait" => Access::Read,
+        JOBS_WAIT_PATH => Access::Read,
         _ if path.starts_with("/ui/") => Access::Open,
         _ if path.starts_with("/admin/") => Access::Admin,
         _ if path.starts_with("/groups/") && *method == Method::PUT => Access::Admin,

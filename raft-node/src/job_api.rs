@@ -25,6 +25,7 @@ use rpc::job::FinishRequestJson;
 use rpc::job::GroupStatsJson;
 use rpc::job::JOBS_PAGE_DEFAULT;
 use rpc::job::JOBS_PAGE_MAX;
+use rpc::job::JOBS_WAIT_PATH;
 use rpc::job::JobJson;
 use rpc::job::JobPageJson;
 use rpc::job::JobWaitJson;
@@ -86,7 +87,7 @@ pub fn routes() -> Router<SharedNode> {
         .route(RETRY_PATH, post(post_retry))
         .route("/job", get(get_job))
         .route("/jobs", get(get_jobs))
-        .route("/jobs/wait", get(get_jobs_wait).post(post_jobs_wait))
+        .route(JOBS_WAIT_PATH, get(get_jobs_wait).post(post_jobs_wait))
         .route("/dead", get(get_dead))
         .route(
             "/groups/{group}/settings",
@@ -381,7 +382,7 @@ async fn post_jobs_wait(
     State(node): State<SharedNode>,
     incoming: Incoming,
 ) -> Result<Response, ApiError> {
-    let json: JobWaitRequestJson = parse_json(&incoming.body, "/jobs/wait")?;
+    let json: JobWaitRequestJson = parse_json(&incoming.body, JOBS_WAIT_PATH)?;
     if json.group.is_empty() {
         return Err(ApiError::bad_request(
             "group is required; name the jobs' group",

@@ -321,6 +321,9 @@ pub struct AttemptJson {
     pub error: Option<String>,
 }
 
+/// Where a wait for several jobs is asked (`GET` with a query, `POST` with a body).
+pub const JOBS_WAIT_PATH: &str = "/jobs/wait";
+
 /// Most keys one `/jobs/wait` may name.
 pub const WAIT_KEYS_MAX: usize = 1_000;
 
@@ -344,7 +347,7 @@ pub fn jobs_wait_path(
     wait_ms: u64,
     bytes_max: usize,
 ) -> Option<String> {
-    let mut path = format!("/jobs/wait?group={}", percent_encode(group));
+    let mut path = format!("{JOBS_WAIT_PATH}?group={}", percent_encode(group));
     for key in keys {
         path.push_str("&key=");
         path.push_str(&percent_encode(key));

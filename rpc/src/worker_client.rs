@@ -46,6 +46,7 @@ use crate::job::FailRequestJson;
 use crate::job::FinishItemJson;
 use crate::job::FinishManyRequestJson;
 use crate::job::FinishRequestJson;
+use crate::job::JOBS_WAIT_PATH;
 use crate::job::JobJson;
 use crate::job::JobWaitJson;
 use crate::job::JobWaitRequestJson;
@@ -1010,7 +1011,7 @@ impl WorkerClient {
         let body = serde_json::to_vec(&body)
             .map_err(|e| WorkerError::Refused(vec![format!("encoding the wait: {e}")]))?;
         match self
-            .call(Method::POST, "/jobs/wait", Some(body), wait)
+            .call(Method::POST, JOBS_WAIT_PATH, Some(body), wait)
             .await
         {
             // A build before the POST: the GET, if it takes one this long.
