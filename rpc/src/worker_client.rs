@@ -211,8 +211,12 @@ pub struct WorkerClient {
     http: HttpClient,
     /// The nodes calls go to, and which first.
     nodes: Mutex<NodeList>,
-    /// Whether this client asked who leads yet (it does before its first write).
+    /// Whether this client knows whom to write to: it asks who leads before its first
+    /// write, and again after a call that its preferred node did not answer.
     asked_for_leader: AtomicBool,
+    /// Held while this client asks who leads, so that writes wait for the answer
+    /// instead of going to the node that was preferred before it.
+    leader_lookup: tokio::sync::Mutex<()>,
     client_id: i64,
     id_prefix: String,
     sent: AtomicU64,
@@ -259,6 +263,7 @@ impl WorkerClient {
                 preferred: 0,
             }),
             asked_for_leader: AtomicBool::new(false),
+            leader_lookup: tokio::sync::Mutex::new(()),
             client_id,
             id_prefix: format!("c{client_id}-{nonce:x}"),
             sent: AtomicU64::new(0),
@@ -425,6 +430,17 @@ impl WorkerClient {
         None
     }
 
+    /// Asks who leads unless another call of this client is asking already; then it
+    /// waits for that answer, since a write sent meanwhile would go to the node
+    /// preferred before, perhaps a follower that relays every write.
+    async fn ask_who_leads(&self) {
+        let _asking = self.leader_lookup.lock().await;
+        if !self.asked_for_leader.load(Ordering::SeqCst) {
+            self.find_leader().await;
+            self.asked_for_leader.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// The answer of `exchange` with the node at `addr`, or `None` if the node stops
     /// answering while the exchange waits there (only a call with a `wait` is watched).
     async fn unless_silent<T>(
@@ -512,7 +528,6 @@ impl WorkerClient {
         }
         let deadline = self.give_up_after.saturating_add(wait);
         let mut last_error = String::from("not tried");
-        let mut round = 0u32;
         loop {
             let order = self.order();
             let mut next = 0;
@@ -527,8 +542,13 @@ impl WorkerClient {
                 let mut pause = RETRY_PAUSE;
                 match attempt(addr.clone()).await {
                     Attempt::Done(answer) => {
-                        if answer.is_ok() && round == 0 && !self.spread {
+                        if answer.is_ok() && next > 0 && !self.spread {
+                            // The preferred node failed and this one answered, perhaps
+                            // by relaying to a leader elsewhere: call it first for now,
+                            // and ask who leads before the next write, so that writes
+                            // do not stay on a relay.
                             self.prefer(addr);
+                            self.asked_for_leader.store(false, Ordering::SeqCst);
                         }
                         return answer;
                     }
@@ -563,7 +583,6 @@ impl WorkerClient {
                 }
                 tokio::time::sleep(pause).await;
             }
-            round += 1;
             // Leadership may have moved: ask before the next round. (Boxed, as below.)
             if !self.spread {
                 Box::pin(self.find_leader()).await;
@@ -598,11 +617,11 @@ impl WorkerClient {
         request_id: String,
         give_up: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TaskJson>, WorkerError> {
-        if !self.asked_for_leader.swap(true, Ordering::Relaxed) {
+        if !self.asked_for_leader.load(Ordering::SeqCst) {
             // Boxed: asking the nodes who leads is a future of several KiB, which would
             // otherwise be part of every write's and copied with it, for a question
-            // asked once.
-            Box::pin(self.find_leader()).await;
+            // asked seldom.
+            Box::pin(self.ask_who_leads()).await;
         }
         let request = request.into().with_request_id(request_id.clone());
         let timeout = self.call_timeout + request.wait();
@@ -1338,6 +1357,74 @@ mod tests {
         assert!(
             client.known_nodes().contains(&silent),
             "still a member to try"
+        );
+    }
+
+    const UNAVAILABLE: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}";
+
+    /// A leader that answers POSTs as `answer` says (and `GET /cluster` with 404), and
+    /// a follower that answers every POST, as its relay would, and names the leader.
+    async fn leader_and_follower(answer: fn(u64) -> &'static str) -> (ScriptedNode, ScriptedNode) {
+        let leader = ScriptedNode::start(answer).await;
+        let body = serde_json::to_string(&status(&[leader.addr.as_str()])).expect("json");
+        let get: Arc<str> = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into();
+        let follower = ScriptedNode::start_with(|_| TASKS, Some(get)).await;
+        (leader, follower)
+    }
+
+    #[tokio::test]
+    async fn writes_sent_while_the_client_asks_who_leads_wait_and_go_to_the_leader() {
+        let (leader, follower) = leader_and_follower(|_| TASKS).await;
+        let client =
+            WorkerClient::new([follower.addr.as_str(), leader.addr.as_str()], 1).expect("ok");
+        let update = || crate::worker::UpdateRequestJson::by(1);
+        let (a, b, c) = tokio::join!(
+            client.write(update()),
+            client.write(update()),
+            client.write(update())
+        );
+        for answer in [a, b, c] {
+            answer.expect("written");
+        }
+        assert_eq!(
+            (leader.posts(), follower.posts()),
+            (3, 0),
+            "none went to the follower listed first"
+        );
+        client.write(update()).await.expect("written");
+        assert_eq!((leader.posts(), follower.posts()), (4, 0));
+    }
+
+    #[tokio::test]
+    async fn a_write_another_node_answered_asks_who_leads_before_the_next() {
+        fn first_unavailable(n: u64) -> &'static str {
+            if n == 0 { UNAVAILABLE } else { TASKS }
+        }
+        let (leader, follower) = leader_and_follower(first_unavailable).await;
+        let client =
+            WorkerClient::new([leader.addr.as_str(), follower.addr.as_str()], 1).expect("ok");
+        let update = || crate::worker::UpdateRequestJson::by(1);
+        client
+            .write(update())
+            .await
+            .expect("answered by the follower");
+        assert_eq!((leader.posts(), follower.posts()), (1, 1));
+        client
+            .write(update())
+            .await
+            .expect("answered by the leader");
+        client
+            .write(update())
+            .await
+            .expect("answered by the leader");
+        assert_eq!(
+            (leader.posts(), follower.posts()),
+            (3, 1),
+            "back to the leader, which the follower names, rather than staying on the relay"
         );
     }
 
