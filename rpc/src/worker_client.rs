@@ -217,6 +217,10 @@ pub struct WorkerClient {
     /// Held while this client asks who leads, so that writes wait for the answer
     /// instead of going to the node that was preferred before it.
     leader_lookup: tokio::sync::Mutex<()>,
+    /// The node a call last left for another that answered. Named leader at the next
+    /// lookup, it is preferred only once it answers the client itself, so that a
+    /// client cut off from the leader alone keeps writing through a relay.
+    passed_over: Mutex<Option<String>>,
     client_id: i64,
     id_prefix: String,
     sent: AtomicU64,
@@ -264,6 +268,7 @@ impl WorkerClient {
             }),
             asked_for_leader: AtomicBool::new(false),
             leader_lookup: tokio::sync::Mutex::new(()),
+            passed_over: Mutex::new(None),
             client_id,
             id_prefix: format!("c{client_id}-{nonce:x}"),
             sent: AtomicU64::new(0),
@@ -370,6 +375,10 @@ impl WorkerClient {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn passed_over(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.passed_over.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The nodes to try, the preferred one first.
     fn order(&self) -> Vec<String> {
         let nodes = self.nodes();
@@ -398,10 +407,19 @@ impl WorkerClient {
     /// learned is preferred only once it has answered itself: the address a node
     /// advertises may not be reachable from here).
     pub async fn find_leader(&self) -> Option<String> {
-        // Learned leaders that did not answer this lookup: each costs a lookup timeout,
-        // so one that every node names is asked once, not once per node.
+        self.look_for_leader(None).await
+    }
+
+    /// As [`WorkerClient::find_leader`], but a leader at `doubted` (a node that just
+    /// failed a call) is preferred only once it answers, even if it was given.
+    async fn look_for_leader(&self, doubted: Option<&str>) -> Option<String> {
+        // Leaders that did not answer this lookup: each costs a lookup timeout, so one
+        // that every node names is asked once, not once per node.
         let mut silent: Vec<String> = Vec::new();
         for addr in self.order() {
+            if silent.contains(&addr) {
+                continue;
+            }
             let Some(status) = self.cluster_status(&addr).await else {
                 continue;
             };
@@ -413,8 +431,8 @@ impl WorkerClient {
             else {
                 continue;
             };
-            let given = self.nodes().is_given(&leader);
-            if leader == addr || given {
+            let trusted = self.nodes().is_given(&leader) && doubted != Some(leader.as_str());
+            if leader == addr || trusted {
                 self.prefer(&leader);
                 return Some(leader);
             }
@@ -436,7 +454,8 @@ impl WorkerClient {
     async fn ask_who_leads(&self) {
         let _asking = self.leader_lookup.lock().await;
         if !self.asked_for_leader.load(Ordering::SeqCst) {
-            self.find_leader().await;
+            let doubted = self.passed_over().take();
+            self.look_for_leader(doubted.as_deref()).await;
             self.asked_for_leader.store(true, Ordering::SeqCst);
         }
     }
@@ -548,6 +567,7 @@ impl WorkerClient {
                             // and ask who leads before the next write, so that writes
                             // do not stay on a relay.
                             self.prefer(addr);
+                            *self.passed_over() = order.first().cloned();
                             self.asked_for_leader.store(false, Ordering::SeqCst);
                         }
                         return answer;
@@ -1333,12 +1353,7 @@ mod tests {
     #[tokio::test]
     async fn a_learned_leader_out_of_reach_is_asked_once_per_lookup() {
         let (silent, accepted) = silent_node().await;
-        let body = serde_json::to_string(&status(&[silent.as_str()])).expect("json");
-        let get: Arc<str> = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .into();
+        let get = cluster_answer(&status(&[silent.as_str()]));
         let mut nodes = Vec::new();
         for _ in 0..3 {
             nodes.push(ScriptedNode::start_with(|_| TASKS, Some(get.clone())).await);
@@ -1362,16 +1377,24 @@ mod tests {
 
     const UNAVAILABLE: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}";
 
-    /// A leader that answers POSTs as `answer` says (and `GET /cluster` with 404), and
-    /// a follower that answers every POST, as its relay would, and names the leader.
-    async fn leader_and_follower(answer: fn(u64) -> &'static str) -> (ScriptedNode, ScriptedNode) {
-        let leader = ScriptedNode::start(answer).await;
-        let body = serde_json::to_string(&status(&[leader.addr.as_str()])).expect("json");
-        let get: Arc<str> = format!(
+    /// `status` as a node's answer to `GET /cluster`.
+    fn cluster_answer(status: &ClusterStatusJson) -> Arc<str> {
+        let body = serde_json::to_string(status).expect("json");
+        format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         )
-        .into();
+        .into()
+    }
+
+    /// A leader that answers POSTs as `answer` says (and `GET /cluster` without naming
+    /// anyone), and a follower that answers every POST, as its relay would, and names
+    /// the leader.
+    async fn leader_and_follower(answer: fn(u64) -> &'static str) -> (ScriptedNode, ScriptedNode) {
+        let mut unnamed = status(&[]);
+        unnamed.leader = None;
+        let leader = ScriptedNode::start_with(answer, Some(cluster_answer(&unnamed))).await;
+        let get = cluster_answer(&status(&[leader.addr.as_str()]));
         let follower = ScriptedNode::start_with(|_| TASKS, Some(get)).await;
         (leader, follower)
     }
@@ -1425,6 +1448,36 @@ mod tests {
             (leader.posts(), follower.posts()),
             (3, 1),
             "back to the leader, which the follower names, rather than staying on the relay"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_cut_off_from_the_leader_alone_writes_through_a_relay() {
+        let (leader, accepted) = silent_node().await;
+        let get = cluster_answer(&status(&[leader.as_str()]));
+        let follower = ScriptedNode::start_with(|_| TASKS, Some(get)).await;
+        let client = WorkerClient::new([leader.as_str(), follower.addr.as_str()], 1)
+            .expect("ok")
+            .with_timeouts(Duration::from_millis(300), Duration::from_secs(30));
+        let update = || crate::worker::UpdateRequestJson::by(1);
+        client
+            .write(update())
+            .await
+            .expect("relayed by the follower");
+        client
+            .write(update())
+            .await
+            .expect("relayed by the follower");
+        let tried = accepted.load(Ordering::SeqCst);
+        client
+            .write(update())
+            .await
+            .expect("relayed by the follower");
+        assert_eq!(follower.posts(), 3);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            tried,
+            "once it did not answer, the leader is not tried first again"
         );
     }
 
