@@ -250,6 +250,67 @@ def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
         silent.close()
 
 
+def test_a_client_cut_off_from_the_leader_alone_calls_through_a_relay() -> None:
+    """The leader accepts connections and answers nothing (cut off from this client
+    alone); a follower relays every write and names that leader. Once a call left the
+    leader for the follower, the next calls go to the follower first, not back to the
+    leader and its call timeout every other time."""
+    import http.server
+    import json
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted: List[socket.socket] = []
+
+    def count() -> None:
+        while True:
+            try:
+                conn, _ = silent.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=count, daemon=True).start()
+    silent_addr = f"127.0.0.1:{silent.getsockname()[1]}"
+    status = json.dumps({"id": 2, "leader": 1, "nodes": [{"id": 1, "api_addr": silent_addr}]}).encode()
+    posts: List[bytes] = []
+
+    class Relay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self._answer(status)
+
+        def do_POST(self) -> None:  # noqa: N802
+            posts.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self._answer(b'{"tasks":[{"id":1,"group":"g","data":"","timespec":1,"ownerid":1}]}')
+
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    relay = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    try:
+        client = RotaClient([silent_addr, f"127.0.0.1:{relay.server_address[1]}"], call_timeout=0.3, retry_pause=0.01)
+        client.add("g", "1")
+        client.add("g", "2")
+        tried = len(accepted)
+        client.add("g", "3")
+        client.add("g", "4")
+        assert len(posts) == 4
+        assert len(accepted) == tried, "once it did not answer, the leader is not called first again"
+    finally:
+        relay.shutdown()
+        relay.server_close()
+        silent.close()
+
+
 def test_a_blocking_claim_leaves_a_node_that_stops_answering() -> None:
     """A node that froze (it accepts connections, answers nothing) while a claim waits
     there: the claim moves on to the next node within a probe or two, not after its

@@ -299,6 +299,10 @@ class RotaClient:
         # after a failed attempt (leadership may have moved).
         self._discover_needed = True
         self._next_discovery = 0.0
+        # The node a call last left for another that answered: named leader at the next
+        # lookup, it is preferred only once it answers this client itself, so that a
+        # client cut off from the leader alone keeps calling through a relay.
+        self._passed_over: Optional[str] = None
         self._discover_lock = threading.Lock()
         self._retries = 0
         # Before this monotonic time, finish_and_claim sends its two parts apart.
@@ -425,16 +429,19 @@ class RotaClient:
             self._heard[node.addr] = time.monotonic()
         return True
 
-    def _look_for_leader(self) -> Tuple[Optional[str], bool]:
+    def _look_for_leader(self, doubted: Optional[str] = None) -> Tuple[Optional[str], bool]:
         """Asks the nodes who leads, learning the members this client was not given;
         (the leader's address if it answers, whether any node knew a leader). A learned
         member is preferred only once it has answered itself: the address a node
-        advertises may not be reachable from here."""
+        advertises may not be reachable from here; so is a leader at ``doubted`` (a node
+        that just failed a call), even if it was given."""
         known = False
         # Learned leaders that did not answer this lookup: each costs a lookup timeout,
         # so one that every node names is asked once, not once per node.
         silent: List[str] = []
         for node in self._order():
+            if node.addr in silent:
+                continue
             status = self._cluster_status(node)
             if status is None:
                 continue
@@ -450,8 +457,8 @@ class RotaClient:
             found = self._member(addr) if isinstance(addr, str) and addr.strip() else None
             if found is None:
                 continue
-            given = any(n.addr == found.addr for n in self._given)
-            if found.addr == node.addr or given:
+            trusted = found.addr != doubted and any(n.addr == found.addr for n in self._given)
+            if found.addr == node.addr or trusted:
                 self._prefer(found.addr)
                 return found.addr, True
             if found.addr in silent:
@@ -478,7 +485,8 @@ class RotaClient:
             return  # another thread is looking
         try:
             if self._discover_needed and time.monotonic() >= self._next_discovery:
-                _, known = self._look_for_leader()
+                doubted, self._passed_over = self._passed_over, None
+                _, known = self._look_for_leader(doubted)
                 if known:
                     self._discover_needed = False
                 else:
@@ -549,6 +557,7 @@ class RotaClient:
                         # The first node of the order is the preferred one already.
                         if first_round and at:
                             self._prefer(node.addr)
+                            self._passed_over = order[0].addr
                         return value
                     last_error = f"{node.addr}: {value}"
                     slow_down = _slow_down_pause(response)
