@@ -201,16 +201,13 @@ def test_a_token_is_sent_as_a_bearer_with_every_request(monkeypatch: pytest.Monk
         server.server_close()
 
 
-def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
-    """Every node names a leader this client cannot reach: one lookup asks it once (a
-    lookup timeout each), not once per node."""
-    import http.server
-    import json
-
+def _silent_listener() -> Tuple[socket.socket, List[socket.socket]]:
+    """A listening socket that accepts connections and never answers (a node cut off
+    or frozen), and the connections it accepted so far."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
-    silent.listen(8)  # accepts into its backlog, never answers
-    accepted = []
+    silent.listen(16)
+    accepted: List[socket.socket] = []
 
     def count() -> None:
         while True:
@@ -221,6 +218,16 @@ def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
             accepted.append(conn)
 
     threading.Thread(target=count, daemon=True).start()
+    return silent, accepted
+
+
+def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
+    """Every node names a leader this client cannot reach: one lookup asks it once (a
+    lookup timeout each), not once per node."""
+    import http.server
+    import json
+
+    silent, accepted = _silent_listener()
     silent_addr = f"127.0.0.1:{silent.getsockname()[1]}"
     status = json.dumps({"id": 1, "leader": 9, "nodes": [{"id": 9, "api_addr": silent_addr}]}).encode()
 
@@ -258,20 +265,7 @@ def test_a_client_cut_off_from_the_leader_alone_calls_through_a_relay() -> None:
     import http.server
     import json
 
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(16)
-    accepted: List[socket.socket] = []
-
-    def count() -> None:
-        while True:
-            try:
-                conn, _ = silent.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-
-    threading.Thread(target=count, daemon=True).start()
+    silent, accepted = _silent_listener()
     silent_addr = f"127.0.0.1:{silent.getsockname()[1]}"
     status = json.dumps({"id": 2, "leader": 1, "nodes": [{"id": 1, "api_addr": silent_addr}]}).encode()
     posts: List[bytes] = []
