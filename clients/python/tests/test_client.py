@@ -316,6 +316,27 @@ def test_errors_are_typed(client: RotaClient, group: str) -> None:
     client.finish(claimed)
 
 
+def test_a_body_far_over_the_limit_is_refused_at_once(client: RotaClient, group: str) -> None:
+    """A node reads at most 8 MiB past its 1 MiB body limit, answers 413 and closes: the
+    client's send breaks, and it reads the 413 rather than retrying every node."""
+    retries = client.retries
+    for mib in (2, 16):
+        with pytest.raises(Rejected) as refused:
+            client.add(group, "x" * (mib << 20))
+        assert refused.value.status == 413, refused.value
+    assert client.retries == retries
+
+
+def test_tasks_reads_ids_past_a_urls_length_in_several_requests(client: RotaClient, group: str) -> None:
+    added = client.add(group, "kept")
+    far = list(range(10**12, 10**12 + 9_999))  # 13 digits each: about 140 KiB of path
+    found = client.tasks(far[:5_000] + [added.id] + far[5_000:])
+    assert len(found) == 10_000 and found[5_000] == added
+    assert found.count(None) == 9_999
+    with pytest.raises(ValueError, match="at most 10000"):
+        client.tasks(range(10_001))
+
+
 def test_gives_up_with_the_last_error_when_no_node_answers() -> None:
     lonely = RotaClient([dead_address(), dead_address()], call_timeout=0.5, give_up_after=0.6)
     started = time.monotonic()

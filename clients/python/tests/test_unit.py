@@ -30,6 +30,9 @@ def test_node_addresses_are_normalised() -> None:
     assert (v6.host, v6.port, v6.addr) == ("::1", 7001, "[::1]:7001")
     with pytest.raises(ValueError):
         Node.parse("http://")
+    for bad in ("ftp://127.0.0.1:7001", "tcp://h:1", "http://[::1", "http://[::1]x", "127.0.0.1:99999", "h:0", ":7001", "h:7o01"):
+        with pytest.raises(ValueError):
+            Node.parse(bad)
 
 
 def test_wire_shapes() -> None:
@@ -47,6 +50,19 @@ def test_wire_shapes() -> None:
     assert Task.from_json(task.to_json()) == task
     job = Job.from_json({"group": "g", "key": "k", "state": "dead", "history": [{"run": 1, "attempt": 1, "owner": 7, "started_at": 1, "ended_at": 2, "outcome": "failed", "error": "e"}]})
     assert job.finished and job.history[0].error == "e" and job.result is None
+
+
+def test_a_lone_string_is_not_taken_for_a_list_of_keys() -> None:
+    """``"ab"`` where a list of keys goes would name jobs "a" and "b"."""
+    client = RotaClient(["127.0.0.1:1"], give_up_after=0.1)  # never reached
+    for call in (client.cancel, client.retry, client.wait_jobs):
+        with pytest.raises(TypeError, match="not one str"):
+            call("g", "ab")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a key is a str"):
+        client.cancel("g", [1])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        Add("g", key="k", after="ab").to_json()
+    assert Add("g", key="k", after=iter(["a", "b"])).to_json()["after"] == ["a", "b"]
 
 
 def test_queries_are_percent_encoded() -> None:

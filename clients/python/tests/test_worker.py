@@ -150,6 +150,24 @@ def test_work_past_the_grace_is_given_back_so_it_runs_elsewhere_at_once(client: 
     assert w.finished == 0
 
 
+def test_a_finish_the_cluster_refuses_is_counted_as_lost(client: RotaClient, group: str) -> None:
+    """The job is cancelled before its lease's first renewal could tell: the finish is
+    refused, and the worker counts the task as lost, not as nothing."""
+    client.add(group, "x", key="gone")
+
+    def cancel_then_return(task: Task, lease: Lease) -> Any:
+        client.cancel(group, ["gone"])
+        return "too late"
+
+    w = Worker(client, group, cancel_then_return, lease_ms=60_000, wait_ms=1_000)
+    w.start()
+    try:
+        wait_until(lambda: w.lost == 1, timeout=10, what="the refused finish is counted as lost")
+    finally:
+        w.stop()
+    assert w.finished == 0
+
+
 def test_a_handler_whose_task_is_cancelled_sees_its_lease_lost(client: RotaClient, group: str) -> None:
     client.add(group, "halt", key="halt")
     saw_loss = threading.Event()

@@ -44,18 +44,30 @@ class Node:
             https, text = True, text[len("https://"):]
         elif text.startswith("http://"):
             text = text[len("http://"):]
+        elif "://" in text:
+            raise ValueError(f"{url!r}: a node address is host:port, http://host:port or https://host:port")
         text = text.split("/", 1)[0]
         if not text:
             raise ValueError(f"no node address in {url!r}")
         if text.startswith("["):  # [v6]:port
             end = text.find("]")
+            if end < 0:
+                raise ValueError(f"{url!r}: an IPv6 address opened with [ is not closed with ]")
             host, rest = text[1:end], text[end + 1:]
-            port_text = rest[1:] if rest.startswith(":") else ""
+            if rest and not rest.startswith(":"):
+                raise ValueError(f"{url!r}: after [host] comes :port or nothing")
+            port_text = rest[1:]
         elif text.count(":") == 1:
             host, port_text = text.split(":", 1)
         else:
             host, port_text = text, ""
+        if not host:
+            raise ValueError(f"no host in {url!r}")
+        if port_text and not port_text.isdigit():
+            raise ValueError(f"{url!r}: the port {port_text!r} is not a number")
         port = int(port_text) if port_text else (443 if https else 80)
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{url!r}: the port {port} is not between 1 and 65535")
         shown = f"[{host}]" if ":" in host else host
         return cls(addr=f"{shown}:{port}", host=host, port=port, https=https)
 
@@ -519,7 +531,14 @@ class Pool:
             if cancel is not None:
                 cancel._attach(sock)
             try:
-                conn.send(method, path, lines, body)
+                try:
+                    conn.send(method, path, lines, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    early = _early_answer(conn, method)
+                    if early is None:
+                        raise
+                    conn.close()
+                    return early
                 status, answer_headers, data, will_close = conn.answer(method)
             finally:
                 if cancel is not None:
@@ -552,6 +571,17 @@ class Pool:
         else:
             self._put(node, conn)
         return Response(status=status, headers=answer_headers, body=data)
+
+
+def _early_answer(conn: "_Conn", method: str) -> Optional[Response]:
+    """The answer a node gave before it stopped reading a request whose sending then
+    broke, if it is there whole: a node answers a body over its limit with a 413 and
+    closes the connection without reading the rest of a large one."""
+    try:
+        status, headers, data, _ = conn.answer(method)
+    except (OSError, _Malformed, _Closed):
+        return None
+    return Response(status=status, headers=headers, body=data)
 
 
 class _Stale(TransportError):

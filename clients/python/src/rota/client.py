@@ -57,6 +57,7 @@ from .types import (
     WatchPage,
     add_json,
     change_json,
+    key_list,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,6 +125,13 @@ WAIT_QUERY_BYTES_MAX = 8 * 1024
 """Longest ``GET /jobs/wait`` path and query sent (proxies in front of nodes often take
 no longer a request line: nginx's default); a longer one goes as ``POST /jobs/wait`` with
 its parameters in a JSON body."""
+
+TASK_IDS_MAX = 10_000
+"""Most task ids in one :meth:`RotaClient.tasks` (a node's limit for one read)."""
+
+TASKS_PATH_BYTES_MAX = 8 * 1024
+"""Longest ``GET /tasks/...`` path sent, as for ``/jobs/wait``: more ids are read in
+several requests."""
 
 WAIT_QUERY_BYTES_MAX_HTTP1 = 60 * 1024
 """Longest ``GET /jobs/wait`` path and query a node takes (a request line of up to 64
@@ -914,12 +922,12 @@ class RotaClient:
     def cancel(self, group: str, keys: Sequence[str], *, request_id: Optional[str] = None) -> None:
         """Cancels the jobs ``keys`` of ``group`` (running or not): a running job's owner
         is refused on its next write; jobs waiting for them are cancelled too."""
-        body = {"clientid": self._client_id, "group": group, "keys": list(keys)}
+        body = {"clientid": self._client_id, "group": group, "keys": key_list("keys", keys)}
         self.write("/cancel", body, request_id)
 
     def retry(self, group: str, keys: Sequence[str], *, request_id: Optional[str] = None) -> List[Task]:
         """Re-drives dead jobs with a fresh attempt budget; answers their new versions."""
-        body = {"clientid": self._client_id, "group": group, "keys": list(keys)}
+        body = {"clientid": self._client_id, "group": group, "keys": key_list("keys", keys)}
         return self.write("/retry", body, request_id)
 
     def change_settings(
@@ -961,12 +969,24 @@ class RotaClient:
 
     def tasks(self, task_ids: Sequence[int], *, consistency: Optional[str] = None) -> List[Optional[Task]]:
         """Several task versions (at most 10 000), in the order asked; ``None`` where one
-        does not exist."""
-        if not task_ids:
-            return []
-        ids = ",".join(str(int(i)) for i in task_ids)
-        obj = self._read(f"/tasks/{ids}{_query(consistency=consistency)}")
-        return [None if t is None else Task.from_json(t) for t in obj]
+        does not exist. Ids past about 8 KiB of path (some 700 ids of 10 digits) are read
+        in several requests: each reads one state of the store, but two of them may read
+        different ones."""
+        ids = [str(int(i)) for i in task_ids]
+        if len(ids) > TASK_IDS_MAX:
+            raise ValueError(f"{len(ids)} task ids; at most {TASK_IDS_MAX} in one call")
+        query = _query(consistency=consistency)
+        found: List[Optional[Task]] = []
+        while ids:
+            # Every id takes its digits and a comma; the rest of the path is short.
+            room, count = TASKS_PATH_BYTES_MAX - len("/tasks/") - len(query), 0
+            while count < len(ids) and room >= len(ids[count]) + 1:
+                room -= len(ids[count]) + 1
+                count += 1
+            chunk, ids = ids[: max(count, 1)], ids[max(count, 1):]
+            obj = self._read(f"/tasks/{','.join(chunk)}{query}")
+            found.extend(None if t is None else Task.from_json(t) for t in obj)
+        return found
 
     def group(
         self,
@@ -1071,7 +1091,7 @@ class RotaClient:
         """The records of jobs ``keys`` (1 to 1 000) of ``group`` once all have finished,
         or as they are after ``wait_ms`` (at most 60 000)."""
         wait = _wait_ms(wait_ms)
-        keys = list(keys)  # once: any iterable, a generator included
+        keys = key_list("keys", keys)  # once: any iterable, a generator included
         query = _query(group=group, key=keys, wait_ms=wait, consistency=consistency)
         path = f"/jobs/wait{query}"
         if len(path) <= WAIT_QUERY_BYTES_MAX:

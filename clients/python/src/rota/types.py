@@ -8,13 +8,25 @@ server adds later are ignored when read, so a newer server does not break this c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 JSON = Any
 """Any JSON value (``None``, ``bool``, ``int``, ``float``, ``str``, lists, dicts)."""
 
 ON_CONFLICT = ("refuse", "keep", "resubmit")
 JOB_STATES = ("waiting", "running", "failed", "succeeded", "dead", "cancelled")
+
+
+def key_list(what: str, keys: Iterable[str]) -> List[str]:
+    """``keys`` as a list of ``str``; a lone string is refused, since it would otherwise be
+    taken for a list of one-character keys."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"{what} is a list of keys, not one {type(keys).__name__}: write [{keys!r}]")
+    out = list(keys)
+    for key in out:
+        if not isinstance(key, str):
+            raise TypeError(f"{what}: a key is a str, not {type(key).__name__} ({key!r})")
+    return out
 
 
 def _opt_int(value: Any) -> Optional[int]:
@@ -95,7 +107,7 @@ class Add:
         if self.priority is not None:
             out["priority"] = int(self.priority)
         if self.after:
-            out["after"] = list(self.after)
+            out["after"] = key_list("after", self.after)
         if self.max_attempts is not None:
             out["max_attempts"] = int(self.max_attempts)
         if self.every_ms is not None:

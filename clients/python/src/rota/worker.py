@@ -41,7 +41,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from .errors import Cancelled, LeaseLost, RotaError, Unavailable
+from .errors import Cancelled, LeaseLost, Refused, RotaError, Unavailable
 from .lease import Lease, error_text
 from .types import Task
 from ._http import Cancel
@@ -396,6 +396,10 @@ class Worker:
         except LeaseLost as e:
             self._count_lost(lease, str(e))
             return None, False
+        except Refused as e:
+            # The claim had ended (a lapse, a cancel) before the finish came.
+            self._count_lost(lease, f"its finish was refused: {e}")
+            return None, False
         except RotaError as e:
             log.warning("finish of task %d of %r failed: %s", lease.task.id, self.group, e)
             return None, False
@@ -415,6 +419,9 @@ class Worker:
                 self.client.fail(lease.task, error, retry_in_ms, request_id=e.request_id)
         except LeaseLost as e:
             self._count_lost(lease, str(e))
+            return
+        except Refused as e:
+            self._count_lost(lease, f"its fail was refused: {e}")
             return
         except RotaError as e:
             log.warning("fail of task %d of %r failed: %s", lease.task.id, self.group, e)
