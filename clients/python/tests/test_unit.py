@@ -65,6 +65,15 @@ def test_a_lone_string_is_not_taken_for_a_list_of_keys() -> None:
     assert Add("g", key="k", after=iter(["a", "b"])).to_json()["after"] == ["a", "b"]
 
 
+def test_a_worker_needs_a_group() -> None:
+    from rota import Worker
+
+    client = RotaClient(["127.0.0.1:1"])  # never reached
+    for group in ("", None):
+        with pytest.raises(ValueError, match="needs a group"):
+            Worker(client, group, lambda task, lease: None)  # type: ignore[arg-type]
+
+
 def test_queries_are_percent_encoded() -> None:
     assert _query(group="a b/c", key=["x&y", "é"], wait_ms=None, owned=True) == "?group=a%20b%2Fc&key=x%26y&key=%C3%A9&owned=1"
     assert _query(limit=None) == ""

@@ -106,6 +106,9 @@ class Worker:
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
+        if not isinstance(group, str) or not group:
+            # Every claim would be refused, and the worker would retry them forever.
+            raise ValueError(f"a worker needs a group name, not {group!r}")
         self.client = client
         self.group = group
         self.handler = handler
