@@ -75,6 +75,18 @@ pub enum ClientError {
         /// The cause.
         message: String,
     },
+    /// The node answered a request in plain HTTP with bytes that are not HTTP: most
+    /// likely it serves TLS. Sending again cannot help.
+    #[error(
+        "HTTP exchange with {addr} failed: {message}; is the node serving TLS? then pass \
+         --ca FILE (or set ROTA_CA) with the cluster's CA certificate"
+    )]
+    NotHttp {
+        /// The address.
+        addr: String,
+        /// What could not be parsed.
+        message: String,
+    },
     /// The server answered with a non-success status.
     #[error("{addr} answered {status}: {message}")]
     Status {
@@ -576,14 +588,15 @@ impl HttpClient {
         };
         let response = sender.send(request).await.map_err(|e| {
             // A TLS port answers a request in plain HTTP with bytes hyper cannot parse
-            // ("invalid HTTP version parsed"): say what is likely missing.
-            let hint = if self.tls.is_none() && e.is_parse() {
-                "; is the node serving TLS? then pass --ca FILE (or set ROTA_CA) with the \
-                 cluster's CA certificate"
+            // ("invalid HTTP version parsed").
+            if self.tls.is_none() && e.is_parse() {
+                ClientError::NotHttp {
+                    addr: addr.to_string(),
+                    message: e.to_string(),
+                }
             } else {
-                ""
-            };
-            http_error(&format_args!("{e}{hint}"))
+                http_error(&e)
+            }
         })?;
         let (parts, body) = response.into_parts();
         let body = Limited::new(body, body_max)
@@ -810,7 +823,7 @@ impl HttpClient {
                     .await
                 {
                     Ok(response) => return Ok(response),
-                    Err(ClientError::Http { .. }) => {
+                    Err(ClientError::Http { .. } | ClientError::NotHttp { .. }) => {
                         let failed = in_use.lock().unwrap_or_else(|p| p.into_inner()).take();
                         self.forget_shared(addr, failed.as_ref());
                     }

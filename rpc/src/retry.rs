@@ -28,11 +28,14 @@ const SLOW_DOWN_DEFAULT: Duration = Duration::from_secs(1);
 const ERROR_CHARS_MAX: usize = 200;
 
 /// Why one attempt gave no definite answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Unanswered {
     /// No answer, a 5xx, a 408, a body that does not parse: nothing known; try the next
     /// node.
     Unknown(String),
+    /// The node does not speak HTTP to this client (it answered in TLS, most likely):
+    /// no other answer will come from it as the client is set up.
+    NotHttp(ClientError),
     /// A 429: the node did not take the request and asks to be called again after
     /// `pause`.
     SlowDown {
@@ -44,6 +47,15 @@ pub(crate) enum Unanswered {
 }
 
 impl Unanswered {
+    /// An exchange that failed before any answer: nothing known, unless the node does
+    /// not speak HTTP to this client.
+    pub(crate) fn from_error(error: ClientError) -> Self {
+        match error {
+            ClientError::NotHttp { .. } => Unanswered::NotHttp(error),
+            other => Unanswered::Unknown(other.to_string()),
+        }
+    }
+
     /// The answer as "nothing known", unless it is a 429.
     pub(crate) fn from_status(response: &HttpResponse) -> Self {
         // A proxy's error page can be long: the start says enough.
@@ -88,7 +100,7 @@ pub(crate) async fn write_once(
     let response = client
         .post_json(addr, request.path(), request, timeout)
         .await
-        .map_err(|e| Unanswered::Unknown(e.to_string()))?;
+        .map_err(Unanswered::from_error)?;
     // A 408 (the body came too slowly) or 429 (too many requests) says the node did not
     // take the request: sending it again is safe and may succeed.
     if matches!(response.status.as_u16(), 408 | 429) {

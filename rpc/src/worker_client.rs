@@ -154,6 +154,9 @@ enum Attempt<T> {
     Done(Result<T, WorkerError>),
     /// Nothing known: try another node.
     Retry(String),
+    /// The node does not speak HTTP to this client: try another node, but when none
+    /// of a round's does, the call ends with this error at once.
+    NotHttp(ClientError),
     /// The node did not take the call and asks to be called again after `pause` (a 429):
     /// another node would relay to the same leader, so wait and ask this one again.
     SlowDown { error: String, pause: Duration },
@@ -163,6 +166,7 @@ impl<T> From<Unanswered> for Attempt<T> {
     fn from(unanswered: Unanswered) -> Self {
         match unanswered {
             Unanswered::Unknown(error) => Attempt::Retry(error),
+            Unanswered::NotHttp(error) => Attempt::NotHttp(error),
             Unanswered::SlowDown { error, pause } => Attempt::SlowDown { error, pause },
         }
     }
@@ -550,6 +554,8 @@ impl WorkerClient {
         loop {
             let order = self.order();
             let mut next = 0;
+            // The first of this round's nodes that did not speak HTTP, and how many.
+            let (mut not_http, mut not_http_count) = (None, 0);
             while let Some(addr) = order.get(next) {
                 if give_up() {
                     return Err(WorkerError::Unavailable {
@@ -580,6 +586,18 @@ impl WorkerClient {
                         last_error = format!("{addr}: {error}");
                         next += 1;
                     }
+                    Attempt::NotHttp(error) => {
+                        self.retries.fetch_add(1, Ordering::Relaxed);
+                        if self.spread {
+                            self.next_node();
+                        }
+                        last_error = error.to_string();
+                        not_http_count += 1;
+                        not_http.get_or_insert(error);
+                        next += 1;
+                        // Waiting will not change how this node answers.
+                        pause = Duration::ZERO;
+                    }
                     // The same node again, after the pause it asked for (cut short at
                     // the deadline, for one last try); which node comes first is
                     // unchanged, since this one is up.
@@ -602,6 +620,13 @@ impl WorkerClient {
                     });
                 }
                 tokio::time::sleep(pause).await;
+            }
+            // No node speaks HTTP to this client (a cluster serving TLS, and no CA given):
+            // rounds more cannot help.
+            if not_http_count == order.len()
+                && let Some(error) = not_http
+            {
+                return Err(WorkerError::Rejected(error));
             }
             // Leadership may have moved: ask before the next round. (Boxed, as below.)
             if !self.spread {
@@ -708,7 +733,7 @@ impl WorkerClient {
             };
             let response = match sent {
                 Ok(response) => response,
-                Err(e) => return Attempt::Retry(e.to_string()),
+                Err(e) => return Unanswered::from_error(e).into(),
             };
             match response.status.as_u16() {
                 200..=299 => match response.json::<T>(&addr) {
@@ -1479,6 +1504,47 @@ mod tests {
             tried,
             "once it did not answer, the leader is not tried first again"
         );
+    }
+
+    /// A node that answers whatever it is sent with a TLS alert, as a node serving TLS
+    /// answers a request in plain HTTP.
+    async fn tls_only_node() -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = [0u8; 4096];
+                    let _ = stream.read(&mut request).await;
+                    let _ = stream.write_all(b"\x15\x03\x01\x00\x02\x02\x46").await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_cluster_that_speaks_no_http_to_the_client_is_refused_after_one_round() {
+        let nodes = [tls_only_node().await, tls_only_node().await];
+        let client = WorkerClient::new(&nodes, 1)
+            .expect("ok")
+            .with_timeouts(Duration::from_secs(1), Duration::from_secs(60));
+        client.asked_for_leader.store(true, Ordering::SeqCst);
+        let update = crate::worker::UpdateRequestJson::by(1);
+        let refused = client.write(update).await;
+        let Err(WorkerError::Rejected(error)) = &refused else {
+            panic!("{refused:?}");
+        };
+        assert!(
+            error.to_string().contains("is the node serving TLS"),
+            "{error}"
+        );
+        assert_eq!(client.retries(), 2, "each node once");
+        let read = client.job("g", "k").await;
+        assert!(matches!(read, Err(WorkerError::Rejected(_))), "{read:?}");
     }
 
     #[tokio::test]
