@@ -24,7 +24,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -88,6 +87,10 @@ pub const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 /// whole wait, while a new leader elsewhere has work. A call that returns sooner
 /// checks nothing, so a busy worker never does.
 pub const WAIT_PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// How often a client that writes through a relay, because the leader did not answer
+/// it, looks again whether the leader does.
+pub const RELAY_RECHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// Why a waiting call was cut short: see [`WAIT_PROBE_EVERY`].
 fn silent_while_waiting(addr: &str) -> String {
@@ -215,16 +218,20 @@ pub struct WorkerClient {
     http: HttpClient,
     /// The nodes calls go to, and which first.
     nodes: Mutex<NodeList>,
-    /// Whether this client knows whom to write to: it asks who leads before its first
-    /// write, and again after a call that its preferred node did not answer.
-    asked_for_leader: AtomicBool,
+    /// Leader lookups asked for: one before the first write, one more each time a
+    /// call leaves the preferred node for another that answers.
+    lookups_wanted: AtomicU64,
+    /// The value of `lookups_wanted` that the last lookup answered (a lookup asked for
+    /// while one runs is not lost).
+    lookups_done: AtomicU64,
     /// Held while this client asks who leads, so that writes wait for the answer
-    /// instead of going to the node that was preferred before it.
+    /// (up to [`LEADER_LOOKUP_TIMEOUT`]) instead of going to the node preferred before.
     leader_lookup: tokio::sync::Mutex<()>,
-    /// The node a call last left for another that answered. Named leader at the next
-    /// lookup, it is preferred only once it answers the client itself, so that a
-    /// client cut off from the leader alone keeps writing through a relay.
-    passed_over: Mutex<Option<String>>,
+    /// A node a call left for another that answered, and when to look at it again.
+    /// Named leader by a lookup, it is preferred only once it answers the client
+    /// itself, so that a client cut off from the leader alone writes through a relay,
+    /// and looks again every [`RELAY_RECHECK_EVERY`].
+    doubted: Mutex<Option<(String, tokio::time::Instant)>>,
     client_id: i64,
     id_prefix: String,
     sent: AtomicU64,
@@ -270,9 +277,10 @@ impl WorkerClient {
                 addrs,
                 preferred: 0,
             }),
-            asked_for_leader: AtomicBool::new(false),
+            lookups_wanted: AtomicU64::new(1),
+            lookups_done: AtomicU64::new(0),
             leader_lookup: tokio::sync::Mutex::new(()),
-            passed_over: Mutex::new(None),
+            doubted: Mutex::new(None),
             client_id,
             id_prefix: format!("c{client_id}-{nonce:x}"),
             sent: AtomicU64::new(0),
@@ -328,7 +336,7 @@ impl WorkerClient {
     /// know nothing of the cluster do.
     pub fn spread_from(mut self, first: usize) -> Self {
         self.spread = true;
-        self.asked_for_leader = AtomicBool::new(true);
+        self.lookups_done = AtomicU64::new(self.lookups_wanted.load(Ordering::SeqCst));
         let nodes = self.nodes.get_mut().unwrap_or_else(|p| p.into_inner());
         nodes.preferred = first % nodes.addrs.len();
         self
@@ -379,8 +387,17 @@ impl WorkerClient {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn passed_over(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.passed_over.lock().unwrap_or_else(|p| p.into_inner())
+    fn doubted(&self) -> std::sync::MutexGuard<'_, Option<(String, tokio::time::Instant)>> {
+        self.doubted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the next write should ask who leads first.
+    fn lookup_due(&self) -> bool {
+        self.lookups_done.load(Ordering::SeqCst) != self.lookups_wanted.load(Ordering::SeqCst)
+            || self
+                .doubted()
+                .as_ref()
+                .is_some_and(|(_, at)| tokio::time::Instant::now() >= *at)
     }
 
     /// The nodes to try, the preferred one first.
@@ -454,14 +471,27 @@ impl WorkerClient {
 
     /// Asks who leads unless another call of this client is asking already; then it
     /// waits for that answer, since a write sent meanwhile would go to the node
-    /// preferred before, perhaps a follower that relays every write.
+    /// preferred before, perhaps a follower that relays every write. It waits at most
+    /// [`LEADER_LOOKUP_TIMEOUT`] for that: a lookup that asks silent nodes takes longer,
+    /// and the write then goes where the client writes now.
     async fn ask_who_leads(&self) {
-        let _asking = self.leader_lookup.lock().await;
-        if !self.asked_for_leader.load(Ordering::SeqCst) {
-            let doubted = self.passed_over().take();
-            self.look_for_leader(doubted.as_deref()).await;
-            self.asked_for_leader.store(true, Ordering::SeqCst);
+        let Ok(_asking) =
+            tokio::time::timeout(LEADER_LOOKUP_TIMEOUT, self.leader_lookup.lock()).await
+        else {
+            return;
+        };
+        if !self.lookup_due() {
+            return;
         }
+        let wanted = self.lookups_wanted.load(Ordering::SeqCst);
+        let doubted = self.doubted().as_ref().map(|(addr, _)| addr.clone());
+        let found = self.look_for_leader(doubted.as_deref()).await;
+        *self.doubted() = match (found, doubted) {
+            // No leader that answers: keep writing through the relay, and look again.
+            (None, Some(addr)) => Some((addr, tokio::time::Instant::now() + RELAY_RECHECK_EVERY)),
+            _ => None,
+        };
+        self.lookups_done.store(wanted, Ordering::SeqCst);
     }
 
     /// The answer of `exchange` with the node at `addr`, or `None` if the node stops
@@ -567,14 +597,19 @@ impl WorkerClient {
                 let mut pause = RETRY_PAUSE;
                 match attempt(addr.clone()).await {
                     Attempt::Done(answer) => {
-                        if answer.is_ok() && next > 0 && !self.spread {
-                            // The preferred node failed and this one answered, perhaps
-                            // by relaying to a leader elsewhere: call it first for now,
-                            // and ask who leads before the next write, so that writes
-                            // do not stay on a relay.
+                        // The preferred node failed and this one answered, perhaps by
+                        // relaying to a leader elsewhere: call it first for now, and ask
+                        // who leads before the next write, so that writes do not stay
+                        // on a relay. Unless the preference moved while this call was
+                        // under way: then a newer call already did.
+                        if answer.is_ok()
+                            && next > 0
+                            && !self.spread
+                            && order.first() == Some(&self.current_node())
+                        {
                             self.prefer(addr);
-                            *self.passed_over() = order.first().cloned();
-                            self.asked_for_leader.store(false, Ordering::SeqCst);
+                            *self.doubted() = Some((order[0].clone(), tokio::time::Instant::now()));
+                            self.lookups_wanted.fetch_add(1, Ordering::SeqCst);
                         }
                         return answer;
                     }
@@ -662,7 +697,7 @@ impl WorkerClient {
         request_id: String,
         give_up: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<TaskJson>, WorkerError> {
-        if !self.asked_for_leader.load(Ordering::SeqCst) {
+        if !self.spread && self.lookup_due() {
             // Boxed: asking the nodes who leads is a future of several KiB, which would
             // otherwise be part of every write's and copied with it, for a question
             // asked seldom.
@@ -1504,6 +1539,18 @@ mod tests {
             tried,
             "once it did not answer, the leader is not tried first again"
         );
+        // Some time later the client looks again: still silent, so the relay stays.
+        client.doubted().as_mut().expect("doubted").1 = tokio::time::Instant::now();
+        client
+            .write(update())
+            .await
+            .expect("relayed by the follower");
+        assert_eq!(follower.posts(), 4);
+        assert_eq!(accepted.load(Ordering::SeqCst), tried + 1, "looked at once");
+        assert!(
+            !client.lookup_due(),
+            "and not again before {RELAY_RECHECK_EVERY:?}"
+        );
     }
 
     /// A node that answers whatever it is sent with a TLS alert, as a node serving TLS
@@ -1532,7 +1579,7 @@ mod tests {
         let client = WorkerClient::new(&nodes, 1)
             .expect("ok")
             .with_timeouts(Duration::from_secs(1), Duration::from_secs(60));
-        client.asked_for_leader.store(true, Ordering::SeqCst);
+        client.lookups_done.store(1, Ordering::SeqCst);
         let update = crate::worker::UpdateRequestJson::by(1);
         let refused = client.write(update).await;
         let Err(WorkerError::Rejected(error)) = &refused else {
@@ -1589,7 +1636,7 @@ mod tests {
         }
         let node = ScriptedNode::start(answer).await;
         let client = WorkerClient::new([node.addr.as_str()], 1).expect("ok");
-        client.asked_for_leader.store(true, Ordering::Relaxed);
+        client.lookups_done.store(1, Ordering::SeqCst);
         let lease = Duration::from_secs(1);
         let tasks = client
             .finish_and_claim(5, None, "g", lease, 1)

@@ -30,7 +30,11 @@ def test_node_addresses_are_normalised() -> None:
     assert (v6.host, v6.port, v6.addr) == ("::1", 7001, "[::1]:7001")
     with pytest.raises(ValueError):
         Node.parse("http://")
-    for bad in ("ftp://127.0.0.1:7001", "tcp://h:1", "http://[::1", "http://[::1]x", "127.0.0.1:99999", "h:0", ":7001", "h:7o01"):
+    assert Node.parse("HTTP://h:1").addr == "h:1" and Node.parse("::1").addr == "[::1]:80"
+    assert Node.parse("[::1]:7001").port == 7001
+    bad_ones = ("ftp://127.0.0.1:7001", "tcp://h:1", "http://[::1", "http://[::1]x", "127.0.0.1:99999", "h:0", ":7001",
+                "h:7o01", "h:1:2", "h:", "[::1]:", "h:\uff17\uff10")
+    for bad in bad_ones:
         with pytest.raises(ValueError):
             Node.parse(bad)
 
@@ -324,6 +328,11 @@ def test_a_client_cut_off_from_the_leader_alone_calls_through_a_relay() -> None:
         client.add("g", "4")
         assert len(posts) == 4
         assert len(accepted) == tried, "once it did not answer, the leader is not called first again"
+        # Some time later the client looks again: still silent, so the relay stays.
+        client._doubted = (silent_addr, 0.0)
+        client.add("g", "5")
+        assert len(posts) == 5 and len(accepted) == tried + 1, "looked at once"
+        assert not client._discovery_due(), "and not again for a while"
     finally:
         relay.shutdown()
         relay.server_close()

@@ -12,6 +12,7 @@ answers in TLS over plain HTTP) is a :class:`SetupError`.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import re
 import socket
@@ -40,9 +41,10 @@ class Node:
         """``host:port``, ``http://host:port/`` or ``https://host:port``."""
         text = url.strip()
         https = False
-        if text.startswith("https://"):
+        scheme = text[:8].lower()
+        if scheme.startswith("https://"):
             https, text = True, text[len("https://"):]
-        elif text.startswith("http://"):
+        elif scheme.startswith("http://"):
             text = text[len("http://"):]
         elif "://" in text:
             raise ValueError(f"{url!r}: a node address is host:port, http://host:port or https://host:port")
@@ -56,14 +58,19 @@ class Node:
             host, rest = text[1:end], text[end + 1:]
             if rest and not rest.startswith(":"):
                 raise ValueError(f"{url!r}: after [host] comes :port or nothing")
-            port_text = rest[1:]
+            port_text = rest[1:] if rest else None
         elif text.count(":") == 1:
             host, port_text = text.split(":", 1)
         else:
-            host, port_text = text, ""
+            host, port_text = text, None
+            if ":" in host:
+                try:
+                    ipaddress.IPv6Address(host)
+                except ValueError:
+                    raise ValueError(f"{url!r}: not host:port (an IPv6 address with a port goes in [brackets])") from None
         if not host:
             raise ValueError(f"no host in {url!r}")
-        if port_text and not port_text.isdigit():
+        if port_text is not None and not (port_text.isascii() and port_text.isdigit()):
             raise ValueError(f"{url!r}: the port {port_text!r} is not a number")
         port = int(port_text) if port_text else (443 if https else 80)
         if not 1 <= port <= 65535:

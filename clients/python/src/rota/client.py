@@ -80,6 +80,10 @@ WAIT_MS_MAX = 60_000
 CLAIM_COUNT_MAX = 1_000
 """Most tasks one claim may take (:meth:`RotaClient.claim_many`)."""
 
+RELAY_RECHECK_EVERY = 10.0
+"""How often (seconds) a client that calls through a relay, because the leader did not
+answer it, looks again whether the leader does."""
+
 REDISCOVER_PAUSE = 1.0
 """Least time between two looks for the leader while none is known."""
 
@@ -307,10 +311,11 @@ class RotaClient:
         # after a failed attempt (leadership may have moved).
         self._discover_needed = True
         self._next_discovery = 0.0
-        # The node a call last left for another that answered: named leader at the next
-        # lookup, it is preferred only once it answers this client itself, so that a
-        # client cut off from the leader alone keeps calling through a relay.
-        self._passed_over: Optional[str] = None
+        # A node a call left for another that answered, and when (monotonic) to look at
+        # it again: named leader by a lookup, it is preferred only once it answers this
+        # client itself, so that a client cut off from the leader alone calls through a
+        # relay, and looks again every RELAY_RECHECK_EVERY seconds.
+        self._doubted: Optional[Tuple[str, float]] = None
         self._discover_lock = threading.Lock()
         self._retries = 0
         # Before this monotonic time, finish_and_claim sends its two parts apart.
@@ -486,15 +491,22 @@ class RotaClient:
             self._discover_needed = False
         return leader
 
+    def _discovery_due(self) -> bool:
+        now = time.monotonic()
+        doubted = self._doubted
+        return (self._discover_needed and now >= self._next_discovery) or (doubted is not None and now >= doubted[1])
+
     def _maybe_discover(self) -> None:
-        if not self._discover_needed or time.monotonic() < self._next_discovery:
+        if not self._discovery_due():
             return
         if not self._discover_lock.acquire(blocking=False):
             return  # another thread is looking
         try:
-            if self._discover_needed and time.monotonic() >= self._next_discovery:
-                doubted, self._passed_over = self._passed_over, None
-                _, known = self._look_for_leader(doubted)
+            if self._discovery_due():
+                doubted = self._doubted[0] if self._doubted is not None else None
+                leader, known = self._look_for_leader(doubted)
+                # No leader that answers: keep calling through the relay, and look again.
+                self._doubted = (doubted, time.monotonic() + RELAY_RECHECK_EVERY) if leader is None and doubted else None
                 if known:
                     self._discover_needed = False
                 else:
@@ -565,7 +577,7 @@ class RotaClient:
                         # The first node of the order is the preferred one already.
                         if first_round and at:
                             self._prefer(node.addr)
-                            self._passed_over = order[0].addr
+                            self._doubted = (order[0].addr, time.monotonic())
                         return value
                     last_error = f"{node.addr}: {value}"
                     slow_down = _slow_down_pause(response)
