@@ -896,6 +896,48 @@ pub fn node_address(url: &str) -> String {
         .to_string()
 }
 
+/// What is wrong with `addr` (as [`node_address`] gives it), if it is not `host`,
+/// `host:port` or `[v6]:port` with a port from 1 to 65535; an empty one is left to
+/// the caller.
+pub fn address_problem(addr: &str) -> Option<String> {
+    if addr.is_empty() {
+        return None;
+    }
+    if addr.contains("://") {
+        return Some("a node address is host:port, http://host:port or https://host:port".into());
+    }
+    if addr.contains('/') {
+        return Some("a node address has no path".into());
+    }
+    let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
+        let Some((host, after)) = rest.split_once(']') else {
+            return Some("an IPv6 address opened with [ is not closed with ]".into());
+        };
+        match after.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if after.is_empty() => (host, None),
+            None => return Some("after [host] comes :port or nothing".into()),
+        }
+    } else if addr.matches(':').count() > 1 {
+        if addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return Some("not host:port (an IPv6 address with a port goes in [brackets])".into());
+        }
+        (addr, None)
+    } else {
+        match addr.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (addr, None),
+        }
+    };
+    if host.is_empty() {
+        return Some("no host".into());
+    }
+    match port.map(|p| (p, p.parse::<u16>())) {
+        Some((p, Ok(0) | Err(_))) => Some(format!("the port {p:?} is not from 1 to 65535")),
+        _ => None,
+    }
+}
+
 /// `text` percent-encoded for a query value or path segment (every byte but the
 /// unreserved ones).
 pub fn percent_encode(text: &str) -> String {
@@ -912,6 +954,31 @@ pub fn percent_encode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_addresses_that_cannot_be_dialled_are_named() {
+        for good in ["h", "h:1", "127.0.0.1:7001", "[::1]:7001", "[::1]", "::1"] {
+            assert_eq!(address_problem(good), None, "{good}");
+        }
+        for bad in [
+            "ftp://h:1",
+            "[::1",
+            "[::1]x",
+            "h:99999",
+            "h:0",
+            ":7001",
+            "h:7o01",
+            "h:1:2",
+            "h:",
+            "h:1/x",
+        ] {
+            assert!(address_problem(bad).is_some(), "{bad}");
+        }
+        assert_eq!(
+            address_problem(&node_address("HTTP://h:1")),
+            Some("a node address is host:port, http://host:port or https://host:port".into())
+        );
+    }
 
     #[tokio::test]
     async fn plain_http_to_a_tls_port_says_that_a_ca_may_be_missing() {

@@ -137,6 +137,15 @@ pub enum WorkerError {
     /// The client was built without a node.
     #[error("give at least one node address")]
     NoNodes,
+    /// A node address given is not `host:port`, `http://host:port` or
+    /// `https://host:port`.
+    #[error("node address {url:?}: {problem}")]
+    BadAddress {
+        /// The address as given.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 /// [`WorkerError::Unavailable`]'s message: a write's request id is what makes sending it
@@ -200,7 +209,10 @@ impl NodeList {
         self.addrs.truncate(self.given);
         for node in &status.nodes {
             let addr = node_address(&node.api_addr);
-            if !addr.is_empty() && !self.addrs.contains(&addr) && self.addrs.len() < NODES_KNOWN_MAX
+            if !addr.is_empty()
+                && crate::client::address_problem(&addr).is_none()
+                && !self.addrs.contains(&addr)
+                && self.addrs.len() < NODES_KNOWN_MAX
             {
                 self.addrs.push(addr);
             }
@@ -264,6 +276,14 @@ impl WorkerClient {
             .collect();
         if addrs.is_empty() {
             return Err(WorkerError::NoNodes);
+        }
+        for url in &urls {
+            if let Some(problem) = crate::client::address_problem(&node_address(url)) {
+                return Err(WorkerError::BadAddress {
+                    url: url.clone(),
+                    problem,
+                });
+            }
         }
         // Unique across processes and restarts, so that no two clients' request ids meet.
         let nonce = SystemTime::now()
@@ -1184,6 +1204,11 @@ mod tests {
             WorkerClient::new(Vec::<String>::new(), 1),
             Err(WorkerError::NoNodes)
         ));
+        let bad = WorkerClient::new(["127.0.0.1:1", "ftp://h:1"], 1);
+        assert!(
+            matches!(&bad, Err(WorkerError::BadAddress { url, .. }) if url == "ftp://h:1"),
+            "{bad:?}"
+        );
         client.prefer("127.0.0.1:2");
         assert_eq!(client.order(), vec!["127.0.0.1:2", "127.0.0.1:1"]);
     }
