@@ -897,12 +897,8 @@ pub fn node_address(url: &str) -> String {
 }
 
 /// What is wrong with `addr` (as [`node_address`] gives it), if it is not `host`,
-/// `host:port` or `[v6]:port` with a port from 1 to 65535; an empty one is left to
-/// the caller.
+/// `host:port` or `[v6]:port` with a port from 1 to 65535.
 pub fn address_problem(addr: &str) -> Option<String> {
-    if addr.is_empty() {
-        return None;
-    }
     if addr.contains("://") {
         return Some("a node address is host:port, http://host:port or https://host:port".into());
     }
@@ -952,7 +948,7 @@ pub fn percent_encode(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -980,25 +976,32 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn plain_http_to_a_tls_port_says_that_a_ca_may_be_missing() {
+    /// A node that answers whatever it is sent as a TLS server answers bytes that are
+    /// no handshake: an alert, once the request's first bytes came.
+    pub(crate) async fn tls_only_node() -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                // What a TLS server answers to bytes that are no handshake: an alert,
-                // once the request's first bytes came.
-                let mut first = [0u8; 64];
-                let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut first).await;
-                let _ = tokio::io::AsyncWriteExt::write_all(
-                    &mut stream,
-                    &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32],
-                )
-                .await;
+                tokio::spawn(async move {
+                    let mut first = [0u8; 64];
+                    let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut first).await;
+                    let _ = tokio::io::AsyncWriteExt::write_all(
+                        &mut stream,
+                        &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32],
+                    )
+                    .await;
+                });
             }
         });
+        addr
+    }
+
+    #[tokio::test]
+    async fn plain_http_to_a_tls_port_says_that_a_ca_may_be_missing() {
+        let addr = tls_only_node().await;
         let error = HttpClient::new()
             .get(&addr, "/groups", Duration::from_secs(5))
             .await

@@ -295,12 +295,7 @@ async fn renew(
             // talk to the nodes at all (https without TLS): every retry gets the same
             // answer, and the lease cannot be kept, so it is lost now rather than when
             // it runs out.
-            Ok(Err(rejected @ WorkerError::Rejected(ClientError::Connect { .. }))) => {
-                let _ = lost.send(Some(LeaseLost::Refused(vec![rejected.to_string()])));
-                return;
-            }
-            Ok(Err(rejected @ WorkerError::Rejected(ClientError::Status { status, .. })))
-                if rejected_for_good(status) =>
+            Ok(Err(rejected)) if matches!(&rejected, WorkerError::Rejected(error) if ends_the_lease(error)) =>
             {
                 let _ = lost.send(Some(LeaseLost::Refused(vec![rejected.to_string()])));
                 return;
@@ -312,6 +307,16 @@ async fn renew(
             // Not known yet: the same renewal again shortly, while the lease lasts.
             _ => due = Instant::now() + RENEWAL_RETRY_PAUSE,
         }
+    }
+}
+
+/// Whether a renewal rejected with `error` would be rejected so again: it could not
+/// connect (https without TLS), or a definite 4xx.
+fn ends_the_lease(error: &ClientError) -> bool {
+    match error {
+        ClientError::Connect { .. } => true,
+        ClientError::Status { status, .. } => rejected_for_good(*status),
+        _ => false,
     }
 }
 

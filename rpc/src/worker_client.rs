@@ -39,6 +39,7 @@ use crate::client::HeaderName;
 use crate::client::HeaderValue;
 use crate::client::HttpClient;
 use crate::client::HttpMethod as Method;
+use crate::client::address_problem;
 use crate::client::node_address;
 use crate::client::percent_encode;
 use crate::job::FailRequestJson;
@@ -210,7 +211,7 @@ impl NodeList {
         for node in &status.nodes {
             let addr = node_address(&node.api_addr);
             if !addr.is_empty()
-                && crate::client::address_problem(&addr).is_none()
+                && address_problem(&addr).is_none()
                 && !self.addrs.contains(&addr)
                 && self.addrs.len() < NODES_KNOWN_MAX
             {
@@ -269,21 +270,22 @@ impl WorkerClient {
     ) -> Result<Self, WorkerError> {
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_string()).collect();
         let https = urls.iter().any(|u| u.trim().starts_with("https://"));
-        let addrs: Vec<String> = urls
-            .iter()
-            .map(|u| node_address(u))
-            .filter(|u| !u.is_empty())
-            .collect();
-        if addrs.is_empty() {
-            return Err(WorkerError::NoNodes);
-        }
+        let mut addrs = Vec::with_capacity(urls.len());
         for url in &urls {
-            if let Some(problem) = crate::client::address_problem(&node_address(url)) {
+            let addr = node_address(url);
+            if addr.is_empty() {
+                continue;
+            }
+            if let Some(problem) = address_problem(&addr) {
                 return Err(WorkerError::BadAddress {
                     url: url.clone(),
                     problem,
                 });
             }
+            addrs.push(addr);
+        }
+        if addrs.is_empty() {
+            return Err(WorkerError::NoNodes);
         }
         // Unique across processes and restarts, so that no two clients' request ids meet.
         let nonce = SystemTime::now()
@@ -409,6 +411,14 @@ impl WorkerClient {
 
     fn doubted(&self) -> std::sync::MutexGuard<'_, Option<(String, tokio::time::Instant)>> {
         self.doubted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts an attempt that failed at a node; a spread client moves on from it.
+    fn attempt_failed(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        if self.spread {
+            self.next_node();
+        }
     }
 
     /// Whether the next write should ask who leads first.
@@ -634,18 +644,12 @@ impl WorkerClient {
                         return answer;
                     }
                     Attempt::Retry(error) => {
-                        self.retries.fetch_add(1, Ordering::Relaxed);
-                        if self.spread {
-                            self.next_node();
-                        }
+                        self.attempt_failed();
                         last_error = format!("{addr}: {error}");
                         next += 1;
                     }
                     Attempt::NotHttp(error) => {
-                        self.retries.fetch_add(1, Ordering::Relaxed);
-                        if self.spread {
-                            self.next_node();
-                        }
+                        self.attempt_failed();
                         last_error = error.to_string();
                         not_http_count += 1;
                         not_http.get_or_insert(error);
@@ -1545,14 +1549,12 @@ mod tests {
             .expect("ok")
             .with_timeouts(Duration::from_millis(300), Duration::from_secs(30));
         let update = || crate::worker::UpdateRequestJson::by(1);
-        client
-            .write(update())
-            .await
-            .expect("relayed by the follower");
-        client
-            .write(update())
-            .await
-            .expect("relayed by the follower");
+        for _ in 0..2 {
+            client
+                .write(update())
+                .await
+                .expect("relayed by the follower");
+        }
         let tried = accepted.load(Ordering::SeqCst);
         client
             .write(update())
@@ -1578,28 +1580,9 @@ mod tests {
         );
     }
 
-    /// A node that answers whatever it is sent with a TLS alert, as a node serving TLS
-    /// answers a request in plain HTTP.
-    async fn tls_only_node() -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut request = [0u8; 4096];
-                    let _ = stream.read(&mut request).await;
-                    let _ = stream.write_all(b"\x15\x03\x01\x00\x02\x02\x46").await;
-                });
-            }
-        });
-        addr
-    }
-
     #[tokio::test]
     async fn a_cluster_that_speaks_no_http_to_the_client_is_refused_after_one_round() {
+        use crate::client::tests::tls_only_node;
         let nodes = [tls_only_node().await, tls_only_node().await];
         let client = WorkerClient::new(&nodes, 1)
             .expect("ok")

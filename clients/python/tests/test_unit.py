@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -253,27 +253,12 @@ def _silent_listener() -> Tuple[socket.socket, List[socket.socket]]:
 def test_a_learned_leader_out_of_reach_is_asked_once_per_lookup() -> None:
     """Every node names a leader this client cannot reach: one lookup asks it once (a
     lookup timeout each), not once per node."""
-    import http.server
     import json
 
     silent, accepted = _silent_listener()
     silent_addr = f"127.0.0.1:{silent.getsockname()[1]}"
     status = json.dumps({"id": 1, "leader": 9, "nodes": [{"id": 9, "api_addr": silent_addr}]}).encode()
-
-    class NamesTheSilentLeader(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(status)))
-            self.end_headers()
-            self.wfile.write(status)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), NamesTheSilentLeader) for _ in range(3)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    servers = [_json_node(lambda body: (501, {}), get=status)[0] for _ in range(3)]
     try:
         client = RotaClient([f"127.0.0.1:{server.server_address[1]}" for server in servers])
         assert client.find_leader() is None
@@ -291,34 +276,13 @@ def test_a_client_cut_off_from_the_leader_alone_calls_through_a_relay() -> None:
     alone); a follower relays every write and names that leader. Once a call left the
     leader for the follower, the next calls go to the follower first, not back to the
     leader and its call timeout every other time."""
-    import http.server
     import json
 
     silent, accepted = _silent_listener()
     silent_addr = f"127.0.0.1:{silent.getsockname()[1]}"
     status = json.dumps({"id": 2, "leader": 1, "nodes": [{"id": 1, "api_addr": silent_addr}]}).encode()
-    posts: List[bytes] = []
-
-    class Relay(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self._answer(status)
-
-        def do_POST(self) -> None:  # noqa: N802
-            posts.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self._answer(b'{"tasks":[{"id":1,"group":"g","data":"","timespec":1,"ownerid":1}]}')
-
-        def _answer(self, body: bytes) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    relay = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Relay)
-    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    task = {"id": 1, "group": "g", "data": "", "timespec": 1, "ownerid": 1}
+    relay, posts = _json_node(lambda body: (200, {"tasks": [task]}), get=status)
     try:
         client = RotaClient([silent_addr, f"127.0.0.1:{relay.server_address[1]}"], call_timeout=0.3, retry_pause=0.01)
         client.add("g", "1")
@@ -616,9 +580,12 @@ def test_an_error_page_that_is_not_rotas_is_cut() -> None:
     assert split_status(Response(status=429, headers={}, body=b'{"error":"slow down"}')) == (429, "slow down")
 
 
-def _json_node(answer: Callable[[Dict[str, Any]], Tuple[int, Dict[str, Any]]]) -> Tuple[Any, List[Dict[str, Any]]]:
+def _json_node(
+    answer: Callable[[Dict[str, Any]], Tuple[int, Dict[str, Any]]], get: Optional[bytes] = None
+) -> Tuple[Any, List[Dict[str, Any]]]:
     """A node answering each POST's JSON body with the status and JSON ``answer`` gives
-    for it; the bodies it was sent, with the path under ``"_path"``."""
+    for it, and every GET with ``get`` (501 without); the bodies it was sent, with the
+    path under ``"_path"``."""
     import http.server
     import json
 
@@ -627,11 +594,19 @@ def _json_node(answer: Callable[[Dict[str, Any]], Tuple[int, Dict[str, Any]]]) -
     class Scripted(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def do_GET(self) -> None:  # noqa: N802
+            if get is None:
+                self.send_error(501)
+                return
+            self._send(200, get)
+
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(dict(body, _path=self.path))
             status, reply = answer(body)
-            data = json.dumps(reply).encode()
+            self._send(status, json.dumps(reply).encode())
+
+        def _send(self, status: int, data: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -133,8 +133,8 @@ its parameters in a JSON body."""
 TASK_IDS_MAX = 10_000
 """Most task ids in one :meth:`RotaClient.tasks` (a node's limit for one read)."""
 
-TASKS_PATH_BYTES_MAX = 8 * 1024
-"""Longest ``GET /tasks/...`` path sent, as for ``/jobs/wait``: more ids are read in
+TASKS_PATH_BYTES_MAX = WAIT_QUERY_BYTES_MAX
+"""Longest ``GET /tasks/...`` path sent, for the same reason: more ids are read in
 several requests."""
 
 WAIT_QUERY_BYTES_MAX_HTTP1 = 60 * 1024
@@ -989,13 +989,14 @@ class RotaClient:
             raise ValueError(f"{len(ids)} task ids; at most {TASK_IDS_MAX} in one call")
         query = _query(consistency=consistency)
         found: List[Optional[Task]] = []
+        room = TASKS_PATH_BYTES_MAX - len("/tasks/") - len(query)
         while ids:
-            # Every id takes its digits and a comma; the rest of the path is short.
-            room, count = TASKS_PATH_BYTES_MAX - len("/tasks/") - len(query), 0
-            while count < len(ids) and room >= len(ids[count]) + 1:
-                room -= len(ids[count]) + 1
+            # Every id takes its digits and a comma; at least one goes in each read.
+            count, used = 1, len(ids[0]) + 1
+            while count < len(ids) and used + len(ids[count]) + 1 <= room:
+                used += len(ids[count]) + 1
                 count += 1
-            chunk, ids = ids[: max(count, 1)], ids[max(count, 1):]
+            chunk, ids = ids[:count], ids[count:]
             obj = self._read(f"/tasks/{','.join(chunk)}{query}")
             found.extend(None if t is None else Task.from_json(t) for t in obj)
         return found
