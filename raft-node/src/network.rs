@@ -647,6 +647,7 @@ impl PeerClient {
                 body,
                 answers: duplex.body,
                 sent,
+                last_entry_sent: first.entries.last().map(|entry| entry.log_id),
             },
             self.timing.rpc_timeout,
             Arc::clone(&self.clock),
@@ -939,16 +940,7 @@ mod tests {
         let replication = Arc::new(ReplicationStats::default());
         let mut client = client_of_node_2(addr, &replication).await;
         let appends_in = futures_util::stream::iter((1..=3).map(numbered_append));
-        let answers: Vec<_> = tokio::time::timeout(Duration::from_secs(10), async {
-            client
-                .stream_append(appends_in, RPCOption::new(Duration::from_secs(1)))
-                .await
-                .expect("a stream")
-                .collect()
-                .await
-        })
-        .await
-        .expect("the answers within 10 s");
+        let answers = answers_of(&mut client, appends_in).await;
         let committed: Vec<_> = answers
             .iter()
             .map(|a| match a {
@@ -966,6 +958,169 @@ mod tests {
             replication.append_latency.snapshot().count,
             1,
             "the one append with entries is timed once"
+        );
+    }
+
+    /// What a follower's exchange received: each append's previous index, its entries'
+    /// indexes and its commit index.
+    type Received = Arc<std::sync::Mutex<Vec<(Option<u64>, Vec<u64>, Option<u64>)>>>;
+
+    /// A follower at a new address that records every append of an exchange in
+    /// `received` and answers it with success up to its last entry.
+    async fn recording_follower() -> (String, Received) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("an address").to_string();
+        let received = Received::default();
+        let seen = Arc::clone(&received);
+        let exchange = move |body: axum::body::Body| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let answers = futures_util::stream::unfold(
+                    append_stream::FrameReader::new(body),
+                    move |mut appends| {
+                        let seen = Arc::clone(&seen);
+                        async move {
+                            let bytes = appends.next().await.ok().flatten()?;
+                            let (_, append): append_stream::AppendFrame =
+                                decode_value(&bytes, "append").expect("an append");
+                            let last = append.entries.last().map(|e| e.log_id);
+                            seen.lock().expect("the record").push((
+                                append.prev_log_id.map(|id| id.index()),
+                                append.entries.iter().map(|e| e.log_id.index()).collect(),
+                                append.leader_commit.map(|id| id.index()),
+                            ));
+                            let answer: append_stream::AnswerFrame =
+                                Ok(Ok(last.or(append.prev_log_id)));
+                            Some((append_stream::frame(&answer), appends))
+                        }
+                    },
+                );
+                axum::response::IntoResponse::into_response(axum::body::Body::from_stream(answers))
+            }
+        };
+        serve(
+            listener,
+            axum::Router::new().route(paths::APPEND_STREAM, axum::routing::post(exchange)),
+        );
+        (addr, received)
+    }
+
+    fn log_id(index: u64) -> RotaLogId {
+        RotaLogId::new(RotaLeaderId::new_committed(1, 1), index)
+    }
+
+    /// An append of entry `entry` (or none) after index `prev`, committing up to `commit`.
+    fn append_of(
+        prev: Option<u64>,
+        entry: Option<u64>,
+        commit: Option<u64>,
+    ) -> AppendEntriesRequest<NodeTypes> {
+        AppendEntriesRequest {
+            prev_log_id: prev.map(log_id),
+            leader_commit: commit.map(log_id),
+            entries: entry
+                .map(|index| RotaEntry {
+                    log_id: log_id(index),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .into_iter()
+                .collect(),
+            ..heartbeat()
+        }
+    }
+
+    /// Every answer `client` gets to the appends `input` yields, within 10 s.
+    async fn answers_of<S>(
+        client: &mut PeerClient,
+        input: S,
+    ) -> Vec<Result<StreamAppendResult<NodeTypes>, RPCError<NodeTypes>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Send + Unpin + 'static,
+    {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            client
+                .stream_append(input, RPCOption::new(Duration::from_secs(1)))
+                .await
+                .expect("a stream")
+                .collect()
+                .await
+        })
+        .await
+        .expect("the answers within 10 s")
+    }
+
+    /// Drives one exchange with the follower at `addr` over the appends `input` yields;
+    /// answers the indexes the follower acknowledged.
+    async fn exchange_over<S>(addr: String, input: S) -> Vec<Option<u64>>
+    where
+        S: Stream<Item = AppendEntriesRequest<NodeTypes>> + Send + Unpin + 'static,
+    {
+        let replication = Arc::new(ReplicationStats::default());
+        let mut client = client_of_node_2(addr, &replication).await;
+        answers_of(&mut client, input)
+            .await
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(Ok(matching)) => matching.map(|id| id.index()),
+                other => panic!("an append failed: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_new_commit_index_rides_with_the_next_entries_when_they_come_in_time() {
+        let (addr, received) = recording_follower().await;
+        let appends = vec![
+            append_of(None, Some(1), None),
+            append_of(Some(1), None, Some(1)),
+            append_of(Some(1), Some(2), Some(1)),
+        ];
+        let acknowledged = exchange_over(addr, futures_util::stream::iter(appends)).await;
+        assert_eq!(acknowledged, [Some(1), Some(2)]);
+        assert_eq!(
+            *received.lock().expect("the record"),
+            [(None, vec![1], None), (Some(1), vec![2], Some(1))],
+            "the append that only told commit 1 never went: the next one carried it"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_commit_index_goes_alone_once_the_hold_ends_or_the_appends_do() {
+        let (addr, received) = recording_follower().await;
+        let (more, appends) = tokio::sync::mpsc::unbounded_channel();
+        let input = Box::pin(futures_util::stream::unfold(appends, |mut appends| async {
+            appends.recv().await.map(|append| (append, appends))
+        }));
+        let driving = tokio::spawn(exchange_over(addr, input));
+        more.send(append_of(None, Some(1), None)).expect("send");
+        more.send(append_of(Some(1), None, Some(1))).expect("send");
+        // Nothing else comes: the held append goes when its hold ends, with the
+        // exchange still open.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while received.lock().expect("the record").len() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the held append never went"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // One held when openraft ends the appends goes before the exchange ends.
+        more.send(append_of(Some(1), Some(2), Some(1)))
+            .expect("send");
+        more.send(append_of(Some(2), None, Some(2))).expect("send");
+        drop(more);
+        let acknowledged = driving.await.expect("the exchange");
+        assert_eq!(acknowledged, [Some(1), Some(1), Some(2), Some(2)]);
+        assert_eq!(
+            *received.lock().expect("the record"),
+            [
+                (None, vec![1], None),
+                (Some(1), vec![], Some(1)),
+                (Some(1), vec![2], Some(1)),
+                (Some(2), vec![], Some(2)),
+            ]
         );
     }
 
