@@ -346,7 +346,14 @@ where
             let step = self.next_step().await;
             let outcome = match step {
                 // Ended by the follower between appends (it waited too long for one, or
-                // it is stopping): the next exchange finds out which.
+                // it is stopping): the next exchange finds out which. One that took the
+                // held commit index with it fails, so that openraft's next exchange,
+                // which opens with the newest commit index, tells it.
+                Step::Answer(Ok(None)) if self.unanswered.is_empty() && self.held.is_some() => {
+                    Some(Err(self.broken(
+                        "it ended the exchange before a new commit index went".into(),
+                    )))
+                }
                 Step::Answer(Ok(None)) if self.unanswered.is_empty() => {
                     self.ended = true;
                     return None;

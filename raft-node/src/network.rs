@@ -968,6 +968,15 @@ mod tests {
     /// A follower at a new address that records every append of an exchange in
     /// `received` and answers it with success up to its last entry.
     async fn recording_follower() -> (String, Received) {
+        recording_follower_of(usize::MAX, Arc::default()).await
+    }
+
+    /// [`recording_follower`] that ends each exchange after `appends_max` appends, once
+    /// `end` is notified.
+    async fn recording_follower_of(
+        appends_max: usize,
+        end: Arc<tokio::sync::Notify>,
+    ) -> (String, Received) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -980,8 +989,12 @@ mod tests {
                 let answers = futures_util::stream::unfold(
                     append_stream::FrameReader::new(body),
                     move |mut appends| {
-                        let seen = Arc::clone(&seen);
+                        let (seen, end) = (Arc::clone(&seen), Arc::clone(&end));
                         async move {
+                            if seen.lock().expect("the record").len() >= appends_max {
+                                end.notified().await;
+                                return None;
+                            }
                             let bytes = appends.next().await.ok().flatten()?;
                             let (_, append): append_stream::AppendFrame =
                                 decode_value(&bytes, "append").expect("an append");
@@ -1029,6 +1042,56 @@ mod tests {
                 .collect(),
             ..heartbeat()
         }
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_ends_the_exchange_while_a_commit_index_is_held_fails_it() {
+        let end = Arc::new(tokio::sync::Notify::new());
+        let (addr, received) = recording_follower_of(1, Arc::clone(&end)).await;
+        let replication = Arc::new(ReplicationStats::default());
+        let mut client = client_of_node_2(addr, &replication).await;
+        let (more, appends) = tokio::sync::mpsc::unbounded_channel();
+        let pulled = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&pulled);
+        let input = Box::pin(futures_util::stream::unfold(appends, move |mut appends| {
+            let counted = Arc::clone(&counted);
+            async move {
+                let append = appends.recv().await?;
+                counted.fetch_add(1, Ordering::SeqCst);
+                Some((append, appends))
+            }
+        }));
+        more.send(append_of(None, Some(1), None)).expect("send");
+        let mut answers = client
+            .stream_append(input, RPCOption::new(Duration::from_secs(1)))
+            .await
+            .expect("a stream");
+        let within = Duration::from_secs(10);
+        let first = tokio::time::timeout(within, answers.next()).await;
+        assert!(
+            matches!(first, Ok(Some(Ok(Ok(Some(_)))))),
+            "the entry: {first:?}"
+        );
+        more.send(append_of(Some(1), None, Some(1))).expect("send");
+        let end_once_held = async {
+            while pulled.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+            }
+            // The commit index is held now: the follower ends the exchange meanwhile. (If
+            // the hold ended first on a slow machine, the append went unanswered: an
+            // error too.)
+            end.notify_one();
+        };
+        let (second, ()) = tokio::time::timeout(within, async {
+            futures_util::join!(answers.next(), end_once_held)
+        })
+        .await
+        .expect("the end within 10 s");
+        assert!(
+            matches!(second, Some(Err(_))),
+            "the exchange fails rather than ending with the commit index unsent: {second:?}"
+        );
+        assert_eq!(received.lock().expect("the record").len(), 1);
     }
 
     /// Every answer `client` gets to the appends `input` yields, within 10 s.
