@@ -56,8 +56,8 @@ pub const AHEAD_MAX: usize = 1;
 /// index, in case entries come meanwhile and carry it. Under light load openraft sends one
 /// right after each commit, just as the client's next request arrives: two follower
 /// wake-ups and a leader's, on the same cores, and the next entries wait for its answer.
-/// Held, the commit rides with the next entries (measured at one worker: a fifth more
-/// cycles and a claim p50 0.14 ms lower, docs/performance.md, session 36). The price: an
+/// Held, the commit rides with the next entries (measured at one worker: 4-21% more
+/// cycles and a claim p50 up to 0.14 ms lower, docs/performance.md, session 36). The price: an
 /// idle follower applies, and its stale reads and change feeds show, a commit this much
 /// later. Heartbeats, votes and the leader's reads do not go through an exchange.
 pub const COMMIT_HOLD: Duration = Duration::from_millis(3);
@@ -268,7 +268,7 @@ pub struct Opened {
     pub answers: DuplexBody,
     /// The appends sent so far.
     pub sent: Unanswered,
-    /// The last entry they carried.
+    /// The log id of the last entry they carried.
     pub last_entry_sent: Option<LogIdOf<NodeTypes>>,
 }
 
@@ -290,7 +290,7 @@ pub struct Exchange<S> {
     /// When it opened (see [`EXCHANGE_AGE_MAX`]).
     opened: tokio::time::Instant,
     ended: bool,
-    /// The last entry sent in this exchange.
+    /// The log id of the last entry sent in this exchange.
     last_entry_sent: Option<LogIdOf<NodeTypes>>,
     /// An append that only moves the commit index, held back (see [`COMMIT_HOLD`]).
     held: Option<Held>,
@@ -346,9 +346,10 @@ where
             let step = self.next_step().await;
             let outcome = match step {
                 // Ended by the follower between appends (it waited too long for one, or
-                // it is stopping): the next exchange finds out which. One that took the
-                // held commit index with it fails, so that openraft's next exchange,
-                // which opens with the newest commit index, tells it.
+                // it is stopping): the next exchange finds out which. An exchange it ends
+                // while a commit index is held fails, so that openraft sends the newest
+                // commit index again (its own entry-less append) instead of counting it
+                // as sent.
                 Step::Answer(Ok(None)) if self.unanswered.is_empty() && self.held.is_some() => {
                     Some(Err(self.broken(
                         "it ended the exchange before a new commit index went".into(),

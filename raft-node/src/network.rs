@@ -1047,7 +1047,7 @@ mod tests {
     #[tokio::test]
     async fn a_follower_that_ends_the_exchange_while_a_commit_index_is_held_fails_it() {
         let end = Arc::new(tokio::sync::Notify::new());
-        let (addr, received) = recording_follower_of(1, Arc::clone(&end)).await;
+        let (addr, _) = recording_follower_of(1, Arc::clone(&end)).await;
         let replication = Arc::new(ReplicationStats::default());
         let mut client = client_of_node_2(addr, &replication).await;
         let (more, appends) = tokio::sync::mpsc::unbounded_channel();
@@ -1091,7 +1091,6 @@ mod tests {
             matches!(second, Some(Err(_))),
             "the exchange fails rather than ending with the commit index unsent: {second:?}"
         );
-        assert_eq!(received.lock().expect("the record").len(), 1);
     }
 
     /// Every answer `client` gets to the appends `input` yields, within 10 s.
