@@ -125,6 +125,9 @@ pub fn send_append(
     body.send(bytes)
         .map_err(|_| std::io::Error::other("the connection no longer takes appends"))?;
     unanswered.sent(!request.entries.is_empty());
+    if let Some(last) = request.entries.last() {
+        unanswered.last_entry = Some(last.log_id);
+    }
     Ok(())
 }
 
@@ -209,6 +212,8 @@ pub struct Unanswered {
     sent: VecDeque<Sent>,
     /// When the last answer came.
     last_answer: Option<tokio::time::Instant>,
+    /// The log id of the last entry sent, answered or not.
+    last_entry: Option<LogIdOf<NodeTypes>>,
 }
 
 impl Unanswered {
@@ -268,8 +273,6 @@ pub struct Opened {
     pub answers: DuplexBody,
     /// The appends sent so far.
     pub sent: Unanswered,
-    /// The log id of the last entry they carried.
-    pub last_entry_sent: Option<LogIdOf<NodeTypes>>,
 }
 
 /// The leader's side of one exchange with a follower: sends what `input` yields, at
@@ -290,8 +293,6 @@ pub struct Exchange<S> {
     /// When it opened (see [`EXCHANGE_AGE_MAX`]).
     opened: tokio::time::Instant,
     ended: bool,
-    /// The log id of the last entry sent in this exchange.
-    last_entry_sent: Option<LogIdOf<NodeTypes>>,
     /// An append that only moves the commit index, held back (see [`COMMIT_HOLD`]).
     held: Option<Held>,
 }
@@ -327,7 +328,6 @@ where
             replication,
             opened: tokio::time::Instant::now(),
             ended: false,
-            last_entry_sent: opened.last_entry_sent,
             held: None,
         }
     }
@@ -350,14 +350,14 @@ where
                 // while a commit index is held fails, so that openraft sends the newest
                 // commit index again (its own entry-less append) instead of counting it
                 // as sent.
-                Step::Answer(Ok(None)) if self.unanswered.is_empty() && self.held.is_some() => {
+                Step::Answer(Ok(None)) if self.unanswered.is_empty() => {
+                    if self.held.is_none() {
+                        self.ended = true;
+                        return None;
+                    }
                     Some(Err(self.broken(
                         "it ended the exchange before a new commit index went".into(),
                     )))
-                }
-                Step::Answer(Ok(None)) if self.unanswered.is_empty() => {
-                    self.ended = true;
-                    return None;
                 }
                 Step::Answer(answer) => Some(self.take_answer(answer)),
                 Step::Request(Some(request)) => self.offer(request).err().map(Err),
@@ -419,7 +419,7 @@ where
     ) -> Result<(), RPCError<NodeTypes>> {
         let commit_only = request.entries.is_empty()
             && request.prev_log_id.is_some()
-            && request.prev_log_id == self.last_entry_sent;
+            && request.prev_log_id == self.unanswered.last_entry;
         if commit_only {
             let until = self.held.take().map_or_else(
                 || tokio::time::Instant::now() + COMMIT_HOLD,
@@ -436,9 +436,6 @@ where
         &mut self,
         request: AppendEntriesRequest<NodeTypes>,
     ) -> Result<(), RPCError<NodeTypes>> {
-        if let Some(last) = request.entries.last() {
-            self.last_entry_sent = Some(last.log_id);
-        }
         let Some(body) = &self.body else {
             return Err(self.broken("the connection no longer takes appends".into()));
         };

@@ -647,7 +647,6 @@ impl PeerClient {
                 body,
                 answers: duplex.body,
                 sent,
-                last_entry_sent: first.entries.last().map(|entry| entry.log_id),
             },
             self.timing.rpc_timeout,
             Arc::clone(&self.clock),
@@ -1050,17 +1049,7 @@ mod tests {
         let (addr, _) = recording_follower_of(1, Arc::clone(&end)).await;
         let replication = Arc::new(ReplicationStats::default());
         let mut client = client_of_node_2(addr, &replication).await;
-        let (more, appends) = tokio::sync::mpsc::unbounded_channel();
-        let pulled = Arc::new(AtomicU64::new(0));
-        let counted = Arc::clone(&pulled);
-        let input = Box::pin(futures_util::stream::unfold(appends, move |mut appends| {
-            let counted = Arc::clone(&counted);
-            async move {
-                let append = appends.recv().await?;
-                counted.fetch_add(1, Ordering::SeqCst);
-                Some((append, appends))
-            }
-        }));
+        let (more, input, pulled) = appends_to_send();
         more.send(append_of(None, Some(1), None)).expect("send");
         let mut answers = client
             .stream_append(input, RPCOption::new(Duration::from_secs(1)))
@@ -1091,6 +1080,30 @@ mod tests {
             matches!(second, Some(Err(_))),
             "the exchange fails rather than ending with the commit index unsent: {second:?}"
         );
+    }
+
+    /// The appends a test hands an exchange, as openraft's request stream would.
+    type AppendsIn = std::pin::Pin<Box<dyn Stream<Item = AppendEntriesRequest<NodeTypes>> + Send>>;
+
+    /// Appends as openraft hands them over: what the sender sends, while it is open;
+    /// the counter says how many the exchange took.
+    fn appends_to_send() -> (
+        tokio::sync::mpsc::UnboundedSender<AppendEntriesRequest<NodeTypes>>,
+        AppendsIn,
+        Arc<AtomicU64>,
+    ) {
+        let (more, appends) = tokio::sync::mpsc::unbounded_channel();
+        let pulled = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&pulled);
+        let input = futures_util::stream::unfold(appends, move |mut appends| {
+            let counted = Arc::clone(&counted);
+            async move {
+                let append = appends.recv().await?;
+                counted.fetch_add(1, Ordering::SeqCst);
+                Some((append, appends))
+            }
+        });
+        (more, Box::pin(input), pulled)
     }
 
     /// Every answer `client` gets to the appends `input` yields, within 10 s.
@@ -1151,10 +1164,7 @@ mod tests {
     #[tokio::test]
     async fn a_new_commit_index_goes_alone_once_the_hold_ends_or_the_appends_do() {
         let (addr, received) = recording_follower().await;
-        let (more, appends) = tokio::sync::mpsc::unbounded_channel();
-        let input = Box::pin(futures_util::stream::unfold(appends, |mut appends| async {
-            appends.recv().await.map(|append| (append, appends))
-        }));
+        let (more, input, _) = appends_to_send();
         let driving = tokio::spawn(exchange_over(addr, input));
         more.send(append_of(None, Some(1), None)).expect("send");
         more.send(append_of(Some(1), None, Some(1))).expect("send");
