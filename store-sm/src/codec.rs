@@ -16,9 +16,15 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<VALUE_BYTES_MAX>()
 }
 
+/// Room a value's encoding starts with: most log entries fit, where a buffer grown from
+/// empty was reallocated six times per entry (15% of a follower's instructions went to
+/// growing them; docs/performance.md, session 37).
+const ENCODE_CAPACITY: usize = 256;
+
 /// Encodes `value` behind the format version byte.
 pub fn encode_value<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
-    let mut bytes = vec![VALUE_FORMAT_VERSION];
+    let mut bytes = Vec::with_capacity(ENCODE_CAPACITY);
+    bytes.push(VALUE_FORMAT_VERSION);
     bincode::serde::encode_into_std_write(value, &mut bytes, config())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("encoding: {e}")))?;
     Ok(bytes)
