@@ -291,7 +291,7 @@ fn task_ids<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u64>, D::E
 }
 
 /// The answer to a processed `/update` or `/claim`: exactly one of the two keys.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(untagged)]
 #[schemars(rename = "WriteResult")]
 pub enum WriteResultJson {
@@ -307,6 +307,33 @@ pub enum WriteResultJson {
         /// Human-readable reasons naming the list and the id.
         errors: Vec<String>,
     },
+}
+
+impl<'de> Deserialize<'de> for WriteResultJson {
+    /// One pass over the object's keys: `untagged` would copy the whole answer into a
+    /// buffer and try each variant in turn, which was most of a client's parsing
+    /// (docs/performance.md, session 37). `tasks` wins if both keys came, as before.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct EitherKey {
+            #[serde(default)]
+            tasks: Option<Vec<TaskJson>>,
+            #[serde(default)]
+            errors: Option<Vec<String>>,
+        }
+        match EitherKey::deserialize(deserializer)? {
+            EitherKey {
+                tasks: Some(tasks), ..
+            } => Ok(Self::Tasks { tasks }),
+            EitherKey {
+                errors: Some(errors),
+                ..
+            } => Ok(Self::Errors { errors }),
+            _ => Err(serde::de::Error::custom(
+                "a write's answer names neither `tasks` nor `errors`",
+            )),
+        }
+    }
 }
 
 /// Path of the write of [`UpdateRequestJson`].
@@ -759,6 +786,43 @@ mod tests {
             WriteResultJson::Errors {
                 errors: vec!["x".into()]
             }
+        );
+    }
+
+    #[test]
+    fn results_parse_from_either_key_and_nothing_else() {
+        let task = r#"{"id":3,"group":"g","data":"d","timespec":5,"ownerid":7}"#;
+        let parse = |body: &str| serde_json::from_str::<WriteResultJson>(body);
+        let tasks = parse(&format!(r#"{{"tasks":[{task}],"other":1}}"#)).expect("parses");
+        assert!(
+            matches!(&tasks, WriteResultJson::Tasks { tasks } if tasks.len() == 1 && tasks[0].id == 3)
+        );
+        assert_eq!(
+            parse(r#"{"tasks":null,"errors":["no"]}"#).expect("parses"),
+            WriteResultJson::Errors {
+                errors: vec!["no".into()]
+            }
+        );
+        // Both keys: the tasks, as the untagged form read it.
+        assert!(matches!(
+            parse(r#"{"errors":["no"],"tasks":[]}"#).expect("parses"),
+            WriteResultJson::Tasks { .. }
+        ));
+        for bad in [
+            r#"{}"#,
+            r#"{"tasks":null}"#,
+            r#"{"tasks":[1]}"#,
+            r#"[]"#,
+            r#""x""#,
+        ] {
+            let error = parse(bad).expect_err(bad).to_string();
+            assert!(!error.is_empty(), "{bad}");
+        }
+        assert!(
+            parse("{}")
+                .expect_err("no key")
+                .to_string()
+                .contains("neither `tasks` nor `errors`")
         );
     }
 

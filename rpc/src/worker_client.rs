@@ -402,7 +402,14 @@ impl WorkerClient {
     /// A request id no other write of any client will use.
     pub fn next_request_id(&self) -> String {
         let n = self.sent.fetch_add(1, Ordering::Relaxed);
-        format!("{}-{n}", self.id_prefix)
+        // Joined, not formatted: one per write (see `HttpClient::uri`).
+        let mut number = itoa::Buffer::new();
+        let number = number.format(n);
+        let mut id = String::with_capacity(self.id_prefix.len() + 1 + number.len());
+        id.push_str(&self.id_prefix);
+        id.push('-');
+        id.push_str(number);
+        id
     }
 
     fn nodes(&self) -> std::sync::MutexGuard<'_, NodeList> {
@@ -535,10 +542,13 @@ impl WorkerClient {
         if wait.is_zero() {
             return Some(exchange.await);
         }
+        // Boxed: the probe is a request of its own, and every call's future would
+        // otherwise carry room for it although most calls never wait.
+        let silent = Box::pin(self.until_silent(addr));
         tokio::select! {
             biased;
             answer = exchange => Some(answer),
-            () = self.until_silent(addr) => None,
+            () = silent => None,
         }
     }
 

@@ -74,9 +74,9 @@ impl Node {
         let request = match self.readable_by_members(request).await {
             Ok(request) => request,
             Err(unreadable) => {
-                return self
-                    .answer_unreadable(*unreadable, request_id.as_deref())
-                    .await;
+                // Boxed, as the write below: a rare answer that would otherwise make
+                // every write's future (and each copy of it) kilobytes larger.
+                return Box::pin(self.answer_unreadable(*unreadable, request_id.as_deref())).await;
             }
         };
         let command = Command {
@@ -86,7 +86,10 @@ impl Node {
         };
         // A leader that lost its quorum normally refuses at once (its lease lapsed); the
         // deadline covers the rest, where the outcome is unknown.
-        let written = tokio::time::timeout(FORWARD_TIMEOUT, self.raft.client_write(command))
+        // Boxed: openraft's write is a future of kilobytes that every caller's would
+        // otherwise hold and copy at each await on the way down (docs/performance.md,
+        // session 37).
+        let written = tokio::time::timeout(FORWARD_TIMEOUT, Box::pin(self.raft.client_write(command)))
             .await
             .map_err(|_| {
                 ServiceError::Unavailable(
