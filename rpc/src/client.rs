@@ -803,8 +803,12 @@ impl HttpClient {
         let build = || {
             let mut builder = Request::builder()
                 .method(method.clone())
-                .uri(self.uri(addr, path_and_query))
-                .header(hyper::header::HOST, addr);
+                .uri(self.uri(addr, path_and_query));
+            // HTTP/2 names the host in the URI (`:authority`): a Host header beside it
+            // is redundant (RFC 9113, 8.3.1) and costs both ends a header per request.
+            if !self.http2 {
+                builder = builder.header(hyper::header::HOST, addr);
+            }
             for (name, value) in headers {
                 builder = builder.header(name, value);
             }
