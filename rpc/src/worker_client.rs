@@ -404,12 +404,7 @@ impl WorkerClient {
         let n = self.sent.fetch_add(1, Ordering::Relaxed);
         // Joined, not formatted: one per write (see `HttpClient::uri`).
         let mut number = itoa::Buffer::new();
-        let number = number.format(n);
-        let mut id = String::with_capacity(self.id_prefix.len() + 1 + number.len());
-        id.push_str(&self.id_prefix);
-        id.push('-');
-        id.push_str(number);
-        id
+        [self.id_prefix.as_str(), "-", number.format(n)].concat()
     }
 
     fn nodes(&self) -> std::sync::MutexGuard<'_, NodeList> {

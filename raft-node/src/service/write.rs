@@ -89,7 +89,8 @@ impl Node {
         // Boxed: openraft's write is a future of kilobytes that every caller's would
         // otherwise hold and copy at each await on the way down (docs/performance.md,
         // session 37).
-        let written = tokio::time::timeout(FORWARD_TIMEOUT, Box::pin(self.raft.client_write(command)))
+        let write = Box::pin(self.raft.client_write(command));
+        let written = tokio::time::timeout(FORWARD_TIMEOUT, write)
             .await
             .map_err(|_| {
                 ServiceError::Unavailable(
