@@ -148,7 +148,8 @@ pub struct Flags {
     /// Most connections one peer IP address holds open to each listener.
     #[arg(long, env = "ROTA_CONNECTIONS_PER_PEER_MAX")]
     pub connections_per_peer_max: Option<usize>,
-    /// Entries applied between snapshots.
+    /// Writes applied between snapshots: log entries, each write of a shared entry
+    /// counted (group commit).
     #[arg(long, env = "ROTA_SNAPSHOT_EVERY_ENTRIES")]
     pub snapshot_every_entries: Option<u64>,
     /// Entries kept in the log behind a snapshot; a follower further behind gets the

@@ -609,7 +609,7 @@ async fn put_settings(
                 let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
                 ApiError::bad_request(reasons.join("; ")).into_response()
             }
-            Outcome::Tasks(_) | Outcome::Token(_) => {
+            Outcome::Tasks(_) | Outcome::Token(_) | Outcome::Batch(_) => {
                 ApiError::internal("a settings change answered something else; report this")
                     .into_response()
             }

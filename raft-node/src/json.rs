@@ -39,10 +39,12 @@ pub fn outcome_json(outcome: &Outcome, asker: ClientId) -> WriteResultJson {
         Outcome::Refused(refusals) => WriteResultJson::Errors {
             errors: refusals.iter().map(|r| refusal_text(r, asker)).collect(),
         },
-        // Only a settings or token change answers these, and no task endpoint sends one.
-        Outcome::Settings(_) | Outcome::Token(_) => WriteResultJson::Errors {
+        // Only a settings or token change answers these, and no task endpoint sends one;
+        // a batch's outcomes are split among its writers before anyone answers.
+        Outcome::Settings(_) | Outcome::Token(_) | Outcome::Batch(_) => WriteResultJson::Errors {
             errors: vec![
-                "internal error: a task write answered settings or a token; report this".into(),
+                "internal error: a task write answered settings, a token or a batch; report this"
+                    .into(),
             ],
         },
     }

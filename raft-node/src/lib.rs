@@ -29,6 +29,7 @@ pub mod rate_limit;
 pub mod relay;
 pub mod runtime;
 pub mod service;
+pub mod snapshot_keeper;
 pub mod storage;
 pub mod time_keeper;
 pub mod tls;
@@ -380,6 +381,7 @@ pub async fn start_on<L: RaftLogStorage<NodeTypes>>(
     ];
     let log_time = tokio::spawn(time_keeper::keep_log_time(node.clone(), notes));
     tokio::spawn(log_forms::keep_form_recorded(node.clone()));
+    tokio::spawn(snapshot_keeper::snapshot_every_writes(node.clone()));
     bootstrap(&node).await;
     tracing::info!(
         id = node.id(),

@@ -13,8 +13,9 @@
 //! (`SCOPE_OF_CANCELLED_FORM`). The machine follows the record, never this build's
 //! number. So that no member of an older build goes on applying the older rules, form 4
 //! and later are recorded with `RaiseRulesForm`, which older builds cannot read, and
-//! such a machine is written as snapshot format 8. An answer without the header comes
-//! from an older build: form 1.
+//! such a machine is written as snapshot format 8. Form 5 adds `Batch`, many commands
+//! in one entry (`BATCH_FORM`): a leader batches only once form 5 is recorded, and
+//! changes no rule. An answer without the header comes from an older build: form 1.
 //!
 //! Two sources say that every member reads a form:
 //!
@@ -54,7 +55,11 @@ use crate::node::SharedNode;
 
 /// The newest log entry form this build reads (see the module documentation); the
 /// network announces it on every Raft answer (`crate::network::LOG_FORMS_HEADER`).
-pub const LOG_FORMS_READ: u32 = 4;
+pub const LOG_FORMS_READ: u32 = 5;
+
+/// The first form whose builds read `Request::Batch`: a leader batches writes only once
+/// the record says every member reads it (see `crate::service::group_commit`).
+pub const BATCH_FORM: u32 = 5;
 
 /// The first form whose builds read `Request::RaiseLogForm`: the record is made only
 /// once every member announced this one or a newer.

@@ -18,6 +18,7 @@ use crate::config::NodeConfig;
 use crate::log_forms::PeerLogForms;
 use crate::metrics::requests::HttpMetrics;
 use crate::network::PeerClient;
+use crate::service::group_commit::GroupCommit;
 use crate::storage::NodeSnapshots;
 use crate::types::NodeRaft;
 use crate::waiting::Observer;
@@ -61,6 +62,8 @@ pub struct Node {
     pub claims: Arc<ClaimQueues>,
     /// Blocking claims' proposals under a request id that have not finished.
     pub claims_in_flight: InFlight,
+    /// The writes waiting to share a log entry (see `service::group_commit`).
+    pub group_commit: Arc<GroupCommit>,
     /// Each token's request rate on this node.
     pub token_limits: crate::rate_limit::TokenLimits,
     /// The term and last log index this node's storage held when it started: a leader
@@ -110,6 +113,7 @@ impl Node {
             log_at_start: (0, None),
             claims: Arc::clone(&observer.claims),
             claims_in_flight: InFlight::default(),
+            group_commit: Arc::new(GroupCommit::new(config.body_bytes_max)),
             token_limits: crate::rate_limit::TokenLimits::new(config.rate_limit_per_token),
             waiters: Arc::new(Waiters::new(config.max_waiters)),
             feed: Arc::clone(&observer.feed),

@@ -90,19 +90,16 @@ fn spawn_claim(
 }
 
 async fn metric(cluster: &TestCluster, id: u64, series: &str) -> f64 {
-    let response = cluster
-        .client
-        .get(cluster.api(id), "/metrics", common::CALL_TIMEOUT)
-        .await
-        .expect("metrics");
-    let text = String::from_utf8_lossy(&response.body).to_string();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in {text}"))
+    cluster.metric(id, series).await
 }
 
 async fn applied_index(cluster: &TestCluster, id: u64) -> u64 {
     metric(cluster, id, "rota_feed_revision").await as u64
+}
+
+/// Commands node `id` applied: an entry that several writes share counts each.
+async fn applied_commands(cluster: &TestCluster, id: u64) -> u64 {
+    metric(cluster, id, "rota_applied_commands_total").await as u64
 }
 
 #[tokio::test]
@@ -154,6 +151,7 @@ async fn many_waiters_and_ten_adds_wake_ten_claims_and_idle_waiting_writes_nothi
     cluster.wait_leader(&[1]).await;
     cluster.wait_log_form_recorded(1).await;
     let before = applied_index(&cluster, 1).await;
+    let commands_before = applied_commands(&cluster, 1).await;
     let waiters: Vec<_> = (0..WAITERS)
         .map(|i| {
             let request = waiting_claim(100 + i, "crowd", 60_000, 20_000);
@@ -200,8 +198,8 @@ async fn many_waiters_and_ten_adds_wake_ten_claims_and_idle_waiting_writes_nothi
     }
     assert_eq!((claimed.len(), empty), (10, WAITERS as usize - 10));
     // Ten adds and ten claims: no claim was proposed for a waiter that got nothing.
-    let entries = applied_index(&cluster, 1).await - before;
-    assert_eq!(entries, 20, "log entries for 10 adds and 10 claims");
+    let commands = applied_commands(&cluster, 1).await - commands_before;
+    assert_eq!(commands, 20, "commands for 10 adds and 10 claims");
     let wasted = metric(
         &cluster,
         1,
@@ -887,14 +885,14 @@ async fn a_waiter_that_depends_on_the_only_task_does_not_keep_it_from_the_next()
     picky.depends = vec![only.id];
     let picky = spawn_claim(&cluster, 1, picky);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let entries_before = applied_index(&cluster, 1).await;
+    let commands_before = applied_commands(&cluster, 1).await;
     let plain = claim(&cluster, 1, &waiting_claim(8, "d", 60_000, 15_000))
         .await
         .expect("answered");
     assert_eq!(plain.len(), 1, "the plain waiter gets the task: {plain:?}");
     assert_eq!((plain[0].data.as_str(), plain[0].ownerid), ("only", 8));
     assert!(
-        applied_index(&cluster, 1).await <= entries_before + 1,
+        applied_commands(&cluster, 1).await <= commands_before + 1,
         "one claim went into the log, none from the waiter that cannot use the task"
     );
     picky.abort();

@@ -30,6 +30,14 @@ pub fn encode_value<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// How many bytes [`encode_value`] makes of `value`, found without making them.
+pub fn encoded_len<T: Serialize + ?Sized>(value: &T) -> io::Result<usize> {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(value, &mut size, config())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("encoding: {e}")))?;
+    Ok(1 + size.bytes_written)
+}
+
 /// Decodes a value written by [`encode_value`]; `what` names it in errors.
 pub fn decode_value<T: DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result<T> {
     let invalid = |message: String| io::Error::new(io::ErrorKind::InvalidData, message);
@@ -66,5 +74,13 @@ mod tests {
         let err = decode_value::<(u64, String)>(&newer, "pair").expect_err("version");
         assert!(err.to_string().contains("value format 2"), "{err}");
         assert!(decode_value::<(u64, String)>(&[], "pair").is_err());
+    }
+
+    #[test]
+    fn the_encoded_length_is_the_encodings() {
+        for value in [(7u64, String::new()), (300, "x".repeat(5000))] {
+            let bytes = encode_value(&value).expect("encodes");
+            assert_eq!(encoded_len(&value).expect("measures"), bytes.len());
+        }
     }
 }

@@ -958,8 +958,8 @@ mod tests {
                     })
                     .collect(),
             ),
-            Outcome::Settings(_) | Outcome::Token(_) => {
-                panic!("formats 1 and 2 had no settings or tokens")
+            Outcome::Settings(_) | Outcome::Token(_) | Outcome::Batch(_) => {
+                panic!("formats 1 and 2 had no settings, tokens or batches")
             }
         }
     }

@@ -23,7 +23,9 @@ use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 
 use crate::machine::Change;
+use crate::machine::Command;
 use crate::machine::Outcome;
+use crate::machine::Request;
 use crate::machine::TaskMachine;
 use crate::planted;
 use crate::raft_types::RotaConfig;
@@ -117,9 +119,11 @@ impl StateReader {
 /// Told of every change to the applied state, in log order, while apply holds the
 /// state (so keep each call short): the node's change feed and its waiters.
 pub trait ApplyObserver: Send + Sync + 'static {
-    /// The entry at log index `index` was applied: `state` is the state after it and
-    /// `changes` what its command changed (empty for blank and membership entries).
-    fn applied(&self, index: u64, state: &AppliedState, changes: &[Change]);
+    /// A command of the entry at log index `index` was applied: `state` is the state
+    /// after it and `changes` what it changed; `last` says the entry is done. Told once
+    /// per entry, with no changes, for blank and membership entries, and once per
+    /// command, in order, for a batch, whose last alone is `last`.
+    fn applied(&self, index: u64, state: &AppliedState, changes: &[Change], last: bool);
 
     /// The state was replaced whole (opened, or a snapshot installed) as of log index
     /// `index`: changes up to it are unknown.
@@ -167,6 +171,30 @@ impl<C: RotaConfig, P: SnapshotPersistence> TaskStateMachine<C, P> {
         StateReader {
             shared: Arc::clone(&self.shared),
         }
+    }
+
+    /// Applies one command of the entry at `index` and tells the observer what it
+    /// changed, and whether it was the entry's `last`.
+    fn apply_command(
+        &self,
+        index: u64,
+        state: &mut AppliedState,
+        command: &Command,
+        last: bool,
+    ) -> Arc<Outcome> {
+        let outcome = planted::apply_with_planted_bugs(&mut state.machine, command);
+        if let Some(observer) = &self.observer {
+            observer.applied(index, state, state.machine.changes(), last);
+        }
+        outcome
+    }
+
+    /// Tells the observer of the entry at `index`, which changed no task.
+    fn unchanged(&self, index: u64, state: &AppliedState) -> Arc<Outcome> {
+        if let Some(observer) = &self.observer {
+            observer.applied(index, state, &[], true);
+        }
+        empty_response()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, AppliedState> {
@@ -259,30 +287,36 @@ impl<C: RotaConfig, P: SnapshotPersistence> RaftStateMachine<C> for TaskStateMac
             let response = {
                 let mut state = self.write();
                 state.applied = Some(entry.log_id);
-                let (response, changed) = match entry.payload {
-                    EntryPayload::Blank => (empty_response(), false),
-                    EntryPayload::Normal(command) => (
-                        planted::apply_with_planted_bugs(&mut state.machine, &command),
-                        true,
-                    ),
+                let index = entry.log_id.index;
+                match entry.payload {
+                    EntryPayload::Blank => self.unchanged(index, &state),
+                    // An empty batch (no leader makes one) applies as one command.
+                    EntryPayload::Normal(Command {
+                        request: Request::Batch(commands),
+                        ..
+                    }) if !commands.is_empty() => {
+                        let last = commands.len() - 1;
+                        let outcomes = commands
+                            .iter()
+                            .enumerate()
+                            .map(|(n, command)| {
+                                self.apply_command(index, &mut state, command, n == last)
+                            })
+                            .collect();
+                        Arc::new(Outcome::Batch(outcomes))
+                    }
+                    EntryPayload::Normal(command) => {
+                        self.apply_command(index, &mut state, &command, true)
+                    }
                     EntryPayload::Membership(membership) => {
                         state
                             .machine
                             .note_members(membership.nodes().map(|(id, _)| *id));
                         state.membership =
                             RotaStoredMembership::new(Some(entry.log_id), membership);
-                        (empty_response(), false)
+                        self.unchanged(index, &state)
                     }
-                };
-                if let Some(observer) = &self.observer {
-                    let changes = if changed {
-                        state.machine.changes()
-                    } else {
-                        &[]
-                    };
-                    observer.applied(entry.log_id.index, &state, changes);
                 }
-                response
             };
             if let Some(responder) = responder {
                 responder.send(response);

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use store_sm::machine::*;
@@ -125,7 +126,10 @@ fn resolve(command: &Command, model: &Model) -> Command {
         Request::TokenAdd(a) | Request::AuthBootstrap(a) => &mut a.client,
         Request::TokenRevoke(r) => &mut r.client,
         Request::Scoped(s) => unreachable!("the generator nests no scope: {s:?}"),
-        Request::PassTime | Request::RaiseLogForm(_) | Request::RaiseRulesForm(_) => {
+        Request::PassTime
+        | Request::RaiseLogForm(_)
+        | Request::RaiseRulesForm(_)
+        | Request::Batch(_) => {
             return command.clone();
         }
     };
@@ -606,6 +610,8 @@ fn matches_the_model(commands: &[Command]) -> Result<(), TestCaseError> {
     let mut model = Model::new();
     let mut issued = BTreeSet::new();
     let mut applied = Vec::with_capacity(commands.len());
+    let mut outcomes = Vec::with_capacity(commands.len());
+    let mut changes = Vec::with_capacity(commands.len());
     for (step, command) in commands.iter().enumerate() {
         let command = &resolve(command, &model);
         applied.push(command.clone());
@@ -619,6 +625,8 @@ fn matches_the_model(commands: &[Command]) -> Result<(), TestCaseError> {
         let outcome = machine.apply(command);
         let expected = model.apply(command);
         prop_assert_eq!(&*outcome, &expected, "step {}: {:?}", step, command);
+        outcomes.push(Arc::clone(&outcome));
+        changes.push(machine.changes().to_vec());
 
         match &*outcome {
             Outcome::Tasks(_) if replayed => {
@@ -678,6 +686,7 @@ fn matches_the_model(commands: &[Command]) -> Result<(), TestCaseError> {
             Outcome::Settings(_) | Outcome::Token(_) => {
                 prop_assert_eq!(machine.next_id(), before.next_id());
             }
+            Outcome::Batch(_) => prop_assert!(false, "no generated request is a batch"),
         }
         let tokens: Vec<&TokenRecord> = machine.tokens().collect();
         prop_assert_eq!(tokens, model.tokens.values().collect::<Vec<_>>());
@@ -697,6 +706,36 @@ fn matches_the_model(commands: &[Command]) -> Result<(), TestCaseError> {
         replay.apply(command);
     }
     prop_assert_eq!(state_hash(&replay), state_hash(&machine));
+    batched_replay_matches(&applied, &outcomes, &changes, &machine)
+}
+
+/// Group commit changes nothing: `applied` again, in batches of 1 to 7 commands, gives
+/// each command the `outcomes` and `changes` it had alone and ends in `machine`'s state.
+fn batched_replay_matches(
+    applied: &[Command],
+    outcomes: &[Arc<Outcome>],
+    changes: &[Vec<Change>],
+    machine: &TaskMachine,
+) -> Result<(), TestCaseError> {
+    let mut batched = TaskMachine::new();
+    let mut start = 0;
+    for size in (1..=7).cycle() {
+        if start >= applied.len() {
+            break;
+        }
+        let end = (start + size).min(applied.len());
+        let batch = Command {
+            stamp: applied[start].stamp,
+            request_id: None,
+            request: Request::Batch(applied[start..end].to_vec()),
+        };
+        let outcome = batched.apply(&batch);
+        prop_assert_eq!(&*outcome, &Outcome::Batch(outcomes[start..end].to_vec()));
+        let expected_changes = changes[start..end].concat();
+        prop_assert_eq!(batched.changes(), expected_changes.as_slice());
+        start = end;
+    }
+    prop_assert_eq!(state_hash(&batched), state_hash(machine));
     Ok(())
 }
 

@@ -49,6 +49,19 @@ pub fn render(node: &Node) -> String {
             .streams_opened
             .load(std::sync::atomic::Ordering::Relaxed),
     );
+    let (batches, batched_writes) = node.group_commit.batched();
+    counter(
+        &mut out,
+        "rota_write_batches_total",
+        "Log entries this node proposed for more than one write at once (group commit), while leading.",
+        batches,
+    );
+    counter(
+        &mut out,
+        "rota_batched_writes_total",
+        "Writes this node proposed in entries shared with other writes (rota_write_batches_total).",
+        batched_writes,
+    );
     requests::render(&mut out, &node.http_metrics);
     out
 }
@@ -214,6 +227,12 @@ fn render_waiting(out: &mut String, node: &Node) {
         "rota_feed_revision",
         "The feed's revision: the last applied log index.",
         node.feed.revision(),
+    );
+    counter(
+        out,
+        "rota_applied_commands_total",
+        "Commands this node applied since it started: each write of an entry that several share, and one for every entry without a command.",
+        node.feed.commands_applied(),
     );
 }
 

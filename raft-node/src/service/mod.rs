@@ -10,6 +10,7 @@
 pub mod auth;
 mod backup;
 mod claim_wait;
+pub(crate) mod group_commit;
 mod job_wait;
 mod membership;
 mod read;

@@ -16,6 +16,8 @@ use store_sm::machine::constants::RULES_FORM;
 use store_sm::raft_types::NodeId;
 
 use super::ServiceError;
+use super::group_commit::ProposalError;
+use crate::log_forms::BATCH_FORM;
 use crate::log_forms::RECORDED_FORM;
 use crate::log_forms::Unreadable;
 use crate::log_forms::announced_form;
@@ -86,10 +88,8 @@ impl Node {
         };
         // A leader that lost its quorum normally refuses at once (its lease lapsed); the
         // deadline covers the rest, where the outcome is unknown.
-        // Boxed: openraft's write is a future of kilobytes that every caller's would
-        // otherwise hold and copy at each await on the way down (docs/performance.md,
-        // session 37).
-        let write = Box::pin(self.raft.client_write(command));
+        let may_batch = self.recorded_log_form() >= BATCH_FORM;
+        let write = self.group_commit.propose(&self.raft, command, may_batch);
         let written = tokio::time::timeout(FORWARD_TIMEOUT, write)
             .await
             .map_err(|_| {
@@ -98,19 +98,26 @@ impl Node {
                 )
             })?;
         match written {
-            Ok(response) => Self::outcome_or_reused_id(response.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                Err(self.not_leader(&forward))
-            }
-            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(_))) => {
-                Err(ServiceError::Unavailable(
-                    "leadership changed while the write was in flight; its outcome is unknown: retry with the same requestid".into(),
-                ))
-            }
-            Err(RaftError::APIError(other)) => Err(ServiceError::Internal(format!(
-                "write refused by Raft: {other}"
+            Ok(outcome) => Self::outcome_or_reused_id(outcome),
+            Err(ProposalError::Raft(RaftError::APIError(ClientWriteError::ForwardToLeader(
+                forward,
+            )))) => Err(self.not_leader(&forward)),
+            Err(ProposalError::Raft(RaftError::APIError(ClientWriteError::LogEntryDiscarded(
+                _,
+            )))) => Err(ServiceError::Unavailable(
+                "leadership changed while the write was in flight; its outcome is unknown: retry with the same requestid".into(),
+            )),
+            Err(ProposalError::Raft(RaftError::APIError(other))) => Err(ServiceError::Internal(
+                format!("write refused by Raft: {other}"),
+            )),
+            Err(ProposalError::Raft(RaftError::Fatal(fatal))) => Err(Self::stopped(fatal)),
+            Err(ProposalError::Unanswered) => Err(ServiceError::Unavailable(
+                "the write's proposal ended without an answer (is this node stopping?); its outcome is unknown: retry with the same requestid".into(),
+            )),
+            Err(ProposalError::Mismatched(what)) => Err(ServiceError::Internal(what)),
+            Err(ProposalError::Unencodable(why)) => Err(ServiceError::Internal(format!(
+                "the write could not be encoded for the log ({why}); nothing was written: report this"
             ))),
-            Err(RaftError::Fatal(fatal)) => Err(Self::stopped(fatal)),
         }
     }
 

@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::MutexGuard;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 
 use rpc::watch::WatchEventJson;
 use store_sm::machine::Change;
@@ -67,17 +69,29 @@ struct FeedState {
     /// Every kept change's group and cost, oldest first, to trim in log order.
     order: VecDeque<(u64, GroupName, usize)>,
     bytes: usize,
+    /// Groups the entry being applied touched so far: a batch's commands are kept one
+    /// by one, and their groups woken once the entry is done.
+    touched_in_entry: Vec<GroupName>,
 }
 
 /// The change feed of one node. See the module documentation.
 #[derive(Default)]
 pub struct ChangeFeed {
     state: Mutex<FeedState>,
+    /// Commands applied since the node started (a batch's each, and every entry
+    /// without one), for the snapshot keeper.
+    commands: AtomicU64,
 }
 
 impl ChangeFeed {
     fn lock(&self) -> MutexGuard<'_, FeedState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Commands applied since the node started: a batch's each, and every entry
+    /// without one.
+    pub fn commands_applied(&self) -> u64 {
+        self.commands.load(Ordering::Relaxed)
     }
 
     /// The last applied log index.
@@ -120,6 +134,11 @@ impl ChangeFeed {
         let start = feed.changes.partition_point(|c| c.revision() <= after);
         let mut changes: Vec<Arc<WatchEventJson>> = Vec::new();
         for change in feed.changes.range(start..) {
+            // An entry still being applied (a batch's first commands) is not told yet:
+            // a page that ended inside it would skip its other changes.
+            if change.revision() > state.revision {
+                break;
+            }
             let full = changes.len() >= limit;
             if full && changes.last().map(|c| c.revision()) != Some(change.revision()) {
                 let revision = changes.last().map_or(after, |c| c.revision());
@@ -313,9 +332,18 @@ impl FeedState {
 }
 
 impl ChangeFeed {
-    /// Keeps the changes of the entry at `index` (`applied` is the state after it),
-    /// wakes the groups they touch and returns those groups.
-    pub fn record(&self, index: u64, applied: &AppliedState, changes: &[Change]) -> Vec<GroupName> {
+    /// Keeps the changes of a command of the entry at `index` (`applied` is the state
+    /// after it) and returns the groups they touch. Once the entry's `last` command is
+    /// kept, its changes are told: the feed's revision moves to `index` and every group
+    /// the entry touched is woken.
+    pub fn record(
+        &self,
+        index: u64,
+        applied: &AppliedState,
+        changes: &[Change],
+        last: bool,
+    ) -> Vec<GroupName> {
+        self.commands.fetch_add(1, Ordering::Relaxed);
         let mut events = events(index, applied, changes);
         if store_sm::planted::is_planted(store_sm::planted::Bug::WatchSkip)
             && index.is_multiple_of(7)
@@ -323,7 +351,6 @@ impl ChangeFeed {
             events.clear();
         }
         let mut state = self.lock();
-        state.revision = index;
         let mut touched: Vec<GroupName> = Vec::new();
         for (group, event) in events {
             let bytes = cost(&event);
@@ -335,13 +362,20 @@ impl ChangeFeed {
                 touched.push(group);
             }
         }
-        state.trim();
         touched.sort();
         touched.dedup();
-        for group in &touched {
-            if let Some(feed) = state.groups.get(group) {
-                feed.signal.notify_waiters();
+        state.touched_in_entry.extend(touched.iter().cloned());
+        if last {
+            state.revision = index;
+            let mut woken = std::mem::take(&mut state.touched_in_entry);
+            woken.sort();
+            woken.dedup();
+            for group in &woken {
+                if let Some(feed) = state.groups.get(group) {
+                    feed.signal.notify_waiters();
+                }
             }
+            state.trim();
         }
         touched
     }
@@ -351,6 +385,7 @@ impl ChangeFeed {
     pub fn reset(&self, index: u64) {
         let mut state = self.lock();
         state.revision = index;
+        state.touched_in_entry.clear();
         state.oldest = index;
         state.order.clear();
         state.bytes = 0;
@@ -393,22 +428,31 @@ mod tests {
 
         fn apply(&mut self, request: Request) {
             self.index += 1;
+            self.apply_part(request, true);
+        }
+
+        /// Applies one command of the entry at the current index; `last` ends it.
+        fn apply_part(&mut self, request: Request, last: bool) {
             self.state.machine.apply(&Command {
                 stamp: LogTime::from_millis(1_000 + self.index as i64),
                 request_id: None,
                 request,
             });
             let changes = self.state.machine.changes().to_vec();
-            self.feed.record(self.index, &self.state, &changes);
+            self.feed.record(self.index, &self.state, &changes, last);
         }
 
         fn add(&mut self, group: &str, data: &str) {
-            self.apply(Request::Update(UpdateRequest {
-                client: 1,
-                adds: vec![AddTask::seed(group, data, None)],
-                ..UpdateRequest::default()
-            }));
+            self.apply(add_request(group, data));
         }
+    }
+
+    fn add_request(group: &str, data: &str) -> Request {
+        Request::Update(UpdateRequest {
+            client: 1,
+            adds: vec![AddTask::seed(group, data, None)],
+            ..UpdateRequest::default()
+        })
     }
 
     #[test]
@@ -470,6 +514,31 @@ mod tests {
         assert_eq!(revisions(&later), vec![4, 4]);
         let none = log.feed.page("c", 0, 100).expect("kept");
         assert_eq!((none.changes.len(), none.revision), (0, 4));
+    }
+
+    /// The commands of one entry (a batch) are told together, once the last is kept:
+    /// a page read between them would end inside the entry and skip the rest.
+    #[tokio::test]
+    async fn a_batch_is_told_whole_once_its_last_command_is_kept() {
+        let mut log = Log::new();
+        log.add("a", "1");
+        let signal = log.feed.signal("a");
+        let woken = signal.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        log.index += 1;
+        log.apply_part(add_request("a", "2"), false);
+        let page = log.feed.page("a", 0, 100).expect("kept");
+        assert_eq!((revisions(&page), page.revision), (vec![1], 1));
+        let waiting = futures_util::poll!(woken.as_mut());
+        assert!(waiting.is_pending(), "woken before the entry was done");
+        log.apply_part(add_request("b", "3"), false);
+        log.apply_part(add_request("a", "4"), true);
+        let page = log.feed.page("a", 1, 100).expect("kept");
+        assert_eq!((revisions(&page), page.revision), (vec![2, 2], 2));
+        assert!(futures_util::poll!(woken).is_ready(), "not woken once done");
+        let other = log.feed.page("b", 0, 100).expect("kept");
+        assert_eq!(revisions(&other), vec![2]);
     }
 
     #[test]

@@ -33,9 +33,9 @@ pub struct Observer {
 }
 
 impl ApplyObserver for Observer {
-    fn applied(&self, index: u64, state: &AppliedState, changes: &[Change]) {
+    fn applied(&self, index: u64, state: &AppliedState, changes: &[Change], last: bool) {
         let machine = &state.machine;
-        for group in self.feed.record(index, state, changes) {
+        for group in self.feed.record(index, state, changes, last) {
             grant_claims(&self.claims, machine, &group, machine.log_time());
         }
     }

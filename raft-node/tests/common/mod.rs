@@ -323,6 +323,20 @@ impl TestCluster {
         self.get_json(id, "/admin/state-hash").await
     }
 
+    /// The value of the `/metrics` line of node `id` that starts with `series` (a
+    /// name, with its labels if it has any).
+    pub async fn metric(&self, id: u64, series: &str) -> f64 {
+        let response = self
+            .client
+            .get(self.api(id), "/metrics", CALL_TIMEOUT)
+            .await
+            .expect("metrics");
+        let text = String::from_utf8_lossy(&response.body).to_string();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    }
+
     /// `GET path` on node `id`, decoded, if it answers 2xx.
     pub async fn get_json<T: serde::de::DeserializeOwned>(&self, id: u64, path: &str) -> Option<T> {
         let response = self

@@ -319,7 +319,8 @@ impl TaskMachine {
             | Request::AuthBootstrap(_)
             | Request::PassTime
             | Request::RaiseLogForm(_)
-            | Request::RaiseRulesForm(_) => Some(Refusal::OutOfScope {
+            | Request::RaiseRulesForm(_)
+            | Request::Batch(_) => Some(Refusal::OutOfScope {
                 group: String::new(),
             }),
         }

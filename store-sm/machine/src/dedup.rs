@@ -328,6 +328,8 @@ fn approximate_bytes(key: &DedupKey, outcome: &Outcome) -> usize {
         Outcome::Token(token) => {
             PER_ITEM + token.name.len() + token.groups.iter().map(String::len).sum::<usize>()
         }
+        // A batch carries no request id, so the table never holds one.
+        Outcome::Batch(outcomes) => outcomes.len() * PER_ITEM,
     };
     ENTRY_OVERHEAD + key.1.len() + items
 }

@@ -34,6 +34,7 @@ pub fn fingerprint(request: &Request) -> u64 {
         Request::FinishAndClaim(both) => hasher.tagged(14, both),
         Request::RaiseLogForm(form) => hasher.tagged(15, form),
         Request::RaiseRulesForm(form) => hasher.tagged(16, form),
+        Request::Batch(commands) => hasher.tagged(17, commands),
         // The scope is who asked, not what: a retry through the same door matches.
         Request::Scoped(scoped) => return fingerprint(&scoped.request),
     };

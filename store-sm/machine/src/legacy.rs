@@ -266,6 +266,7 @@ mod tests {
         assert_eq!(variant(Request::FinishAndClaim(both)), "variant20");
         assert_eq!(variant(Request::RaiseLogForm(3)), "variant21");
         assert_eq!(variant(Request::RaiseRulesForm(4)), "variant22");
+        assert_eq!(variant(Request::Batch(Vec::new())), "variant23");
     }
 
     /// A tiny serializer that records serde's data model as text, so the test needs no

@@ -182,8 +182,20 @@ impl TaskMachine {
     /// Total: a command that cannot be carried out is refused with every reason, and a
     /// refused command changes nothing but the machine's time and dedup table. Debug and
     /// simulation builds assert the machine's invariants after every command.
+    ///
+    /// A [`Request::Batch`] applies its commands in turn, each as if it were an entry of
+    /// its own, and answers [`Outcome::Batch`]; [`TaskMachine::changes`] then holds all of
+    /// theirs, in order.
     pub fn apply(&mut self, command: &Command) -> Arc<Outcome> {
         self.changes.clear();
+        self.apply_one(command)
+    }
+
+    fn apply_one(&mut self, command: &Command) -> Arc<Outcome> {
+        if let Request::Batch(commands) = &command.request {
+            let outcomes = commands.iter().map(|c| self.apply_one(c)).collect();
+            return Arc::new(Outcome::Batch(outcomes));
+        }
         let now = self.advance_time(command.stamp);
         self.pass_time(now);
         #[cfg(debug_assertions)]
@@ -304,6 +316,14 @@ impl TaskMachine {
                 Some(refusal) => (Outcome::Refused(vec![refusal]), Effect::Unchanged),
                 None => self.apply_request(&scoped.request, now),
             },
+            // `apply` takes a batch apart before this; only a scope reaches here with
+            // one, and no token may make a batch.
+            Request::Batch(_) => (
+                Outcome::Refused(vec![Refusal::OutOfScope {
+                    group: String::new(),
+                }]),
+                Effect::Unchanged,
+            ),
         }
     }
 

@@ -4,6 +4,7 @@
 //! so that a change to either is visible at the boundary where one maps to the other.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -235,6 +236,12 @@ pub enum Request {
     /// older forms cannot decode: such a member stops at it, rather than go on applying
     /// the older rules while the others apply the new ones.
     RaiseRulesForm(u32),
+    /// Several commands in one log entry (group commit): each applies in turn exactly as
+    /// if it were an entry of its own, with its own stamp and request id, and the entry's
+    /// outcome is [`Outcome::Batch`], one outcome per command in order. A leader batches
+    /// the writes that arrive together once every member reads it (the node's log form
+    /// 5); no client request becomes one.
+    Batch(Vec<Command>),
 }
 
 impl Request {
@@ -255,7 +262,10 @@ impl Request {
             Request::TokenAdd(add) | Request::AuthBootstrap(add) => add.client,
             Request::TokenRevoke(revoke) => revoke.client,
             Request::Scoped(scoped) => scoped.request.client(),
-            Request::PassTime | Request::RaiseLogForm(_) | Request::RaiseRulesForm(_) => 0,
+            Request::PassTime
+            | Request::RaiseLogForm(_)
+            | Request::RaiseRulesForm(_)
+            | Request::Batch(_) => 0,
         }
     }
 
@@ -348,6 +358,7 @@ impl fmt::Display for Command {
             Request::RaiseLogForm(form) | Request::RaiseRulesForm(form) => {
                 write!(f, "raise log form to {form}")?
             }
+            Request::Batch(commands) => write!(f, "batch of {}", commands.len())?,
         }
         write!(f, "@{}", self.stamp)
     }
@@ -767,6 +778,8 @@ pub enum Outcome {
     Settings(GroupSettings),
     /// The token a token request added or revoked.
     Token(TokenRecord),
+    /// A [`Request::Batch`]'s outcomes, one per command in order.
+    Batch(Vec<Arc<Outcome>>),
 }
 
 impl Outcome {

@@ -74,6 +74,10 @@ impl Model {
     }
 
     pub fn apply(&mut self, command: &Command) -> Outcome {
+        if let Request::Batch(commands) = &command.request {
+            let outcomes = commands.iter().map(|c| Arc::new(self.apply(c))).collect();
+            return Outcome::Batch(outcomes);
+        }
         self.time_ms = self.time_ms.max(command.stamp.as_millis());
         let now = self.time_ms;
         self.pass_time(now);
@@ -151,6 +155,10 @@ impl Model {
                 self.log_form = self.log_form.max(*form);
                 Outcome::Tasks(Vec::new())
             }
+            // Reached only inside a scope, which no token may put a batch in.
+            Request::Batch(_) => Outcome::Refused(vec![Refusal::OutOfScope {
+                group: String::new(),
+            }]),
         }
     }
 
@@ -214,7 +222,8 @@ impl Model {
             | Request::AuthBootstrap(_)
             | Request::PassTime
             | Request::RaiseLogForm(_)
-            | Request::RaiseRulesForm(_) => {
+            | Request::RaiseRulesForm(_)
+            | Request::Batch(_) => {
                 return None;
             }
         })
