@@ -1,6 +1,6 @@
 //! Snapshots counted in writes as well as entries. openraft takes one every
 //! `--snapshot-every-entries` log entries; since writes share entries (group commit,
-//! up to 128 an entry), this keeper also takes one once as many writes were applied
+//! up to `BATCH_COMMANDS_MAX` an entry), this keeper also takes one once as many writes were applied
 //! since the last snapshot, so that the log kept between snapshots, and what a restart
 //! replays, stay the size the setting says whatever the batching.
 

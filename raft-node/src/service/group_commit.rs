@@ -207,10 +207,7 @@ async fn propose_batch(raft: NodeRaft, mut batch: Vec<Pending>) {
             other => {
                 let answered = match other {
                     Outcome::Batch(outcomes) => format!("{} outcomes", outcomes.len()),
-                    Outcome::Tasks(_) => "tasks".into(),
-                    Outcome::Refused(_) => "a refusal".into(),
-                    Outcome::Settings(_) => "settings".into(),
-                    Outcome::Token(_) => "a token".into(),
+                    _ => "one outcome".into(),
                 };
                 let error = ProposalError::Mismatched(format!(
                     "a log entry of {} writes answered {answered}; the writes applied, but \

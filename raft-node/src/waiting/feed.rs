@@ -364,19 +364,25 @@ impl ChangeFeed {
         }
         touched.sort();
         touched.dedup();
-        state.touched_in_entry.extend(touched.iter().cloned());
-        if last {
-            state.revision = index;
-            let mut woken = std::mem::take(&mut state.touched_in_entry);
+        if !last {
+            state.touched_in_entry.extend(touched.iter().cloned());
+            return touched;
+        }
+        state.revision = index;
+        // A batch's earlier commands touched these too; an entry of one command, none.
+        let mut woken = std::mem::take(&mut state.touched_in_entry);
+        if !woken.is_empty() {
+            woken.extend(touched.iter().cloned());
             woken.sort();
             woken.dedup();
-            for group in &woken {
-                if let Some(feed) = state.groups.get(group) {
-                    feed.signal.notify_waiters();
-                }
-            }
-            state.trim();
         }
+        let woken = if woken.is_empty() { &touched } else { &woken };
+        for group in woken {
+            if let Some(feed) = state.groups.get(group) {
+                feed.signal.notify_waiters();
+            }
+        }
+        state.trim();
         touched
     }
 
